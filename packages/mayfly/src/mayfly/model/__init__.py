@@ -1,0 +1,1 @@
+"""The durable data model: identities, specifications, outcomes, events, commands and state."""

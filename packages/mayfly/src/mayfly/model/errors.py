@@ -1,0 +1,205 @@
+"""The one exception hierarchy every Mayfly layer and backend raises.
+
+Backends map their driver errors into these classes, so a user never has to
+catch ``psycopg.OperationalError`` or ``lmdb.Error``. Every message is one line
+that names the operation, the identity involved and the limit or expectation
+that was broken (ADR-0032 "Security and safety": fail closed, loudly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import final
+
+__all__ = [
+    "AppendConflict",
+    "BackendNotInstalled",
+    "ChecksumMismatch",
+    "CommandRejected",
+    "CompatibilityError",
+    "ConflictingRecord",
+    "CorruptionError",
+    "DurabilityUnavailable",
+    "FencingRejected",
+    "HandlerUnavailable",
+    "InvalidIdentifier",
+    "JournalError",
+    "JournalGap",
+    "JournalUnavailable",
+    "LeaseError",
+    "LeaseHeld",
+    "LeaseLost",
+    "LimitExceeded",
+    "MayflyError",
+    "SpecValidationError",
+    "ValidationIssue",
+]
+
+
+class MayflyError(Exception):
+    """Base class of every error Mayfly raises on purpose."""
+
+
+@final
+class ValidationIssue:
+    """One problem found in a specification, located by a path such as ``nodes[review].depends_on[2]``."""
+
+    __slots__ = ("message", "path")
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+    def __repr__(self) -> str:
+        return f"ValidationIssue({self.path!r}, {self.message!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ValidationIssue)
+            and other.path == self.path
+            and other.message == self.message
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.message))
+
+
+class SpecValidationError(MayflyError, ValueError):
+    """A workflow specification is invalid; ``issues`` lists every problem at once."""
+
+    def __init__(self, issues: Sequence[ValidationIssue]) -> None:
+        self.issues = tuple(issues)
+        count = len(self.issues)
+        head = "; ".join(str(issue) for issue in self.issues[:5])
+        more = f" (and {count - 5} more)" if count > 5 else ""
+        super().__init__(f"invalid workflow specification ({count} problem(s)): {head}{more}")
+
+
+class InvalidIdentifier(MayflyError, ValueError):
+    """A string is not a valid identity of the given kind (the value is shown, repr-quoted)."""
+
+    def __init__(self, kind: str, value: object, rule: str) -> None:
+        self.kind = kind
+        self.value = value
+        self.rule = rule
+        super().__init__(f"invalid {kind} {value!r}: {rule}")
+
+
+class LimitExceeded(MayflyError, ValueError):
+    """A bounded value is over its limit; nothing was truncated and nothing was written."""
+
+    def __init__(self, what: str, limit: int, observed: int, unit: str = "bytes") -> None:
+        self.what = what
+        self.limit = limit
+        self.observed = observed
+        self.unit = unit
+        super().__init__(f"{what} is {observed} {unit}, over the limit of {limit} {unit}")
+
+
+class CompatibilityError(MayflyError):
+    """A version (event, snapshot, spec, handler contract) is unknown or incompatible; fail closed."""
+
+
+class HandlerUnavailable(CompatibilityError):
+    """A handler named by a specification is not registered, or not compatible with its pinned version."""
+
+
+class CorruptionError(MayflyError):
+    """Recorded history contradicts itself: a gap, a bad checksum, a second conflicting outcome."""
+
+
+class CommandRejected(MayflyError):
+    """``commit_command`` was asked to commit a command that ``decide`` rejected; nothing was written.
+
+    ``rejection`` is the typed :class:`mayfly.model.commands.Rejection` value.
+    """
+
+    def __init__(self, rejection: object, message: str) -> None:
+        self.rejection = rejection
+        super().__init__(message)
+
+
+class JournalError(MayflyError):
+    """A journal operation failed; the message names the operation and the run."""
+
+
+class JournalUnavailable(JournalError):
+    """The journal's store could not be reached or opened; the operation may be retried."""
+
+
+class DurabilityUnavailable(JournalError):
+    """The store cannot meet the durability policy it was asked for, so it refuses to acknowledge."""
+
+
+class AppendConflict(JournalError):
+    """Compare-and-append failed: the journal's next sequence is not the one the caller expected."""
+
+    def __init__(self, run_id: str, expected_next: int, actual_next: int) -> None:
+        self.run_id = run_id
+        self.expected_next = expected_next
+        self.actual_next = actual_next
+        super().__init__(
+            f"append rejected: run {run_id} expected next sequence {expected_next}, "
+            f"journal is at {actual_next}"
+        )
+
+
+class FencingRejected(JournalError):
+    """An append carried a fencing token older than the newest lease grant for the run."""
+
+    def __init__(self, run_id: str, presented: int, current: int) -> None:
+        self.run_id = run_id
+        self.presented = presented
+        self.current = current
+        super().__init__(
+            f"append rejected: run {run_id} fencing token {presented} is stale, "
+            f"the current lease holds token {current}"
+        )
+
+
+class ConflictingRecord(JournalError, CorruptionError):
+    """A record differs from one already committed under the same sequence or event id."""
+
+
+class JournalGap(JournalError, CorruptionError):
+    """Records of a run are not contiguous: a sequence is missing."""
+
+
+class ChecksumMismatch(JournalError, CorruptionError):
+    """A stored record's checksum does not match its bytes."""
+
+
+class LeaseError(MayflyError):
+    """A recovery-lease operation failed."""
+
+
+class LeaseHeld(LeaseError):
+    """Another owner holds the recovery lease of the run; acquisition is non-blocking and refused."""
+
+    def __init__(self, run_id: str, holder: str | None = None) -> None:
+        self.run_id = run_id
+        self.holder = holder
+        who = f" by {holder}" if holder else ""
+        super().__init__(f"recovery lease of run {run_id} is held{who}; try again later")
+
+
+class LeaseLost(LeaseError):
+    """The lease expired or was taken over; the guard may no longer renew or append."""
+
+
+class BackendNotInstalled(MayflyError):
+    """No installed plugin serves a URL scheme; the message names the distribution to install."""
+
+    def __init__(self, scheme: str, distribution: str | None) -> None:
+        self.scheme = scheme
+        self.distribution = distribution
+        if distribution:
+            hint = f'pip install "{distribution}"'
+            super().__init__(f"{scheme}:// needs: {hint}")
+        else:
+            super().__init__(
+                f"no installed Mayfly backend serves {scheme}://; run `mayfly backends` to list them"
+            )

@@ -1,0 +1,1 @@
+"""The pure reducer: specification validation, ``decide`` and ``reduce``."""
