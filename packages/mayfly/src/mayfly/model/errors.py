@@ -19,9 +19,12 @@ __all__ = [
     "CompatibilityError",
     "ConflictingRecord",
     "CorruptionError",
+    "Deadlock",
     "DurabilityUnavailable",
     "FencingRejected",
     "HandlerUnavailable",
+    "HubAlreadyRunning",
+    "HubNotRunning",
     "InvalidIdentifier",
     "JournalError",
     "JournalGap",
@@ -31,8 +34,14 @@ __all__ = [
     "LeaseLost",
     "LimitExceeded",
     "MayflyError",
+    "OffloadTimeout",
     "SpecValidationError",
+    "SubstrateError",
+    "TaskCancelled",
+    "TaskFailed",
+    "TaskNotDone",
     "ValidationIssue",
+    "WaitTimeout",
 ]
 
 
@@ -203,3 +212,72 @@ class BackendNotInstalled(MayflyError):
             super().__init__(
                 f"no installed Mayfly backend serves {scheme}://; run `mayfly backends` to list them"
             )
+
+
+# --- Execution substrate (mayfly.substrate, ADR-0033 "one execution owner") ---
+
+
+class SubstrateError(MayflyError):
+    """The greenlet hub refused an operation or could not complete it."""
+
+
+class HubNotRunning(SubstrateError, RuntimeError):
+    """A substrate function was called outside a task of a running hub."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        super().__init__(
+            f"{operation}() needs a running hub: call it from a task started by Hub.run(...)"
+        )
+
+
+class HubAlreadyRunning(SubstrateError, RuntimeError):
+    """A second hub (or a nested ``Hub.run``) was started on a thread that already runs one."""
+
+
+class Deadlock(SubstrateError):
+    """Every task is parked with no timer, offloaded call or fd wait that could ever wake one."""
+
+    def __init__(self, parked: Sequence[str]) -> None:
+        self.parked = tuple(parked)
+        shown = ", ".join(repr(name) for name in self.parked[:10])
+        more = f" (and {len(self.parked) - 10} more)" if len(self.parked) > 10 else ""
+        super().__init__(
+            f"deadlock: {len(self.parked)} task(s) parked with nothing left to wake them: "
+            f"{shown}{more}; set an Event, send on the Channel or add a timeout"
+        )
+
+
+class TaskCancelled(SubstrateError):
+    """A task was cancelled; raised at its park point, and by ``join``/``result`` of that task."""
+
+    def __init__(self, task_name: str, reason: str) -> None:
+        self.task_name = task_name
+        self.reason = reason
+        super().__init__(f"task {task_name!r} was cancelled: {reason}")
+
+
+class TaskFailed(SubstrateError):
+    """A task ended with an exception; the original is ``__cause__``, type and message are bounded.
+
+    ``error_type`` is the qualified class name and ``error_message`` at most
+    4 KiB of UTF-8, so both can be recorded durably as they are.
+    """
+
+    def __init__(self, task_name: str, error_type: str, error_message: str) -> None:
+        self.task_name = task_name
+        self.error_type = error_type
+        self.error_message = error_message
+        super().__init__(f"task {task_name!r} failed with {error_type}: {error_message}")
+
+
+class TaskNotDone(SubstrateError):
+    """The outcome of a task was asked for before the task finished; join it first."""
+
+
+class WaitTimeout(SubstrateError, TimeoutError):
+    """A substrate wait (join, event, channel, fd readiness) reached its timeout."""
+
+
+class OffloadTimeout(WaitTimeout):
+    """An offloaded call did not finish within its timeout; its late result will be discarded."""
