@@ -25,7 +25,9 @@ __all__ = [
     "HandlerUnavailable",
     "HubAlreadyRunning",
     "HubNotRunning",
+    "InvalidBackendURL",
     "InvalidIdentifier",
+    "InvalidRecord",
     "JournalError",
     "JournalGap",
     "JournalUnavailable",
@@ -35,6 +37,8 @@ __all__ = [
     "LimitExceeded",
     "MayflyError",
     "OffloadTimeout",
+    "PluginError",
+    "SnapshotCorrupt",
     "SpecValidationError",
     "SubstrateError",
     "TaskCancelled",
@@ -281,3 +285,26 @@ class WaitTimeout(SubstrateError, TimeoutError):
 
 class OffloadTimeout(WaitTimeout):
     """An offloaded call did not finish within its timeout; its late result will be discarded."""
+
+
+class InvalidRecord(JournalError, ValueError):
+    """A journal record, snapshot or append argument is malformed; nothing was written."""
+
+
+class SnapshotCorrupt(CorruptionError):
+    """A stored snapshot is unreadable, fails its checksum or has an unknown version; discard it."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(
+            f"snapshot of run {run_id} is unusable ({reason}); discard it and rebuild from events"
+        )
+
+
+class InvalidBackendURL(MayflyError, ValueError):
+    """A backend URL is malformed or carries an unknown option; nothing was opened."""
+
+
+class PluginError(MayflyError):
+    """A plugin could not be loaded or clashes with another plugin; the message names both."""

@@ -1,0 +1,575 @@
+"""The storage-neutral journal contract: record envelopes, checksums, durability and the Protocol.
+
+A journal stores, per run, an append-only sequence of opaque record envelopes
+(ADR-0032 "Journal and snapshot guarantees"). It never interprets an event: the
+``payload`` is the encoded event body produced above this layer, and the
+journal's job is ordering, atomicity, idempotency, fencing and integrity.
+
+Checksums
+---------
+Record and snapshot checksums are lowercase hex SHA-256 digests over a
+canonical, length-prefixed encoding, so no two different envelopes can encode
+to the same bytes::
+
+    digest = SHA-256( DOMAIN || field_1 || field_2 || ... )
+    field  = u64 big-endian byte length || bytes
+
+Text fields are their UTF-8 bytes, integers are their shortest decimal ASCII
+form (``12``, never ``012``), ``bytes`` fields are used as they are.
+
+* Records: ``DOMAIN = b"mayfly.journal.record/1\\x00"``, fields ``run_id``,
+  ``sequence``, ``event_id``, ``event_type``, ``schema_version``, ``payload``.
+* Snapshots: ``DOMAIN = b"mayfly.journal.snapshot/1\\x00"``, fields ``run_id``,
+  ``schema_version``, ``last_sequence``, ``last_event_id``,
+  ``last_record_checksum``, ``spec_checksum``, ``state_checksum``, ``state``.
+
+The test vectors in ``docs/writing-a-backend.md`` pin this encoding.
+
+Input rules (every backend enforces them through :func:`validate_batch`)
+-------------------------------------------------------------------------
+Run and event ids are canonical UUID strings; ``sequence`` is 1-based and at
+most ``2**63 - 1``; ``event_type`` matches ``[A-Za-z][A-Za-z0-9]*`` and is at
+most 64 characters; ``schema_version >= 1``; ``payload`` is valid UTF-8 (the
+durable encoding is UTF-8 JSON, ADR-0032) and at most :data:`MAX_RECORD_PAYLOAD`
+bytes. Bad input raises a typed error and nothing is written.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Final, Protocol, Self, final, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+
+from mayfly.model.errors import (
+    ChecksumMismatch,
+    ConflictingRecord,
+    InvalidRecord,
+    LimitExceeded,
+    SnapshotCorrupt,
+)
+from mayfly.model.ids import parse_event_id, parse_run_id
+
+__all__ = [
+    "MAX_EVENT_TYPE_LENGTH",
+    "MAX_RECORD_PAYLOAD",
+    "MAX_SEQUENCE",
+    "MAX_SNAPSHOT_STATE",
+    "AppendResult",
+    "Durability",
+    "JournalCapabilities",
+    "JournalFaults",
+    "JournalRecord",
+    "SnapshotRecord",
+    "WorkflowJournal",
+    "check_snapshot",
+    "redact_url",
+    "validate_batch",
+    "validate_read",
+]
+
+MAX_RECORD_PAYLOAD: Final = 1 << 20
+"""Largest accepted record payload, in bytes (1 MiB)."""
+
+MAX_SNAPSHOT_STATE: Final = 64 << 20
+"""Largest accepted snapshot state, in bytes (64 MiB)."""
+
+MAX_EVENT_TYPE_LENGTH: Final = 64
+"""Longest accepted event type name, in ASCII characters."""
+
+MAX_SEQUENCE: Final = (1 << 63) - 1
+"""Largest sequence number (fits a signed 64-bit column in every backend)."""
+
+_MAX_CHECKSUM_TEXT = 128
+_EVENT_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_PRINTABLE_ASCII = re.compile(r"[\x21-\x7e]+")
+_RECORD_DOMAIN = b"mayfly.journal.record/1\x00"
+_SNAPSHOT_DOMAIN = b"mayfly.journal.snapshot/1\x00"
+
+
+def _digest(domain: bytes, fields: Iterable[bytes]) -> str:
+    hasher = hashlib.sha256(domain)
+    for field in fields:
+        hasher.update(len(field).to_bytes(8, "big"))
+        hasher.update(field)
+    return hasher.hexdigest()
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; a True sequence is a type error, not sequence 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(what: str, value: object, low: int, high: int) -> int:
+    if not _is_int(value):
+        raise InvalidRecord(f"{what} must be an int, got {type(value).__name__}")
+    number: int = value  # type: ignore[assignment]  # checked by _is_int
+    if not low <= number <= high:
+        raise InvalidRecord(f"{what} must be in [{low}, {high}], got {number}")
+    return number
+
+
+def _check_text(what: str, value: object, pattern: re.Pattern[str], max_length: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidRecord(f"{what} must be a str, got {type(value).__name__}")
+    if len(value) > max_length or pattern.fullmatch(value) is None:
+        raise InvalidRecord(
+            f"{what} {value[:80]!r} must match {pattern.pattern} and be at most {max_length} chars"
+        )
+    return value
+
+
+def _check_bytes(what: str, value: object, limit: int, *, utf8: bool) -> bytes:
+    if not isinstance(value, bytes):
+        raise InvalidRecord(f"{what} must be bytes, got {type(value).__name__}")
+    if len(value) > limit:
+        raise LimitExceeded(what, limit, len(value))
+    if utf8:
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidRecord(
+                f"{what} is not valid UTF-8 at byte {error.start}; encode events as UTF-8 JSON"
+            ) from None
+    return value
+
+
+@final
+class JournalRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One sealed record envelope: the unit a journal appends, stores and returns.
+
+    Build records with :meth:`seal`, which validates every field and computes
+    ``checksum``; a record decoded from storage is checked with :meth:`verify`.
+    """
+
+    run_id: str
+    sequence: int
+    event_id: str
+    event_type: str
+    schema_version: int
+    payload: bytes
+    checksum: str
+
+    @classmethod
+    def seal(
+        cls,
+        *,
+        run_id: str,
+        sequence: int,
+        event_id: str,
+        event_type: str,
+        schema_version: int,
+        payload: bytes,
+    ) -> JournalRecord:
+        """Validate the fields and return the record with its checksum computed."""
+        unsealed = cls(
+            run_id=run_id,
+            sequence=sequence,
+            event_id=event_id,
+            event_type=event_type,
+            schema_version=schema_version,
+            payload=payload,
+            checksum="",
+        )
+        unsealed.validate()
+        return msgspec.structs.replace(unsealed, checksum=unsealed.expected_checksum())
+
+    def expected_checksum(self) -> str:
+        """Return the checksum this record's fields should carry (fields must be well-typed)."""
+        return _digest(
+            _RECORD_DOMAIN,
+            (
+                self.run_id.encode(),
+                str(self.sequence).encode(),
+                self.event_id.encode(),
+                self.event_type.encode(),
+                str(self.schema_version).encode(),
+                self.payload,
+            ),
+        )
+
+    def validate(self) -> None:
+        """Raise a typed error if any field breaks the input rules; the checksum is not checked."""
+        parse_run_id(self.run_id)
+        _check_int("record sequence", self.sequence, 1, MAX_SEQUENCE)
+        parse_event_id(self.event_id)
+        _check_text("event type", self.event_type, _EVENT_TYPE, MAX_EVENT_TYPE_LENGTH)
+        _check_int("record schema_version", self.schema_version, 1, MAX_SEQUENCE)
+        _check_bytes("record payload", self.payload, MAX_RECORD_PAYLOAD, utf8=True)
+        if not isinstance(self.checksum, str):
+            raise InvalidRecord(
+                f"record checksum must be a str, got {type(self.checksum).__name__}"
+            )
+
+    def verify(self) -> None:
+        """Raise :class:`ChecksumMismatch`, naming run and sequence, if the checksum is wrong."""
+        self.validate()
+        if self.checksum != self.expected_checksum():
+            raise ChecksumMismatch(
+                f"record checksum mismatch: run {self.run_id} sequence {self.sequence} "
+                f"(event {self.event_id}); the stored record is corrupt, restore it from a replica "
+                "or backup"
+            )
+
+
+@final
+class SnapshotRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A derived cache of a run's state up to ``last_sequence``; never the source of truth.
+
+    ``state`` is opaque bytes produced above the journal. ``last_event_id`` and
+    ``last_record_checksum`` identify the record the snapshot includes last, so
+    :func:`check_snapshot` can tell a stale snapshot from a current one.
+    """
+
+    run_id: str
+    schema_version: int
+    last_sequence: int
+    last_event_id: str
+    last_record_checksum: str
+    spec_checksum: str
+    state_checksum: str
+    state: bytes
+    checksum: str
+
+    @classmethod
+    def seal(
+        cls,
+        *,
+        run_id: str,
+        schema_version: int,
+        last_sequence: int,
+        last_event_id: str,
+        last_record_checksum: str,
+        spec_checksum: str,
+        state_checksum: str,
+        state: bytes,
+    ) -> SnapshotRecord:
+        """Validate the fields and return the snapshot with its checksum computed."""
+        unsealed = cls(
+            run_id=run_id,
+            schema_version=schema_version,
+            last_sequence=last_sequence,
+            last_event_id=last_event_id,
+            last_record_checksum=last_record_checksum,
+            spec_checksum=spec_checksum,
+            state_checksum=state_checksum,
+            state=state,
+            checksum="",
+        )
+        unsealed.validate()
+        return msgspec.structs.replace(unsealed, checksum=unsealed.expected_checksum())
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidRecord` (or a limit/id error) if a field breaks the input rules."""
+        parse_run_id(self.run_id)
+        _check_int("snapshot schema_version", self.schema_version, 1, MAX_SEQUENCE)
+        _check_int("snapshot last_sequence", self.last_sequence, 1, MAX_SEQUENCE)
+        parse_event_id(self.last_event_id)
+        _check_text("snapshot last_record_checksum", self.last_record_checksum, _SHA256_HEX, 64)
+        _check_text("snapshot spec_checksum", self.spec_checksum, _PRINTABLE_ASCII, 128)
+        _check_text("snapshot state_checksum", self.state_checksum, _PRINTABLE_ASCII, 128)
+        _check_bytes("snapshot state", self.state, MAX_SNAPSHOT_STATE, utf8=False)
+        if not isinstance(self.checksum, str):
+            raise InvalidRecord("snapshot checksum must be a str")
+
+    def expected_checksum(self) -> str:
+        """Return the checksum this snapshot's fields should carry (fields must be well-typed)."""
+        return _digest(
+            _SNAPSHOT_DOMAIN,
+            (
+                self.run_id.encode(),
+                str(self.schema_version).encode(),
+                str(self.last_sequence).encode(),
+                self.last_event_id.encode(),
+                self.last_record_checksum.encode(),
+                self.spec_checksum.encode(),
+                self.state_checksum.encode(),
+                self.state,
+            ),
+        )
+
+    def verify(self) -> None:
+        """Raise :class:`SnapshotCorrupt` if a field is invalid or the checksum does not match."""
+        try:
+            self.validate()
+        except (InvalidRecord, LimitExceeded, ValueError) as error:
+            raise SnapshotCorrupt(str(getattr(self, "run_id", "?")), str(error)) from None
+        if self.checksum != self.expected_checksum():
+            raise SnapshotCorrupt(self.run_id, "checksum mismatch")
+
+
+@final
+class AppendResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What a journal acknowledged: the batch as stored and the run's last committed sequence.
+
+    ``already_committed`` is true when the batch was an exact re-append of
+    records committed earlier, so nothing new was written.
+    """
+
+    run_id: str
+    last_sequence: int
+    records: tuple[JournalRecord, ...]
+    already_committed: bool = False
+
+
+class Durability(enum.StrEnum):
+    """When a backend acknowledges an append, weakest first; each backend declares exactly one.
+
+    A backend never claims more than it can meet: a store that cannot honour
+    the level it was configured for raises ``DurabilityUnavailable`` when
+    opened instead of acknowledging anything.
+    """
+
+    MEMORY = "memory"
+    """Nothing survives the process (in-memory reference stores)."""
+    WRITE = "write"
+    """Handed to the operating system: survives the process dying, not the host."""
+    FLUSH = "flush"
+    """Userspace (or server) buffers flushed to the operating system: survives the process."""
+    DURABLE = "durable"
+    """Survives a crash or power loss of the host: fsync, synchronous commit, AOF ``always``."""
+
+    @property
+    def rank(self) -> int:
+        """Position in the order memory < write < flush < durable."""
+        return _DURABILITY_ORDER.index(self)
+
+    def meets(self, required: Durability) -> bool:
+        """Whether acknowledging at this level satisfies ``required``."""
+        return self.rank >= required.rank
+
+
+_DURABILITY_ORDER: Final = (
+    Durability.MEMORY,
+    Durability.WRITE,
+    Durability.FLUSH,
+    Durability.DURABLE,
+)
+
+
+@final
+class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend declares it supports; the contract suite skips only clauses declared absent.
+
+    ``cross_process``: appends and leases are safe across processes on the
+    store. ``fencing``: appends are checked against the lease fencing token.
+    ``crash_durable``: an acknowledged record survives the writer process being
+    killed. ``fault_injection``: the journal implements :class:`JournalFaults`.
+    ``snapshots``: snapshots are stored. ``lease_expiry``: a lease not renewed
+    within its ttl can be taken over.
+    """
+
+    durability: Durability
+    cross_process: bool
+    fencing: bool
+    crash_durable: bool
+    fault_injection: bool = False
+    snapshots: bool = True
+    lease_expiry: bool = False
+
+
+@runtime_checkable
+class WorkflowJournal(Protocol):
+    """The per-run, append-only, checksum-verified record store every backend implements."""
+
+    @property
+    def url(self) -> str:
+        """The URL the journal was opened from, with any password replaced by ``***``."""
+        ...
+
+    @property
+    def durability(self) -> Durability:
+        """The durability level met before :meth:`append` returns."""
+        ...
+
+    @property
+    def capabilities(self) -> JournalCapabilities:
+        """What this backend supports (see :class:`JournalCapabilities`)."""
+        ...
+
+    def append(
+        self,
+        run_id: str,
+        expected_next: int,
+        records: Sequence[JournalRecord],
+        fence: int | None = None,
+    ) -> AppendResult:
+        """Atomically append ``records`` at ``expected_next`` if that is the run's next sequence.
+
+        The batch must hold sequences ``expected_next, expected_next + 1, ...``
+        of ``run_id``. If the journal's next sequence differs, the append
+        raises ``AppendConflict`` unless every record is already committed
+        byte-identically (then it returns with ``already_committed=True``). A
+        record whose sequence or event id is used by a different record raises
+        ``ConflictingRecord``. ``fence`` must equal the run's current fencing
+        token (``None`` only while it is 0), otherwise ``FencingRejected``.
+        Returns only after :attr:`durability` is met.
+        """
+        ...
+
+    def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
+        """Return the run's records with sequence > ``after`` in order, each checksum-verified.
+
+        A missing sequence raises ``JournalGap``; corrupt bytes raise
+        ``ChecksumMismatch`` or another ``CorruptionError``. An unknown run
+        reads as empty.
+        """
+        ...
+
+    def next_sequence(self, run_id: str) -> int:
+        """Return the sequence the next append must carry (1 for a new run)."""
+        ...
+
+    def list_runs(self, after: str | None = None, limit: int = 1000) -> list[str]:
+        """Return up to ``limit`` sorted run ids holding records, all greater than ``after``."""
+        ...
+
+    def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
+        """Store ``snapshot`` as the run's snapshot, replacing any earlier one atomically."""
+        ...
+
+    def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        """Return the run's snapshot, ``None`` if absent; raise ``SnapshotCorrupt`` if unusable."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's resources; the journal may not be used afterwards."""
+        ...
+
+    def __enter__(self) -> Self:
+        """Return the journal itself."""
+        ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the journal."""
+        ...
+
+
+@runtime_checkable
+class JournalFaults(Protocol):
+    """Fault injection for the contract suite; implemented when ``capabilities.fault_injection``.
+
+    Each method damages stored data the way a disk or an operator might, so
+    the suite can check that reads fail closed. Never call these in production.
+    """
+
+    def corrupt_record(self, run_id: str, sequence: int) -> None:
+        """Damage the stored bytes of one record so its checksum no longer matches."""
+        ...
+
+    def remove_record(self, run_id: str, sequence: int) -> None:
+        """Delete one stored record, leaving a gap in the run's sequence."""
+        ...
+
+    def corrupt_snapshot(self, run_id: str) -> None:
+        """Damage the stored bytes of the run's snapshot."""
+        ...
+
+
+def validate_batch(
+    run_id: object, expected_next: object, records: object, fence: object
+) -> tuple[JournalRecord, ...]:
+    """Check an append's arguments against the input rules; return the batch as a tuple.
+
+    Raises ``InvalidIdentifier``, ``InvalidRecord`` or ``LimitExceeded`` for
+    malformed input, ``ChecksumMismatch`` for a record whose checksum does not
+    match its fields and ``ConflictingRecord`` for an event id repeated inside
+    the batch. Backends call it before touching the store.
+    """
+    run = parse_run_id(run_id)
+    first = _check_int("expected_next", expected_next, 1, MAX_SEQUENCE)
+    if fence is not None:
+        _check_int("fence", fence, 0, MAX_SEQUENCE)
+    if isinstance(records, str | bytes) or not isinstance(records, Sequence):
+        raise InvalidRecord(
+            f"records must be a sequence of JournalRecord, got {type(records).__name__}"
+        )
+    batch = tuple(records)
+    if not batch:
+        raise InvalidRecord(f"append to run {run} needs at least one record")
+    seen: dict[str, int] = {}
+    for offset, record in enumerate(batch):
+        if not isinstance(record, JournalRecord):
+            raise InvalidRecord(
+                f"records[{offset}] must be a JournalRecord, got {type(record).__name__}"
+            )
+        record.validate()
+        if record.run_id != run:
+            raise InvalidRecord(
+                f"records[{offset}] belongs to run {record.run_id}, not {run}; "
+                "a batch appends to one run"
+            )
+        if record.sequence != first + offset:
+            raise InvalidRecord(
+                f"records[{offset}] of run {run} has sequence {record.sequence}, expected "
+                f"{first + offset}: a batch holds consecutive sequences from expected_next"
+            )
+        record.verify()
+        if record.event_id in seen:
+            raise ConflictingRecord(
+                f"append rejected: run {run} batch repeats event id {record.event_id} at "
+                f"sequences {seen[record.event_id]} and {record.sequence}"
+            )
+        seen[record.event_id] = record.sequence
+    return batch
+
+
+def validate_read(run_id: object, after: object, limit: object) -> tuple[str, int, int | None]:
+    """Check a read's arguments; return them normalised or raise a typed error."""
+    run = parse_run_id(run_id)
+    start = _check_int("after", after, 0, MAX_SEQUENCE)
+    if limit is None:
+        return run, start, None
+    return run, start, _check_int("limit", limit, 0, MAX_SEQUENCE)
+
+
+def check_snapshot(snapshot: SnapshotRecord, record: JournalRecord | None) -> str | None:
+    """Return why ``snapshot`` cannot be used with the journal, or ``None`` if it matches.
+
+    ``record`` is the journal's record at ``snapshot.last_sequence`` (``None``
+    if the journal has no such record). A snapshot ahead of the journal, or
+    one whose last event id or record checksum differs from the journal's,
+    is stale: discard it with this diagnostic and rebuild from events.
+    """
+    if record is None:
+        return (
+            f"snapshot of run {snapshot.run_id} includes sequence {snapshot.last_sequence}, "
+            "which the journal does not hold"
+        )
+    if (
+        record.event_id != snapshot.last_event_id
+        or record.checksum != snapshot.last_record_checksum
+    ):
+        return (
+            f"snapshot of run {snapshot.run_id} at sequence {snapshot.last_sequence} names event "
+            f"{snapshot.last_event_id}, but the journal holds event {record.event_id} "
+            f"with a different checksum there"
+            if record.event_id != snapshot.last_event_id
+            else f"snapshot of run {snapshot.run_id} at sequence {snapshot.last_sequence} "
+            "records a checksum that differs from the journal's record"
+        )
+    return None
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***`` (safe for logs and reports)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
