@@ -81,13 +81,11 @@ def parse_node_id(value: object) -> NodeId:
 
 def parse_workflow_id(value: object) -> WorkflowId:
     """Return ``value`` as a :data:`WorkflowId`, or raise :class:`InvalidIdentifier` showing it."""
-    if (
-        not isinstance(value, str)
-        or len(value) > _MAX_WORKFLOW_ID
-        or _WORKFLOW_ID.fullmatch(value) is None
-    ):
+    if not isinstance(value, str) or len(value) > _MAX_WORKFLOW_ID or _WORKFLOW_ID.fullmatch(value) is None:
         raise InvalidIdentifier(
-            "workflow id", value, f"expected {WORKFLOW_ID_GRAMMAR}, at most {_MAX_WORKFLOW_ID} chars"
+            "workflow id",
+            value,
+            f"expected {WORKFLOW_ID_GRAMMAR}, at most {_MAX_WORKFLOW_ID} chars",
         )
     return WorkflowId(value)
 

@@ -1,0 +1,252 @@
+"""Durable facts: the versioned, tagged-union events of a run's history.
+
+Event type meaning is immutable once released (ADR-0032 "Version and
+compatibility policy", rule 5). Each type has its own schema version, carried
+by the journal record envelope beside the payload; :data:`EVENT_SCHEMA_VERSIONS`
+lists the version this code writes, and the reducer's upcasters lift older
+payloads to it. An unknown type or version fails closed.
+
+The JSON payload of an event is an object tagged by ``"type"`` with the event's
+class name, e.g. ``{"type":"NodeReady","node_id":"plan","cause":"initial"}``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal, TypeAlias
+
+import msgspec
+
+from mayfly.model.json import JsonValue
+from mayfly.model.outcomes import NodeOutcome, NodeOutcomeKind
+from mayfly.model.spec import WorkflowSpec
+
+__all__ = [
+    "EVENT_SCHEMA_VERSIONS",
+    "EVENT_TYPES",
+    "AttemptDeadlineExpired",
+    "BudgetExhausted",
+    "BudgetKind",
+    "CancellationRequested",
+    "CancellationTarget",
+    "Event",
+    "FailureCause",
+    "LastOutcome",
+    "NodeFailed",
+    "NodeOutcomeCommitted",
+    "NodeReady",
+    "NodeStarted",
+    "RetryReleased",
+    "RetryScheduled",
+    "RunCompleted",
+    "RunCreated",
+    "RunResult",
+    "VirtualTimeAdvanced",
+    "event_type",
+]
+
+
+class _Event(
+    msgspec.Struct,
+    frozen=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    tag_field="type",
+    tag=True,
+    kw_only=True,
+):
+    pass
+
+
+class RunCreated(_Event, frozen=True):
+    """A run exists and pins its specification, content hash and input."""
+
+    run_id: str
+    spec: WorkflowSpec
+    spec_hash: str
+    input: JsonValue = None
+
+
+class NodeReady(_Event, frozen=True):
+    """A node became eligible to start (consumes one transition).
+
+    ``cause`` is ``initial`` for the run's initial set and ``dependencies``
+    when its dependency policy released it.
+    """
+
+    node_id: str
+    cause: Literal["initial", "dependencies"]
+
+
+class NodeStarted(_Event, frozen=True):
+    """An attempt was durably dispatched (consumes one attempt); committed before invocation.
+
+    ``attempt`` is one-based within the node's current activation; ``deadline``
+    is the absolute virtual time at which the attempt times out, if any.
+    """
+
+    node_id: str
+    attempt_id: str
+    attempt: int
+    at: int
+    deadline: int | None = None
+
+
+class NodeOutcomeCommitted(_Event, frozen=True):
+    """A node outcome is committed.
+
+    With ``attempt_id`` it is the one terminal outcome of that attempt; without
+    it, it is an outcome the run assigned (propagation, cancellation, budgets).
+    """
+
+    node_id: str
+    outcome: NodeOutcome
+    attempt_id: str | None = None
+    at: int = 0
+
+
+class FailureCause(enum.Enum):
+    """Why a node failed although its last outcome was not itself a permanent failure."""
+
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    NOT_RETRYABLE = "not_retryable"
+    NO_CORRECTION_EDGE = "no_correction_edge"
+    NODE_BUDGET_EXHAUSTED = "node_budget_exhausted"
+
+
+class NodeFailed(_Event, frozen=True):
+    """An explicit termination fact: the node fails, retaining its committed outcome."""
+
+    node_id: str
+    cause: FailureCause
+    detail: str
+
+
+class RetryScheduled(_Event, frozen=True):
+    """Another attempt will start at ``deadline`` (absolute virtual time; never recomputed)."""
+
+    node_id: str
+    next_attempt: int
+    delay_ms: int
+    deadline: int
+
+
+class RetryReleased(_Event, frozen=True):
+    """The backoff deadline was reached and the node is ready again (consumes one transition)."""
+
+    node_id: str
+    next_attempt: int
+    at: int
+
+
+class VirtualTimeAdvanced(_Event, frozen=True):
+    """The run's virtual clock moved to ``to`` milliseconds after the run epoch."""
+
+    to: int
+
+
+class AttemptDeadlineExpired(_Event, frozen=True):
+    """An attempt's deadline passed without an outcome; a timeout outcome follows."""
+
+    node_id: str
+    attempt_id: str
+    deadline: int
+
+
+class BudgetKind(enum.Enum):
+    """Which ceiling was exhausted."""
+
+    RUN_ATTEMPTS = "run_attempts"
+    RUN_TRANSITIONS = "run_transitions"
+    RUN_ELAPSED = "run_elapsed"
+    NODE_ATTEMPTS = "node_attempts"
+
+
+class LastOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The most recently committed outcome at the time a budget ran out."""
+
+    node_id: str
+    kind: NodeOutcomeKind
+    attempt_id: str | None = None
+
+
+class BudgetExhausted(_Event, frozen=True):
+    """A budget ran out: its kind, immutable limit, observed usage (limit + 1) and last outcome."""
+
+    kind: BudgetKind
+    limit: int
+    observed: int
+    node_id: str | None = None
+    last_outcome: LastOutcome | None = None
+
+
+class CancellationTarget(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An active attempt the runtime must cancel once the cancellation is durable."""
+
+    node_id: str
+    attempt_id: str
+
+
+class CancellationRequested(_Event, frozen=True):
+    """One atomic cancellation decision: who, why, when, which policy and which active targets."""
+
+    requester: str
+    reason: str
+    at: int
+    policy: Literal["cascade"] = "cascade"
+    targets: tuple[CancellationTarget, ...] = ()
+
+
+RunResult: TypeAlias = Literal["succeeded", "failed", "blocked", "cancelled"]
+"""A run's terminal result."""
+
+
+class RunCompleted(_Event, frozen=True):
+    """The run reached its terminal result; every later mutating command is rejected."""
+
+    result: RunResult
+    at: int
+
+
+Event: TypeAlias = (
+    RunCreated
+    | NodeReady
+    | NodeStarted
+    | NodeOutcomeCommitted
+    | NodeFailed
+    | RetryScheduled
+    | RetryReleased
+    | VirtualTimeAdvanced
+    | AttemptDeadlineExpired
+    | BudgetExhausted
+    | CancellationRequested
+    | RunCompleted
+)
+"""Every event type this code reads and writes."""
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        RunCreated,
+        NodeReady,
+        NodeStarted,
+        NodeOutcomeCommitted,
+        NodeFailed,
+        RetryScheduled,
+        RetryReleased,
+        VirtualTimeAdvanced,
+        AttemptDeadlineExpired,
+        BudgetExhausted,
+        CancellationRequested,
+        RunCompleted,
+    )
+}
+"""Event classes by type name (the ``"type"`` tag)."""
+
+EVENT_SCHEMA_VERSIONS: dict[str, int] = dict.fromkeys(EVENT_TYPES, 1)
+"""The schema version this code writes for each event type."""
+
+
+def event_type(event: Event) -> str:
+    """The type name of ``event``, as written in the envelope and the ``"type"`` tag."""
+    return type(event).__name__

@@ -1,0 +1,237 @@
+"""The serializable workflow specification (ADR-0032 "Serializable workflow specification").
+
+A run pins one immutable :class:`WorkflowSpec`. Nodes name handlers by stable
+name and contract version (``"review@1"``); code is never serialized. The JSON
+form carries an explicit ``schema_version`` and the pinned run records the
+spec's content hash (SHA-256 of its canonical JSON).
+
+These structs only *hold* a specification; :func:`mayfly.reducer.validate`
+checks it and reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, TypeAlias
+
+import msgspec
+
+from mayfly.model.errors import InvalidIdentifier
+from mayfly.model.json import JsonValue, canonical_json, content_hash
+from mayfly.model.limits import MAX_HANDLER_NAME
+from mayfly.model.outcomes import ArtifactRef, NodeOutcomeKind
+
+__all__ = [
+    "SPEC_SCHEMA_VERSION",
+    "SUPPORTED_SPEC_SCHEMA_VERSIONS",
+    "Backoff",
+    "ChildCall",
+    "ChildDefinition",
+    "DependencyPolicy",
+    "Edge",
+    "EdgePredicate",
+    "ExponentialBackoff",
+    "FixedBackoff",
+    "HandlerRef",
+    "ImmediateBackoff",
+    "Node",
+    "OnAnyOutcome",
+    "OnField",
+    "OnOutcome",
+    "RetryPolicy",
+    "RunBudgets",
+    "WorkflowSpec",
+    "parse_handler_ref",
+]
+
+SPEC_SCHEMA_VERSION = 1
+"""The specification schema version this code writes."""
+
+SUPPORTED_SPEC_SCHEMA_VERSIONS = frozenset({1})
+"""Specification schema versions this code reads; anything else fails validation."""
+
+DependencyPolicy: TypeAlias = Literal["all_succeeded", "all_completed", "any_succeeded"]
+"""When a node with ``depends_on`` is released; ``all_succeeded`` is the safe default."""
+
+_HANDLER_NAME = re.compile(r"[a-z][a-z0-9_.-]*")
+
+
+class HandlerRef(msgspec.Struct, frozen=True):
+    """A handler's stable name and contract version, written ``name@version``."""
+
+    name: str
+    version: int
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+def parse_handler_ref(value: str) -> HandlerRef:
+    """Parse ``name@version`` (name ``[a-z][a-z0-9_.-]*``, version a positive integer)."""
+    name, sep, version = value.rpartition("@")
+    if (
+        not sep
+        or len(name) > MAX_HANDLER_NAME
+        or _HANDLER_NAME.fullmatch(name) is None
+        or not version.isdigit()
+        or version.startswith("0")
+    ):
+        raise InvalidIdentifier("handler reference", value, "expected name@version, e.g. 'review@1'")
+    return HandlerRef(name, int(version))
+
+
+class ImmediateBackoff(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="immediate"):
+    """Retry at the virtual time the retryable outcome was committed."""
+
+
+class FixedBackoff(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="fixed"):
+    """Retry ``delay_ms`` after the retryable outcome was committed."""
+
+    delay_ms: int
+
+
+class ExponentialBackoff(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="exponential"):
+    """Delay ``min(initial_ms * multiplier ** (next_attempt - 2), maximum_ms)``."""
+
+    initial_ms: int = 1_000
+    multiplier: int = 2
+    maximum_ms: int = 60_000
+
+
+Backoff: TypeAlias = ImmediateBackoff | FixedBackoff | ExponentialBackoff
+"""A backoff schedule; JSON objects tagged by ``"type"``."""
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """How many attempts one activation of a node may make, and when the next one starts.
+
+    The safe default permits three attempts and retries only
+    ``retryable_failure``; ``permanent_failure`` is retried only when named
+    here, and ``changes_requested`` never is (it belongs to correction edges).
+    """
+
+    max_attempts: int = 3
+    retry_on: tuple[NodeOutcomeKind, ...] = (NodeOutcomeKind.RETRYABLE_FAILURE,)
+    backoff: Backoff = msgspec.field(default_factory=ExponentialBackoff)
+    jitter_max_ms: int = 0
+    attempt_deadline_ms: int | None = None
+
+
+class RunBudgets(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Run-wide ceilings; exhausting one fails the run immediately."""
+
+    max_attempts: int = 10_000
+    max_transitions: int = 100_000
+    max_elapsed_ms: int | None = None
+
+
+class OnAnyOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="any"):
+    """Matches every final outcome of the source node."""
+
+
+class OnOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="outcome"):
+    """Matches one outcome kind."""
+
+    outcome: NodeOutcomeKind
+
+
+class OnField(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="field"):
+    """Matches a succeeded output whose top-level ``field`` equals a scalar ``equals``."""
+
+    field: str
+    equals: str | int | bool | None
+
+
+EdgePredicate: TypeAlias = OnAnyOutcome | OnOutcome | OnField
+"""Data-only edge conditions; JSON objects tagged by ``"match"``."""
+
+
+class Edge(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A conditional transition from ``source`` to ``target``.
+
+    Edges sharing an ``exclusive`` group name must be provably disjoint;
+    ungrouped edges fan out in parallel, in specification order.
+    """
+
+    source: str
+    target: str
+    when: EdgePredicate = msgspec.field(default_factory=OnAnyOutcome)
+    exclusive: str | None = None
+
+
+class ChildCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Run a catalog workflow as this node's work.
+
+    ``mode`` decides how a non-success child reads in the parent:
+    ``require_success`` fails the parent node, ``propagate`` gives it the
+    child's outcome class. Only the named top-level fields are copied in and out.
+    """
+
+    workflow_id: str
+    version: int
+    mode: Literal["propagate", "require_success"]
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
+class Node(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One unit of work: a handler (``name@version``) or a child workflow call."""
+
+    id: str
+    handler: str | None = None
+    child: ChildCall | None = None
+    input: JsonValue = None
+    artifacts: tuple[ArtifactRef, ...] = ()
+    depends_on: tuple[str, ...] = ()
+    policy: DependencyPolicy = "all_succeeded"
+    outputs: tuple[str, ...] = ()
+    retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)
+    max_attempts: int | None = None
+
+    @property
+    def handler_ref(self) -> HandlerRef | None:
+        """The parsed handler reference, or ``None`` for a child-call node."""
+        return None if self.handler is None else parse_handler_ref(self.handler)
+
+
+class ChildDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A reusable workflow in the root specification's closed catalog."""
+
+    workflow_id: str
+    version: int
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...] = ()
+    initial: tuple[str, ...] | None = None
+    budgets: RunBudgets = msgspec.field(default_factory=RunBudgets)
+
+
+class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """An immutable, serializable workflow: nodes, edges, budgets and a child catalog.
+
+    ``initial`` lists the nodes that start the run; when omitted, every node
+    without ``depends_on`` starts it. A graph with conditional cycles must
+    declare it. ``jitter_seed`` is pinned into retry jitter.
+    """
+
+    workflow_id: str
+    version: int
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...] = ()
+    initial: tuple[str, ...] | None = None
+    budgets: RunBudgets = msgspec.field(default_factory=RunBudgets)
+    catalog: tuple[ChildDefinition, ...] = ()
+    jitter_seed: str = ""
+    schema_version: int = SPEC_SCHEMA_VERSION
+
+    def content_hash(self) -> str:
+        """``sha256:<hex>`` over the canonical JSON of this spec; stable across machines."""
+        return content_hash(self)
+
+    def to_json(self) -> bytes:
+        """The spec as compact JSON (canonical: sorted keys)."""
+        return canonical_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> WorkflowSpec:
+        """Decode a spec from JSON; unknown fields and wrong types are rejected with their path."""
+        return msgspec.json.decode(data, type=cls)

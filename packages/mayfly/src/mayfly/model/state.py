@@ -1,0 +1,419 @@
+"""Run state derived from history: node and run statuses, counters and indexes.
+
+The state is the reducer's working memory. It is mutable on purpose: copying
+a 100k-node graph per event would make replay quadratic, so ``reduce`` updates
+the one state it owns in place and keeps per-node dependency counters, so that
+every event costs work proportional to the nodes it touches, never to the
+graph. :meth:`RunState.to_record` gives the immutable, serializable form used
+by snapshots and golden fixtures; :meth:`RunState.from_record` rebuilds the
+indexes from it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from typing import Protocol
+
+import msgspec
+
+from mayfly.model.events import BudgetExhausted, CancellationRequested, FailureCause, LastOutcome
+from mayfly.model.json import JsonValue
+from mayfly.model.outcomes import NodeOutcome
+from mayfly.model.spec import Node, WorkflowSpec
+
+__all__ = [
+    "STATE_SCHEMA_VERSION",
+    "AttemptRecord",
+    "NodeRecord",
+    "NodeState",
+    "NodeStatus",
+    "RunState",
+    "RunStateRecord",
+    "RunStatus",
+    "count_terminal",
+]
+
+STATE_SCHEMA_VERSION = 1
+"""Version of :class:`RunStateRecord`, the serialized state."""
+
+
+class NodeStatus(enum.Enum):
+    """The node states of ADR-0032's state diagram."""
+
+    PENDING = "pending"
+    READY = "ready"
+    RUNNING = "running"
+    WAITING = "waiting"
+    RETRY_PENDING = "retry_pending"
+    CHANGES_REQUESTED = "changes_requested"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the node can never change again."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset(
+    {
+        NodeStatus.SUCCEEDED,
+        NodeStatus.FAILED,
+        NodeStatus.BLOCKED,
+        NodeStatus.CANCELLED,
+        NodeStatus.SKIPPED,
+    }
+)
+
+
+class RunStatus(enum.Enum):
+    """A run is running until its terminal result is recorded."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the run has its terminal result."""
+        return self is not RunStatus.RUNNING
+
+
+class NodeState:
+    """The mutable state of one node inside :class:`RunState`."""
+
+    __slots__ = (
+        "attempt",
+        "attempt_deadline",
+        "attempt_id",
+        "blocked_prereqs",
+        "cancelled_prereqs",
+        "dependents",
+        "done_prereqs",
+        "failure",
+        "index",
+        "last_outcome",
+        "prereqs",
+        "retry_deadline",
+        "spec",
+        "status",
+        "succeeded_prereqs",
+        "total_attempts",
+    )
+
+    def __init__(self, index: int, spec: Node, prereqs: int, dependents: tuple[int, ...]) -> None:
+        self.index = index
+        self.spec = spec
+        self.status = NodeStatus.PENDING
+        self.attempt = 0
+        """Attempts made in the current activation (one-based once started)."""
+        self.total_attempts = 0
+        self.attempt_id: str | None = None
+        self.attempt_deadline: int | None = None
+        self.retry_deadline: int | None = None
+        self.last_outcome: NodeOutcome | None = None
+        self.failure: FailureCause | None = None
+        self.prereqs = prereqs
+        self.done_prereqs = 0
+        self.succeeded_prereqs = 0
+        self.blocked_prereqs = 0
+        self.cancelled_prereqs = 0
+        self.dependents = dependents
+
+    @property
+    def node_id(self) -> str:
+        """The node's id."""
+        return self.spec.id
+
+    def clone(self) -> NodeState:
+        """A shallow copy (specs and dependents are immutable and shared)."""
+        copy = NodeState.__new__(NodeState)
+        for name in NodeState.__slots__:
+            setattr(copy, name, getattr(self, name))
+        return copy
+
+    def __repr__(self) -> str:
+        return f"<NodeState {self.spec.id} {self.status.value} attempt={self.attempt}>"
+
+
+class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """An attempt identity consumed by the run, and its committed outcome once it has one."""
+
+    attempt_id: str
+    node_id: str
+    outcome: NodeOutcome | None = None
+
+
+class NodeRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Serialized :class:`NodeState` (dependency counters are rebuilt, not stored)."""
+
+    node_id: str
+    status: NodeStatus
+    attempt: int = 0
+    total_attempts: int = 0
+    attempt_id: str | None = None
+    attempt_deadline: int | None = None
+    retry_deadline: int | None = None
+    last_outcome: NodeOutcome | None = None
+    failure: FailureCause | None = None
+
+
+class RunStateRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Serialized :class:`RunState`, the body of snapshots and state golden fixtures."""
+
+    schema_version: int
+    run_id: str
+    spec: WorkflowSpec
+    spec_hash: str
+    status: RunStatus
+    sequence: int
+    now: int
+    attempts_used: int
+    transitions_used: int
+    nodes: tuple[NodeRecord, ...]
+    attempts: tuple[AttemptRecord, ...]
+    input: JsonValue = None
+    ready: tuple[str, ...] = ()
+    last_outcome: LastOutcome | None = None
+    exhausted: BudgetExhausted | None = None
+    cancellation: CancellationRequested | None = None
+
+
+class RunState:
+    """Everything known about one run, derived by reducing its history.
+
+    Read it freely; change it only through :func:`mayfly.reducer.reduce`.
+    """
+
+    __slots__ = (
+        "_active",
+        "_attempts",
+        "_ready",
+        "_retries",
+        "attempts_used",
+        "cancellation",
+        "exhausted",
+        "index",
+        "input",
+        "last_outcome",
+        "n_blocked",
+        "n_cancelled",
+        "n_failed",
+        "nodes",
+        "now",
+        "open_nodes",
+        "run_id",
+        "sequence",
+        "spec",
+        "spec_hash",
+        "status",
+        "transitions_used",
+    )
+
+    def __init__(self, run_id: str, spec: WorkflowSpec, spec_hash: str, input: JsonValue) -> None:
+        self.run_id = run_id
+        self.spec = spec
+        self.spec_hash = spec_hash
+        self.input = input
+        self.status = RunStatus.RUNNING
+        self.sequence = 0
+        self.now = 0
+        self.attempts_used = 0
+        self.transitions_used = 0
+        self.last_outcome: LastOutcome | None = None
+        self.exhausted: BudgetExhausted | None = None
+        self.cancellation: CancellationRequested | None = None
+        self.n_failed = 0
+        self.n_blocked = 0
+        self.n_cancelled = 0
+        index = {node.id: i for i, node in enumerate(spec.nodes)}
+        dependents: list[list[int]] = [[] for _ in spec.nodes]
+        for i, node in enumerate(spec.nodes):
+            for prereq in node.depends_on:
+                dependents[index[prereq]].append(i)
+        self.index = index
+        self.nodes = [
+            NodeState(i, node, len(node.depends_on), tuple(dependents[i]))
+            for i, node in enumerate(spec.nodes)
+        ]
+        self.open_nodes = len(self.nodes)
+        self._attempts: dict[str, AttemptRecord] = {}
+        self._active: dict[str, int] = {}
+        self._ready: dict[int, None] = {}
+        self._retries: dict[int, int] = {}
+
+    # -- reads -------------------------------------------------------------
+
+    def node(self, index: int) -> NodeState:
+        """The node at ``index`` (specification order)."""
+        return self.nodes[index]
+
+    def node_by_id(self, node_id: str) -> NodeState | None:
+        """The node called ``node_id``, or ``None``."""
+        i = self.index.get(node_id)
+        return None if i is None else self.nodes[i]
+
+    def attempt(self, attempt_id: str) -> AttemptRecord | None:
+        """The record of a consumed attempt identity, or ``None`` if never used in this run."""
+        return self._attempts.get(attempt_id)
+
+    def active_attempts(self) -> Iterator[tuple[str, int]]:
+        """``(attempt_id, node index)`` of every started attempt without an outcome, in start order."""
+        return iter(list(self._active.items()))
+
+    def pending_retries(self) -> Iterator[tuple[int, int]]:
+        """``(node index, deadline)`` of every scheduled, unreleased retry."""
+        return iter(list(self._retries.items()))
+
+    def ready_nodes(self) -> list[str]:
+        """Ids of the nodes that are Ready, in specification order."""
+        return [self.nodes[i].spec.id for i in sorted(self._ready)]
+
+    @property
+    def attempt_count(self) -> int:
+        """How many attempt identities this run has consumed."""
+        return len(self._attempts)
+
+    # -- mutations, used only by the reducer --------------------------------
+
+    def node_mut(self, index: int) -> NodeState:
+        """The node at ``index``, for the reducer to change in place."""
+        return self.nodes[index]
+
+    def record_attempt(self, record: AttemptRecord, index: int) -> None:
+        """Consume an attempt identity and mark it active on node ``index``."""
+        self._attempts[record.attempt_id] = record
+        self._active[record.attempt_id] = index
+
+    def close_attempt(self, attempt_id: str, outcome: NodeOutcome) -> None:
+        """Commit the one outcome of an active attempt."""
+        record = self._attempts[attempt_id]
+        self._attempts[attempt_id] = AttemptRecord(record.attempt_id, record.node_id, outcome)
+        del self._active[attempt_id]
+
+    def set_ready(self, index: int, ready: bool) -> None:
+        """Add ``index`` to, or remove it from, the ready index."""
+        if ready:
+            self._ready[index] = None
+        else:
+            self._ready.pop(index, None)
+
+    def set_retry(self, index: int, deadline: int | None) -> None:
+        """Record (or clear, with ``None``) the scheduled retry deadline of node ``index``."""
+        if deadline is None:
+            self._retries.pop(index, None)
+        else:
+            self._retries[index] = deadline
+
+    # -- serialization -----------------------------------------------------
+
+    def to_record(self) -> RunStateRecord:
+        """The immutable, serializable form of this state."""
+        return RunStateRecord(
+            schema_version=STATE_SCHEMA_VERSION,
+            run_id=self.run_id,
+            spec=self.spec,
+            spec_hash=self.spec_hash,
+            status=self.status,
+            sequence=self.sequence,
+            now=self.now,
+            attempts_used=self.attempts_used,
+            transitions_used=self.transitions_used,
+            nodes=tuple(
+                NodeRecord(
+                    node_id=n.spec.id,
+                    status=n.status,
+                    attempt=n.attempt,
+                    total_attempts=n.total_attempts,
+                    attempt_id=n.attempt_id,
+                    attempt_deadline=n.attempt_deadline,
+                    retry_deadline=n.retry_deadline,
+                    last_outcome=n.last_outcome,
+                    failure=n.failure,
+                )
+                for n in self.nodes
+            ),
+            attempts=tuple(self._attempts.values()),
+            input=self.input,
+            ready=tuple(self.ready_nodes()),
+            last_outcome=self.last_outcome,
+            exhausted=self.exhausted,
+            cancellation=self.cancellation,
+        )
+
+    @classmethod
+    def from_record(cls, record: RunStateRecord) -> RunState:
+        """Rebuild a state (with its indexes and counters) from its serialized form."""
+        state = cls(record.run_id, record.spec, record.spec_hash, record.input)
+        if len(record.nodes) != len(state.nodes):
+            raise ValueError("state record does not match its specification's nodes")
+        state.status = record.status
+        state.sequence = record.sequence
+        state.now = record.now
+        state.attempts_used = record.attempts_used
+        state.transitions_used = record.transitions_used
+        state.last_outcome = record.last_outcome
+        state.exhausted = record.exhausted
+        state.cancellation = record.cancellation
+        for node, saved in zip(state.nodes, record.nodes, strict=True):
+            if saved.node_id != node.spec.id:
+                raise ValueError(f"state record node {saved.node_id!r} is not {node.spec.id!r}")
+            node.status = saved.status
+            node.attempt = saved.attempt
+            node.total_attempts = saved.total_attempts
+            node.attempt_id = saved.attempt_id
+            node.attempt_deadline = saved.attempt_deadline
+            node.retry_deadline = saved.retry_deadline
+            node.last_outcome = saved.last_outcome
+            node.failure = saved.failure
+        for attempt in record.attempts:
+            state._attempts[attempt.attempt_id] = attempt
+        for node in state.nodes:
+            if node.attempt_id is not None:
+                state._active[node.attempt_id] = node.index
+            if node.retry_deadline is not None:
+                state._retries[node.index] = node.retry_deadline
+            if node.status is NodeStatus.READY:
+                state._ready[node.index] = None
+            if node.status.is_terminal:
+                state.open_nodes -= 1
+                count_terminal(state, node)
+        return state
+
+
+class _TerminalCounts(Protocol):
+    n_failed: int
+    n_blocked: int
+    n_cancelled: int
+
+    def node_mut(self, index: int) -> NodeState: ...
+
+
+def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
+    """Update run totals and the dependents' counters for ``node`` entering its terminal status.
+
+    Dependents keep counters instead of rescanning their prerequisites, so a
+    release decision costs O(1) per edge however large the graph grows.
+    """
+    status = node.status
+    if status is NodeStatus.FAILED:
+        run.n_failed += 1
+    elif status is NodeStatus.BLOCKED:
+        run.n_blocked += 1
+    elif status is NodeStatus.CANCELLED:
+        run.n_cancelled += 1
+    for d in node.dependents:
+        dep = run.node_mut(d)
+        dep.done_prereqs += 1
+        if status is NodeStatus.SUCCEEDED:
+            dep.succeeded_prereqs += 1
+        elif status is NodeStatus.BLOCKED:
+            dep.blocked_prereqs += 1
+        elif status is NodeStatus.CANCELLED:
+            dep.cancelled_prereqs += 1

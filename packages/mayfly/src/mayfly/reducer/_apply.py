@@ -1,0 +1,436 @@
+"""Applying one event to a state: the single definition of what every fact means.
+
+``reduce`` applies events to the real :class:`RunState`. ``decide`` applies the
+events it is about to propose to a :class:`Draft` (a copy-on-write overlay of
+the state) so it can see their consequences — a node released, a run
+completed — without mutating anything and without a second copy of the rules.
+
+Every check here is a corruption check: history that contradicts itself fails
+closed with :class:`CorruptionError` naming the sequence and event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from mayfly.model.errors import CorruptionError
+from mayfly.model.events import (
+    AttemptDeadlineExpired,
+    BudgetExhausted,
+    CancellationRequested,
+    Event,
+    LastOutcome,
+    NodeFailed,
+    NodeOutcomeCommitted,
+    NodeReady,
+    NodeStarted,
+    RetryReleased,
+    RetryScheduled,
+    RunCompleted,
+    RunCreated,
+    RunResult,
+    VirtualTimeAdvanced,
+)
+from mayfly.model.outcomes import NodeOutcome, NodeOutcomeKind
+from mayfly.model.spec import WorkflowSpec
+from mayfly.model.state import (
+    AttemptRecord,
+    NodeState,
+    NodeStatus,
+    RunState,
+    RunStatus,
+    count_terminal,
+)
+
+__all__ = ["Draft", "RunView", "apply_event", "is_retry_class", "new_state", "run_result"]
+
+
+class RunView(Protocol):
+    """What applying an event reads and writes; implemented by RunState and Draft."""
+
+    run_id: str
+    spec: WorkflowSpec
+    index: dict[str, int]
+    status: RunStatus
+    sequence: int
+    now: int
+    attempts_used: int
+    transitions_used: int
+    open_nodes: int
+    n_failed: int
+    n_blocked: int
+    n_cancelled: int
+    last_outcome: LastOutcome | None
+    exhausted: BudgetExhausted | None
+    cancellation: CancellationRequested | None
+
+    def node(self, index: int) -> NodeState: ...
+    def node_mut(self, index: int) -> NodeState: ...
+    def attempt(self, attempt_id: str) -> AttemptRecord | None: ...
+    def record_attempt(self, record: AttemptRecord, index: int) -> None: ...
+    def close_attempt(self, attempt_id: str, outcome: NodeOutcome) -> None: ...
+    def set_ready(self, index: int, ready: bool) -> None: ...
+    def set_retry(self, index: int, deadline: int | None) -> None: ...
+    def active_attempts(self) -> Iterator[tuple[str, int]]: ...
+    def pending_retries(self) -> Iterator[tuple[int, int]]: ...
+
+
+_SCALARS = (
+    "status",
+    "sequence",
+    "now",
+    "attempts_used",
+    "transitions_used",
+    "open_nodes",
+    "n_failed",
+    "n_blocked",
+    "n_cancelled",
+    "last_outcome",
+    "exhausted",
+    "cancellation",
+)
+
+
+class Draft:
+    """A copy-on-write view of a :class:`RunState` that collects proposed events.
+
+    Nodes are cloned on first write; attempt, active and retry indexes are
+    overlaid. The base state is never touched, so a rejected or unappended
+    decision leaves it exactly as it was.
+    """
+
+    status: RunStatus
+    sequence: int
+    now: int
+    attempts_used: int
+    transitions_used: int
+    open_nodes: int
+    n_failed: int
+    n_blocked: int
+    n_cancelled: int
+    last_outcome: LastOutcome | None
+    exhausted: BudgetExhausted | None
+    cancellation: CancellationRequested | None
+
+    def __init__(self, base: RunState) -> None:
+        self.base = base
+        self.run_id = base.run_id
+        self.spec = base.spec
+        self.index = base.index
+        for name in _SCALARS:
+            setattr(self, name, getattr(base, name))
+        self.events: list[Event] = []
+        self._nodes: dict[int, NodeState] = {}
+        self._attempts: dict[str, AttemptRecord] = {}
+        self._active_added: dict[str, int] = {}
+        self._active_closed: set[str] = set()
+        self._retries: dict[int, int | None] = {}
+
+    def emit(self, event: Event) -> None:
+        """Propose ``event``: apply it to the draft and queue it for the batch."""
+        apply_event(self, event, self.sequence + 1)
+        self.events.append(event)
+
+    def node(self, index: int) -> NodeState:
+        """The node as the draft sees it."""
+        node = self._nodes.get(index)
+        return node if node is not None else self.base.nodes[index]
+
+    def node_mut(self, index: int) -> NodeState:
+        """A private copy of the node that the draft may change."""
+        node = self._nodes.get(index)
+        if node is None:
+            node = self._nodes[index] = self.base.nodes[index].clone()
+        return node
+
+    def attempt(self, attempt_id: str) -> AttemptRecord | None:
+        """The attempt record as the draft sees it."""
+        record = self._attempts.get(attempt_id)
+        return record if record is not None else self.base.attempt(attempt_id)
+
+    def record_attempt(self, record: AttemptRecord, index: int) -> None:
+        """Consume an attempt identity in the draft."""
+        self._attempts[record.attempt_id] = record
+        self._active_added[record.attempt_id] = index
+
+    def close_attempt(self, attempt_id: str, outcome: NodeOutcome) -> None:
+        """Commit an attempt outcome in the draft."""
+        record = self.attempt(attempt_id)
+        assert record is not None
+        self._attempts[attempt_id] = AttemptRecord(record.attempt_id, record.node_id, outcome)
+        if self._active_added.pop(attempt_id, None) is None:
+            self._active_closed.add(attempt_id)
+
+    def set_ready(self, index: int, ready: bool) -> None:
+        """The ready index is not consulted by decisions; the draft does not track it."""
+
+    def set_retry(self, index: int, deadline: int | None) -> None:
+        """Record a retry change in the draft."""
+        self._retries[index] = deadline
+
+    def active_attempts(self) -> Iterator[tuple[str, int]]:
+        """Active attempts as the draft sees them, in start order."""
+        for attempt_id, index in self.base.active_attempts():
+            if attempt_id not in self._active_closed:
+                yield attempt_id, index
+        yield from list(self._active_added.items())
+
+    def pending_retries(self) -> Iterator[tuple[int, int]]:
+        """Scheduled retries as the draft sees them."""
+        for index, deadline in self.base.pending_retries():
+            if index not in self._retries:
+                yield index, deadline
+        for index, changed in list(self._retries.items()):
+            if changed is not None:
+                yield index, changed
+
+
+def new_state(event: RunCreated) -> RunState:
+    """The state of a run right after ``event`` (its first event, sequence 1)."""
+    state = RunState(event.run_id, event.spec, event.spec_hash, event.input)
+    state.sequence = 1
+    return state
+
+
+def is_retry_class(node: NodeState, kind: NodeOutcomeKind) -> bool:
+    """Whether an outcome of ``kind`` leaves ``node`` pending a retry decision.
+
+    RetryableFailure always does (the decision may still be an explicit
+    NodeFailed); PermanentFailure only when the policy names it. This is static
+    spec data, so decide and reduce agree without sharing dynamic policy.
+    """
+    if kind is NodeOutcomeKind.RETRYABLE_FAILURE:
+        return True
+    return kind is NodeOutcomeKind.PERMANENT_FAILURE and kind in node.spec.retry.retry_on
+
+
+def run_result(run: RunView) -> RunResult:
+    """The terminal result once every node is terminal: failure > blocked > cancelled > success."""
+    if run.exhausted is not None:
+        return "failed"
+    if run.cancellation is not None:
+        return "cancelled"
+    if run.n_failed:
+        return "failed"
+    if run.n_blocked:
+        return "blocked"
+    if run.n_cancelled:
+        return "cancelled"
+    return "succeeded"
+
+
+_OUTCOME_STATUS = {
+    NodeOutcomeKind.SUCCEEDED: NodeStatus.SUCCEEDED,
+    NodeOutcomeKind.PERMANENT_FAILURE: NodeStatus.FAILED,
+    NodeOutcomeKind.BLOCKED: NodeStatus.BLOCKED,
+    NodeOutcomeKind.CANCELLED: NodeStatus.CANCELLED,
+    NodeOutcomeKind.SKIPPED: NodeStatus.SKIPPED,
+    NodeOutcomeKind.RETRYABLE_FAILURE: NodeStatus.RETRY_PENDING,
+    NodeOutcomeKind.CHANGES_REQUESTED: NodeStatus.CHANGES_REQUESTED,
+}
+
+_RESULT_STATUS: dict[str, RunStatus] = {
+    "succeeded": RunStatus.SUCCEEDED,
+    "failed": RunStatus.FAILED,
+    "blocked": RunStatus.BLOCKED,
+    "cancelled": RunStatus.CANCELLED,
+}
+
+
+def _corrupt(seq: int, event: Event, problem: str) -> CorruptionError:
+    return CorruptionError(f"history is inconsistent at sequence {seq} ({type(event).__name__}): {problem}")
+
+
+def _node(run: RunView, seq: int, event: Event, node_id: str) -> NodeState:
+    i = run.index.get(node_id)
+    if i is None:
+        raise _corrupt(seq, event, f"unknown node {node_id!r}")
+    return run.node_mut(i)
+
+
+def _enter_terminal(run: RunView, node: NodeState, status: NodeStatus) -> None:
+    if node.status is NodeStatus.READY:
+        run.set_ready(node.index, False)
+    if node.retry_deadline is not None:
+        node.retry_deadline = None
+        run.set_retry(node.index, None)
+    node.status = status
+    run.open_nodes -= 1
+    count_terminal(run, node)
+
+
+def _node_ready(run: RunView, event: NodeReady, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    if node.status is not NodeStatus.PENDING:
+        raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}, not pending")
+    node.status = NodeStatus.READY
+    node.attempt = 0
+    run.set_ready(node.index, True)
+    _consume_transition(run, seq, event)
+
+
+def _consume_transition(run: RunView, seq: int, event: Event) -> None:
+    run.transitions_used += 1
+    if run.transitions_used > run.spec.budgets.max_transitions:
+        raise _corrupt(seq, event, "transition budget exceeded without an exhaustion fact")
+
+
+def _node_started(run: RunView, event: NodeStarted, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    if node.status is not NodeStatus.READY:
+        raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}, not ready")
+    if run.attempt(event.attempt_id) is not None:
+        raise _corrupt(seq, event, f"attempt id {event.attempt_id} was already consumed")
+    if event.attempt != node.attempt + 1:
+        raise _corrupt(seq, event, f"attempt {event.attempt} follows attempt {node.attempt}")
+    node.status = NodeStatus.RUNNING
+    node.attempt = event.attempt
+    node.total_attempts += 1
+    node.attempt_id = event.attempt_id
+    node.attempt_deadline = event.deadline
+    run.set_ready(node.index, False)
+    run.record_attempt(AttemptRecord(event.attempt_id, node.node_id), node.index)
+    run.attempts_used += 1
+    if run.attempts_used > run.spec.budgets.max_attempts:
+        raise _corrupt(seq, event, "attempt budget exceeded without an exhaustion fact")
+
+
+def _outcome_committed(run: RunView, event: NodeOutcomeCommitted, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    if node.status.is_terminal:
+        raise _corrupt(seq, event, f"node {node.node_id!r} is already {node.status.value}")
+    outcome = event.outcome
+    kind = outcome.kind
+    if event.attempt_id is not None:
+        record = run.attempt(event.attempt_id)
+        if record is None or record.node_id != node.node_id:
+            raise _corrupt(seq, event, f"attempt {event.attempt_id} is not an attempt of {node.node_id!r}")
+        if record.outcome is not None:
+            raise _corrupt(
+                seq,
+                event,
+                f"attempt {event.attempt_id} already has a committed outcome (committed-once)",
+            )
+        if node.attempt_id != event.attempt_id:
+            raise _corrupt(seq, event, f"attempt {event.attempt_id} is not active")
+        run.close_attempt(event.attempt_id, outcome)
+        node.attempt_id = None
+        node.attempt_deadline = None
+    elif node.attempt_id is not None:
+        raise _corrupt(seq, event, f"node {node.node_id!r} has active attempt {node.attempt_id}")
+    node.last_outcome = outcome
+    run.last_outcome = LastOutcome(node.node_id, kind, event.attempt_id)
+    if is_retry_class(node, kind):
+        if node.status is NodeStatus.READY:
+            run.set_ready(node.index, False)
+        node.status = NodeStatus.RETRY_PENDING
+        return
+    status = _OUTCOME_STATUS[kind]
+    if status.is_terminal:
+        _enter_terminal(run, node, status)
+    else:
+        node.status = status
+
+
+def _node_failed(run: RunView, event: NodeFailed, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    if node.status not in (
+        NodeStatus.RETRY_PENDING,
+        NodeStatus.CHANGES_REQUESTED,
+        NodeStatus.READY,
+    ):
+        raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}; it cannot fail now")
+    node.failure = event.cause
+    _enter_terminal(run, node, NodeStatus.FAILED)
+
+
+def _retry_scheduled(run: RunView, event: RetryScheduled, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    if node.status is not NodeStatus.RETRY_PENDING or node.retry_deadline is not None:
+        raise _corrupt(seq, event, f"node {node.node_id!r} is not awaiting a retry decision")
+    if event.next_attempt != node.attempt + 1 or event.deadline < run.now:
+        raise _corrupt(seq, event, "retry attempt or deadline does not follow the current attempt")
+    node.retry_deadline = event.deadline
+    run.set_retry(node.index, event.deadline)
+    _consume_transition(run, seq, event)
+
+
+def _retry_released(run: RunView, event: RetryReleased, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    deadline = node.retry_deadline
+    if node.status is not NodeStatus.RETRY_PENDING or deadline is None:
+        raise _corrupt(seq, event, f"node {node.node_id!r} has no scheduled retry")
+    if event.at < deadline or event.at != run.now or event.next_attempt != node.attempt + 1:
+        raise _corrupt(seq, event, f"retry released at {event.at} before its deadline {deadline}")
+    node.retry_deadline = None
+    run.set_retry(node.index, None)
+    node.status = NodeStatus.READY
+    run.set_ready(node.index, True)
+    _consume_transition(run, seq, event)
+
+
+def _time_advanced(run: RunView, event: VirtualTimeAdvanced, seq: int) -> None:
+    if event.to <= run.now:
+        raise _corrupt(seq, event, f"virtual time {event.to} does not advance from {run.now}")
+    run.now = event.to
+
+
+def _deadline_expired(run: RunView, event: AttemptDeadlineExpired, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    if node.attempt_id != event.attempt_id or node.attempt_deadline != event.deadline:
+        raise _corrupt(seq, event, f"attempt {event.attempt_id} has no deadline {event.deadline}")
+    if event.deadline > run.now:
+        raise _corrupt(seq, event, f"deadline {event.deadline} is after the current time {run.now}")
+
+
+def _budget_exhausted(run: RunView, event: BudgetExhausted, seq: int) -> None:
+    if event.node_id is not None:
+        _node(run, seq, event, event.node_id)
+        return
+    if run.open_nodes:
+        raise _corrupt(seq, event, "run budget exhausted while nodes are still open")
+    run.exhausted = event
+
+
+def _cancellation_requested(run: RunView, event: CancellationRequested, seq: int) -> None:
+    if run.cancellation is not None:
+        raise _corrupt(seq, event, "the run was already cancelled")
+    run.cancellation = event
+
+
+def _run_completed(run: RunView, event: RunCompleted, seq: int) -> None:
+    if run.open_nodes:
+        raise _corrupt(seq, event, f"{run.open_nodes} node(s) are not terminal")
+    expected = run_result(run)
+    if event.result != expected:
+        raise _corrupt(seq, event, f"result {event.result!r} contradicts the nodes ({expected!r})")
+    run.status = _RESULT_STATUS[event.result]
+
+
+_APPLY: dict[type[Any], Callable[[RunView, Any, int], None]] = {
+    NodeReady: _node_ready,
+    NodeStarted: _node_started,
+    NodeOutcomeCommitted: _outcome_committed,
+    NodeFailed: _node_failed,
+    RetryScheduled: _retry_scheduled,
+    RetryReleased: _retry_released,
+    VirtualTimeAdvanced: _time_advanced,
+    AttemptDeadlineExpired: _deadline_expired,
+    BudgetExhausted: _budget_exhausted,
+    CancellationRequested: _cancellation_requested,
+    RunCompleted: _run_completed,
+}
+
+
+def apply_event(run: RunView, event: Event, sequence: int) -> None:
+    """Apply ``event`` (committed at ``sequence``) to ``run`` in place, or raise CorruptionError."""
+    if run.status is not RunStatus.RUNNING:
+        raise _corrupt(sequence, event, f"the run already completed ({run.status.value})")
+    handler = _APPLY.get(type(event))
+    if handler is None:
+        if isinstance(event, RunCreated):
+            raise _corrupt(sequence, event, "the run already exists")
+        raise _corrupt(sequence, event, "no reducer rule for this event type")
+    handler(run, event, sequence)
+    run.sequence = sequence

@@ -1,0 +1,475 @@
+"""``decide(state, command)``: the events a command produces, or a typed rejection.
+
+A decision is the command's primary facts followed by every consequence the
+ADR requires in the same atomic batch: dependents released or propagated,
+retries scheduled or the node explicitly failed, budgets exhausted, the run's
+terminal result. Consequences are found by applying each proposed event to a
+copy-on-write :class:`Draft`, so the rules live once, in ``_apply``.
+
+Deterministic: the same state and command always give the same events.
+"""
+
+from __future__ import annotations
+
+from mayfly.model.commands import (
+    AdvanceTime,
+    CancelRun,
+    Command,
+    CompleteAttempt,
+    CreateRun,
+    Rejection,
+    RejectionCode,
+    StartNodes,
+)
+from mayfly.model.errors import LimitExceeded
+from mayfly.model.events import (
+    AttemptDeadlineExpired,
+    BudgetExhausted,
+    BudgetKind,
+    CancellationRequested,
+    CancellationTarget,
+    Event,
+    FailureCause,
+    NodeFailed,
+    NodeOutcomeCommitted,
+    NodeReady,
+    NodeStarted,
+    RetryReleased,
+    RetryScheduled,
+    RunCompleted,
+    RunCreated,
+    VirtualTimeAdvanced,
+)
+from mayfly.model.ids import is_uuid
+from mayfly.model.outcomes import (
+    Blocked,
+    Cancelled,
+    NodeOutcome,
+    RetryableFailure,
+    Skipped,
+    Succeeded,
+    check_reason,
+)
+from mayfly.model.state import NodeState, NodeStatus, RunState, RunStatus
+from mayfly.reducer._apply import Draft, new_state, run_result
+from mayfly.reducer.backoff import retry_delay
+from mayfly.reducer.validate import check_input, validate
+
+__all__ = ["Decision", "decide"]
+
+Decision = list[Event] | Rejection
+"""What ``decide`` returns: the batch to append (possibly empty), or why not."""
+
+_MAX_REQUESTER = 256
+
+
+def decide(state: RunState | None, command: Command) -> Decision:
+    """The events ``command`` produces against ``state`` (``None`` before the run exists).
+
+    An empty list acknowledges a command with nothing new to record (the
+    exact re-delivery of a committed outcome, time advanced to "now").
+    """
+    if isinstance(command, CreateRun):
+        return _create_run(state, command)
+    if state is None:
+        return Rejection(RejectionCode.RUN_NOT_FOUND, "the run does not exist")
+    if isinstance(command, CompleteAttempt):
+        return _complete_attempt(state, command)
+    if state.status is not RunStatus.RUNNING:
+        return _terminal(state)
+    if isinstance(command, StartNodes):
+        return _start_nodes(state, command)
+    if isinstance(command, AdvanceTime):
+        return _advance_time(state, command)
+    if isinstance(command, CancelRun):
+        return _cancel_run(state, command)
+    raise TypeError(f"decide: unsupported command {type(command).__name__}")
+
+
+def _terminal(state: RunState) -> Rejection:
+    return Rejection(
+        RejectionCode.RUN_TERMINAL,
+        f"run {state.run_id} already {state.status.value}; it accepts no more commands",
+    )
+
+
+# -- run creation ---------------------------------------------------------------
+
+
+def _create_run(state: RunState | None, command: CreateRun) -> Decision:
+    if state is not None:
+        return Rejection(RejectionCode.RUN_EXISTS, f"run {command.run_id} already exists")
+    if not is_uuid(command.run_id):
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"invalid run id {command.run_id!r}: expected a canonical UUID",
+        )
+    issues = validate(command.spec)
+    if issues:
+        shown = "; ".join(str(issue) for issue in issues[:3])
+        more = f" (and {len(issues) - 3} more)" if len(issues) > 3 else ""
+        return Rejection(RejectionCode.INVALID_SPEC, f"{shown}{more}")
+    try:
+        check_input(command.input, "run input")
+    except ValueError as exc:
+        return Rejection(RejectionCode.INVALID_INPUT, str(exc))
+    created = RunCreated(
+        run_id=command.run_id,
+        spec=command.spec,
+        spec_hash=command.spec.content_hash(),
+        input=command.input,
+    )
+    draft = Draft(new_state(created))
+    draft.events.append(created)
+    spec = command.spec
+    if spec.initial is not None:
+        initial = [draft.index[node_id] for node_id in spec.initial]
+    else:
+        initial = [i for i, node in enumerate(spec.nodes) if not node.depends_on]
+    for i in initial:
+        if not _make_ready(draft, i, "initial"):
+            break
+    return draft.events
+
+
+# -- starting attempts ----------------------------------------------------------
+
+
+def _start_nodes(state: RunState, command: StartNodes) -> Decision:
+    chosen: set[str] = set()
+    for start in command.starts:
+        node = state.node_by_id(start.node_id)
+        if node is None:
+            return Rejection(RejectionCode.UNKNOWN_NODE, f"run {state.run_id} has no node {start.node_id!r}")
+        if start.node_id in chosen:
+            return Rejection(RejectionCode.DUPLICATE_START, f"node {start.node_id!r} is started twice")
+        chosen.add(start.node_id)
+        if node.status is not NodeStatus.READY:
+            return Rejection(
+                RejectionCode.NODE_NOT_READY,
+                f"node {start.node_id!r} of run {state.run_id} is {node.status.value}, not ready",
+            )
+        if not is_uuid(start.attempt_id):
+            return Rejection(
+                RejectionCode.INVALID_INPUT,
+                f"invalid attempt id {start.attempt_id!r}: expected a UUID",
+            )
+        if state.attempt(start.attempt_id) is not None:
+            return Rejection(
+                RejectionCode.ATTEMPT_ID_USED,
+                f"attempt id {start.attempt_id} was already consumed in run {state.run_id}",
+            )
+    if len({s.attempt_id for s in command.starts}) != len(command.starts):
+        return Rejection(RejectionCode.ATTEMPT_ID_USED, "the same attempt id is used twice")
+    draft = Draft(state)
+    for start in command.starts:
+        if draft.status is not RunStatus.RUNNING:
+            break
+        i = state.index[start.node_id]
+        node = draft.node(i)
+        limit = node.spec.max_attempts
+        if limit is not None and node.total_attempts >= limit:
+            _exhaust_node(draft, node, limit)
+            continue
+        budgets = state.spec.budgets
+        if draft.attempts_used >= budgets.max_attempts:
+            _exhaust_run(draft, BudgetKind.RUN_ATTEMPTS, budgets.max_attempts, budgets.max_attempts + 1)
+            break
+        deadline_ms = node.spec.retry.attempt_deadline_ms
+        draft.emit(
+            NodeStarted(
+                node_id=start.node_id,
+                attempt_id=start.attempt_id,
+                attempt=node.attempt + 1,
+                at=draft.now,
+                deadline=None if deadline_ms is None else draft.now + deadline_ms,
+            )
+        )
+    _finish(draft)
+    return draft.events
+
+
+# -- completing attempts --------------------------------------------------------
+
+
+def _complete_attempt(state: RunState, command: CompleteAttempt) -> Decision:
+    record = state.attempt(command.attempt_id)
+    if record is None:
+        return Rejection(
+            RejectionCode.ATTEMPT_NOT_ACTIVE,
+            f"attempt {command.attempt_id} was never started in run {state.run_id}",
+        )
+    if record.node_id != command.node_id:
+        return Rejection(
+            RejectionCode.ATTEMPT_NOT_ACTIVE,
+            f"attempt {command.attempt_id} belongs to node {record.node_id!r}, not {command.node_id!r}",
+        )
+    if record.outcome is not None:
+        if record.outcome == command.outcome:
+            return []
+        if _closed_by_run(record.outcome):
+            return Rejection(
+                RejectionCode.ATTEMPT_NOT_ACTIVE,
+                f"attempt {command.attempt_id} of node {command.node_id!r} was closed "
+                f"({record.outcome.kind.value}); the late result is rejected",
+            )
+        return Rejection(
+            RejectionCode.CONFLICTING_OUTCOME,
+            f"attempt {command.attempt_id} of node {command.node_id!r} already committed "
+            f"{record.outcome.kind.value}; a different outcome is rejected as corruption",
+        )
+    if state.status is not RunStatus.RUNNING:
+        return _terminal(state)
+    draft = Draft(state)
+    _commit_outcome(draft, state.index[command.node_id], command.outcome, command.attempt_id)
+    _finish(draft)
+    return draft.events
+
+
+def _closed_by_run(outcome: NodeOutcome) -> bool:
+    """Outcomes the run assigns itself to close an attempt (cancellation, timeout)."""
+    return isinstance(outcome, Cancelled) or (isinstance(outcome, RetryableFailure) and outcome.timeout)
+
+
+def _commit_outcome(draft: Draft, i: int, outcome: NodeOutcome, attempt_id: str | None) -> None:
+    node = draft.node(i)
+    draft.emit(
+        NodeOutcomeCommitted(node_id=node.node_id, outcome=outcome, attempt_id=attempt_id, at=draft.now)
+    )
+    node = draft.node(i)
+    if node.status is NodeStatus.RETRY_PENDING:
+        _decide_retry(draft, node)
+    elif node.status is NodeStatus.CHANGES_REQUESTED:
+        draft.emit(
+            NodeFailed(
+                node_id=node.node_id,
+                cause=FailureCause.NO_CORRECTION_EDGE,
+                detail="changes requested, no correction edge matched",
+            )
+        )
+    _settle(draft, i)
+
+
+def _decide_retry(draft: Draft, node: NodeState) -> None:
+    policy = node.spec.retry
+    outcome = node.last_outcome
+    assert outcome is not None
+    if outcome.kind not in policy.retry_on:
+        draft.emit(
+            NodeFailed(
+                node_id=node.node_id,
+                cause=FailureCause.NOT_RETRYABLE,
+                detail=f"{outcome.kind.value} is not retried by this node's policy",
+            )
+        )
+        return
+    if node.attempt >= policy.max_attempts:
+        draft.emit(
+            NodeFailed(
+                node_id=node.node_id,
+                cause=FailureCause.RETRIES_EXHAUSTED,
+                detail=f"{node.attempt} of {policy.max_attempts} attempts used",
+            )
+        )
+        return
+    limit = node.spec.max_attempts
+    if limit is not None and node.total_attempts >= limit:
+        _exhaust_node(draft, node, limit)
+        return
+    next_attempt = node.attempt + 1
+    delay = retry_delay(
+        policy,
+        next_attempt,
+        seed=draft.spec.jitter_seed,
+        run_id=draft.run_id,
+        node_id=node.node_id,
+    )
+    if not _transition_available(draft):
+        return
+    draft.emit(
+        RetryScheduled(
+            node_id=node.node_id,
+            next_attempt=next_attempt,
+            delay_ms=delay,
+            deadline=draft.now + delay,
+        )
+    )
+    if delay == 0 and _transition_available(draft):
+        draft.emit(RetryReleased(node_id=node.node_id, next_attempt=next_attempt, at=draft.now))
+
+
+def _exhaust_node(draft: Draft, node: NodeState, limit: int) -> None:
+    draft.emit(
+        BudgetExhausted(
+            kind=BudgetKind.NODE_ATTEMPTS,
+            limit=limit,
+            observed=limit + 1,
+            node_id=node.node_id,
+            last_outcome=draft.last_outcome,
+        )
+    )
+    draft.emit(
+        NodeFailed(
+            node_id=node.node_id,
+            cause=FailureCause.NODE_BUDGET_EXHAUSTED,
+            detail=f"node attempt budget of {limit} exhausted",
+        )
+    )
+    _settle(draft, node.index)
+
+
+# -- releasing and propagating --------------------------------------------------
+
+
+def _settle(draft: Draft, start: int) -> None:
+    """Release or propagate the dependents of every node that just became terminal.
+
+    Iterative, not recursive: a skip can cascade down a 100k-node chain.
+    """
+    work = [start]
+    while work and draft.status is RunStatus.RUNNING:
+        i = work.pop()
+        if not draft.node(i).status.is_terminal:
+            continue
+        for d in draft.node(i).dependents:
+            dep = draft.node(d)
+            if dep.status is not NodeStatus.PENDING:
+                continue
+            verdict = _policy_verdict(dep)
+            if verdict is _RELEASE:
+                if not _make_ready(draft, d, "dependencies"):
+                    return
+            elif verdict is not None:
+                draft.emit(NodeOutcomeCommitted(node_id=dep.node_id, outcome=verdict, at=draft.now))
+                work.append(d)
+
+
+_RELEASE = Succeeded()
+"""Sentinel verdict: the dependency policy is met and the node becomes ready."""
+
+
+def _policy_verdict(node: NodeState) -> NodeOutcome | None:
+    """``_RELEASE`` to release, an outcome to propagate, or ``None`` while undecided.
+
+    Propagation follows the terminal-result precedence (ARCHITECTURE section 11):
+    any blocked prerequisite blocks, otherwise any cancelled one cancels,
+    otherwise the dependent is skipped.
+    """
+    policy = node.spec.policy
+    all_done = node.done_prereqs == node.prereqs
+    if policy == "any_succeeded":
+        if node.succeeded_prereqs:
+            return _RELEASE
+    elif all_done and (policy == "all_completed" or node.succeeded_prereqs == node.prereqs):
+        return _RELEASE
+    if not all_done:
+        return None
+    if node.blocked_prereqs:
+        return Blocked(reason=f"a prerequisite is blocked ({policy} cannot be met)")
+    if node.cancelled_prereqs:
+        return Cancelled(reason=f"a prerequisite was cancelled ({policy} cannot be met)")
+    return Skipped(reason=f"prerequisites did not succeed ({policy} cannot be met)")
+
+
+def _make_ready(draft: Draft, i: int, cause: str) -> bool:
+    if not _transition_available(draft):
+        return False
+    draft.emit(NodeReady(node_id=draft.node(i).node_id, cause=cause))  # type: ignore[arg-type]
+    return True
+
+
+def _transition_available(draft: Draft) -> bool:
+    limit = draft.spec.budgets.max_transitions
+    if draft.transitions_used < limit:
+        return True
+    _exhaust_run(draft, BudgetKind.RUN_TRANSITIONS, limit, limit + 1)
+    return False
+
+
+# -- time -----------------------------------------------------------------------
+
+
+def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
+    if command.to < state.now:
+        return Rejection(
+            RejectionCode.TIME_WENT_BACKWARDS,
+            f"run {state.run_id} is at virtual time {state.now}; cannot go back to {command.to}",
+        )
+    if command.to == state.now:
+        return []
+    draft = Draft(state)
+    draft.emit(VirtualTimeAdvanced(to=command.to))
+    elapsed = state.spec.budgets.max_elapsed_ms
+    if elapsed is not None and command.to >= elapsed:
+        _exhaust_run(draft, BudgetKind.RUN_ELAPSED, elapsed, command.to)
+        return draft.events
+    due: list[tuple[int, int, str]] = []
+    for attempt_id, i in state.active_attempts():
+        deadline = state.node(i).attempt_deadline
+        if deadline is not None and deadline <= command.to:
+            due.append((deadline, i, attempt_id))
+    for i, deadline in state.pending_retries():
+        if deadline <= command.to:
+            due.append((deadline, i, ""))
+    for deadline, i, attempt_id in sorted(due):
+        if draft.status is not RunStatus.RUNNING:
+            break
+        node = draft.node(i)
+        if attempt_id:
+            draft.emit(AttemptDeadlineExpired(node_id=node.node_id, attempt_id=attempt_id, deadline=deadline))
+            timeout = RetryableFailure(reason=f"attempt deadline {deadline} ms expired", timeout=True)
+            _commit_outcome(draft, i, timeout, attempt_id)
+        elif node.status is NodeStatus.RETRY_PENDING and _transition_available(draft):
+            draft.emit(RetryReleased(node_id=node.node_id, next_attempt=node.attempt + 1, at=draft.now))
+    _finish(draft)
+    return draft.events
+
+
+# -- cancellation and budgets ---------------------------------------------------
+
+
+def _cancel_run(state: RunState, command: CancelRun) -> Decision:
+    try:
+        check_reason(command.reason, "cancellation reason")
+    except (LimitExceeded, ValueError) as exc:
+        return Rejection(RejectionCode.INVALID_INPUT, str(exc))
+    if not command.requester or len(command.requester) > _MAX_REQUESTER:
+        return Rejection(RejectionCode.INVALID_INPUT, f"requester must be 1..{_MAX_REQUESTER} characters")
+    draft = Draft(state)
+    targets = tuple(
+        CancellationTarget(state.node(i).node_id, attempt_id) for attempt_id, i in state.active_attempts()
+    )
+    draft.emit(
+        CancellationRequested(
+            requester=command.requester, reason=command.reason, at=state.now, targets=targets
+        )
+    )
+    _cancel_open_nodes(draft, "run cancelled")
+    draft.emit(RunCompleted(result="cancelled", at=draft.now))
+    return draft.events
+
+
+def _cancel_open_nodes(draft: Draft, reason: str) -> None:
+    outcome = Cancelled(reason=reason)
+    for i in range(len(draft.spec.nodes)):
+        node = draft.node(i)
+        if not node.status.is_terminal:
+            draft.emit(
+                NodeOutcomeCommitted(
+                    node_id=node.node_id, outcome=outcome, attempt_id=node.attempt_id, at=draft.now
+                )
+            )
+
+
+def _exhaust_run(draft: Draft, kind: BudgetKind, limit: int, observed: int) -> None:
+    """Run-level exhaustion: cancel every open node, record the fact, fail the run."""
+    last = draft.last_outcome
+    _cancel_open_nodes(draft, f"run budget exhausted ({kind.value})")
+    draft.emit(BudgetExhausted(kind=kind, limit=limit, observed=observed, last_outcome=last))
+    draft.emit(RunCompleted(result="failed", at=draft.now))
+
+
+def _finish(draft: Draft) -> None:
+    """Record the run's terminal result once every node is terminal."""
+    if draft.status is RunStatus.RUNNING and draft.open_nodes == 0:
+        draft.emit(RunCompleted(result=run_result(draft), at=draft.now))
