@@ -203,9 +203,7 @@ class JournalRecord(msgspec.Struct, frozen=True, kw_only=True):
         _check_int("record schema_version", self.schema_version, 1, MAX_SEQUENCE)
         _check_bytes("record payload", self.payload, MAX_RECORD_PAYLOAD, utf8=True)
         if not isinstance(self.checksum, str):
-            raise InvalidRecord(
-                f"record checksum must be a str, got {type(self.checksum).__name__}"
-            )
+            raise InvalidRecord(f"record checksum must be a str, got {type(self.checksum).__name__}")
 
     def verify(self) -> None:
         """Raise :class:`ChecksumMismatch`, naming run and sequence, if the checksum is wrong."""
@@ -406,9 +404,11 @@ class WorkflowJournal(Protocol):
         of ``run_id``. If the journal's next sequence differs, the append
         raises ``AppendConflict`` unless every record is already committed
         byte-identically (then it returns with ``already_committed=True``). A
-        record whose sequence or event id is used by a different record raises
-        ``ConflictingRecord``. ``fence`` must equal the run's current fencing
-        token (``None`` only while it is 0), otherwise ``FencingRejected``.
+        batch event id that is already committed as a different record (other
+        content or another sequence) raises ``ConflictingRecord``: same
+        identity, different fact. Nothing is written on any error.
+        ``fence`` must equal the run's current fencing token (``None`` only
+        while it is 0), otherwise ``FencingRejected``.
         Returns only after :attr:`durability` is met.
         """
         ...
@@ -492,23 +492,18 @@ def validate_batch(
     if fence is not None:
         _check_int("fence", fence, 0, MAX_SEQUENCE)
     if isinstance(records, str | bytes) or not isinstance(records, Sequence):
-        raise InvalidRecord(
-            f"records must be a sequence of JournalRecord, got {type(records).__name__}"
-        )
+        raise InvalidRecord(f"records must be a sequence of JournalRecord, got {type(records).__name__}")
     batch = tuple(records)
     if not batch:
         raise InvalidRecord(f"append to run {run} needs at least one record")
     seen: dict[str, int] = {}
     for offset, record in enumerate(batch):
         if not isinstance(record, JournalRecord):
-            raise InvalidRecord(
-                f"records[{offset}] must be a JournalRecord, got {type(record).__name__}"
-            )
+            raise InvalidRecord(f"records[{offset}] must be a JournalRecord, got {type(record).__name__}")
         record.validate()
         if record.run_id != run:
             raise InvalidRecord(
-                f"records[{offset}] belongs to run {record.run_id}, not {run}; "
-                "a batch appends to one run"
+                f"records[{offset}] belongs to run {record.run_id}, not {run}; a batch appends to one run"
             )
         if record.sequence != first + offset:
             raise InvalidRecord(
@@ -547,10 +542,7 @@ def check_snapshot(snapshot: SnapshotRecord, record: JournalRecord | None) -> st
             f"snapshot of run {snapshot.run_id} includes sequence {snapshot.last_sequence}, "
             "which the journal does not hold"
         )
-    if (
-        record.event_id != snapshot.last_event_id
-        or record.checksum != snapshot.last_record_checksum
-    ):
+    if record.event_id != snapshot.last_event_id or record.checksum != snapshot.last_record_checksum:
         return (
             f"snapshot of run {snapshot.run_id} at sequence {snapshot.last_sequence} names event "
             f"{snapshot.last_event_id}, but the journal holds event {record.event_id} "

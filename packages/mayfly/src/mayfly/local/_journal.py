@@ -1,0 +1,443 @@
+"""``LocalWorkflowJournal``: the embedded default journal, append-only MWJ1 files per run.
+
+Deviation from ADR-0032 Story 1.6. The ADR's local format replaces the whole
+per-run journal file through a same-directory temporary file on every append.
+That costs O(history) bytes written and fsynced per append, so a run with
+100k events rewrites gigabytes. This journal appends frames instead and keeps
+the ADR's guarantees:
+
+* Atomic batches: every frame names its batch's last sequence; a batch counts
+  only once its closing frame is complete, so a crash mid-batch leaves a torn
+  tail that is ignored by readers and truncated by the next writer, never a
+  half-applied batch.
+* Acknowledgement after the declared durability: ``write`` and ``flush``
+  return after the frames are handed to the OS with one unbuffered
+  ``os.write`` (this journal has no userspace buffer, so the two are the
+  same and both survive the process being killed); ``fsync`` also calls
+  ``fdatasync`` on the file, and fsyncs the directory when the file is new.
+* Fail closed: only an incomplete final batch (its bytes end before the
+  batch's closing frame is complete) is treated as never acknowledged. A bad
+  magic, length or CRC-32 on any complete frame, a gap or a duplicate raises.
+* Cross-process safety, beyond the ADR: an exclusive ``flock`` on the run
+  file makes compare-and-append atomic across processes, and a shared one
+  keeps readers from seeing a batch while it is being written.
+
+An in-process index (frame offsets, checksums, event ids) keeps appends
+O(batch); it is refreshed from the file's tail when another process grew it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from types import TracebackType
+from typing import Final, Self, final
+
+from mayfly.journal import (
+    AppendResult,
+    Durability,
+    JournalCapabilities,
+    JournalRecord,
+    SnapshotRecord,
+    validate_batch,
+    validate_read,
+)
+from mayfly.local import _frames
+from mayfly.local._store import (
+    Layout,
+    locked,
+    open_run_file,
+    parse_url,
+    read_fence,
+    sync_data,
+    sync_directory,
+)
+from mayfly.model.errors import (
+    AppendConflict,
+    ConflictingRecord,
+    FencingRejected,
+    InvalidRecord,
+    JournalUnavailable,
+)
+from mayfly.model.ids import is_uuid, parse_run_id
+
+__all__ = ["LocalWorkflowJournal"]
+
+_INDEX_CACHE_LIMIT: Final = 4096
+_MAX_LIST_LIMIT: Final = 100_000
+
+
+@final
+class LocalWorkflowJournal:
+    """The ``file://DIR`` journal: one append-only MWJ1 file per run, safe across threads and processes.
+
+    ``DIR`` is created on first use. ``?durability=fsync`` (the default),
+    ``flush`` or ``write`` selects when appends are acknowledged.
+    """
+
+    def __init__(self, url: str) -> None:
+        target = parse_url(url)
+        self._url = target.url
+        self._durability = target.durability
+        self._layout = Layout(target.root)
+        self._layout.prepare()
+        self._guard = threading.Lock()
+        self._run_locks: dict[str, threading.Lock] = {}
+        self._indexes: dict[str, _frames.RunIndex] = {}
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The store URL (local paths carry no password)."""
+        return self._url
+
+    @property
+    def durability(self) -> Durability:
+        """``durable`` in fsync mode, else ``flush`` or ``write`` as configured."""
+        return self._durability
+
+    @property
+    def capabilities(self) -> JournalCapabilities:
+        """Cross-process, fenced, crash-durable, with fault injection; leases never expire."""
+        return JournalCapabilities(
+            durability=self._durability,
+            cross_process=True,
+            fencing=True,
+            crash_durable=True,
+            fault_injection=True,
+            snapshots=True,
+            lease_expiry=False,
+        )
+
+    @property
+    def root(self) -> str:
+        """The store directory."""
+        return str(self._layout.root)
+
+    # -- locking and the index ------------------------------------------------------------
+
+    @contextmanager
+    def _run(self, run_id: str) -> Iterator[None]:
+        if self._closed:
+            raise JournalUnavailable(f"local journal {self._url} is closed")
+        with self._guard:
+            lock = self._run_locks.setdefault(run_id, threading.Lock())
+        with lock:
+            yield
+
+    def _index(self, run_id: str, fd: int, *, exclusive: bool) -> _frames.RunIndex:
+        """Return the run's index, brought up to date with the file (caller holds its flock)."""
+        stat = os.fstat(fd)
+        with self._guard:
+            index = self._indexes.get(run_id)
+        if index is not None and index.inode == stat.st_ino and stat.st_size >= index.end:
+            if stat.st_size == index.size and not index.torn:
+                return index
+            base = index.end
+        else:
+            index = _frames.RunIndex(inode=stat.st_ino)
+            base = 0
+        data = os.pread(fd, stat.st_size - base, base) if stat.st_size > base else b""
+        try:
+            _frames.scan(index, data, base, run_id)
+        except BaseException:
+            self._forget(run_id)
+            raise
+        if index.torn and exclusive:
+            # The tail is a batch whose closing frame never reached the file, so
+            # no append of it was acknowledged: drop it before writing after it.
+            os.ftruncate(fd, index.end)
+            if self._durability is Durability.DURABLE:
+                sync_data(fd)
+            index.size = index.end
+        with self._guard:
+            if len(self._indexes) >= _INDEX_CACHE_LIMIT and run_id not in self._indexes:
+                self._indexes.pop(next(iter(self._indexes)))
+            self._indexes[run_id] = index
+        return index
+
+    def _forget(self, run_id: str) -> None:
+        with self._guard:
+            self._indexes.pop(run_id, None)
+
+    # -- the journal contract ---------------------------------------------------------------
+
+    def append(
+        self,
+        run_id: str,
+        expected_next: int,
+        records: Sequence[JournalRecord],
+        fence: int | None = None,
+    ) -> AppendResult:
+        """Compare-and-append an atomic batch; see :meth:`mayfly.journal.WorkflowJournal.append`."""
+        batch = validate_batch(run_id, expected_next, records, fence)
+        with self._run(run_id):
+            fd = open_run_file(self._layout, run_id, create=True)
+            assert fd is not None  # created when absent
+            try:
+                with locked(fd, fcntl.LOCK_EX):
+                    index = self._index(run_id, fd, exclusive=True)
+                    current = read_fence(self._layout, run_id)
+                    if (fence is None and current != 0) or (fence is not None and fence != current):
+                        raise FencingRejected(run_id, 0 if fence is None else fence, current)
+                    actual_next = index.next_sequence
+                    if expected_next != actual_next:
+                        return self._replayed(run_id, batch, index, expected_next)
+                    for record in batch:
+                        used = index.event_ids.get(record.event_id)
+                        if used is not None:
+                            raise ConflictingRecord(
+                                f"append rejected: run {run_id} event id {record.event_id} is "
+                                f"already committed at sequence {used}"
+                            )
+                    self._write(run_id, fd, index, batch)
+            finally:
+                os.close(fd)
+        return AppendResult(run_id=run_id, last_sequence=batch[-1].sequence, records=batch)
+
+    def _replayed(
+        self,
+        run_id: str,
+        batch: tuple[JournalRecord, ...],
+        index: _frames.RunIndex,
+        expected_next: int,
+    ) -> AppendResult:
+        """Answer an append whose expected sequence is not the next one: replay or conflict.
+
+        An exact re-append is acknowledged. A batch event id already committed
+        with other content or at another sequence is a ``ConflictingRecord``
+        (same identity, different fact). Anything else is an ordinary lost race:
+        ``AppendConflict`` tells the caller where the journal is.
+        """
+        actual_next = index.next_sequence
+        replay = all(
+            record.sequence < actual_next and index.checksums[record.sequence - 1] == record.checksum
+            for record in batch
+        )
+        if replay:
+            return AppendResult(
+                run_id=run_id,
+                last_sequence=batch[-1].sequence,
+                records=batch,
+                already_committed=True,
+            )
+        for record in batch:
+            used = index.event_ids.get(record.event_id)
+            if used is not None and (used != record.sequence or index.checksums[used - 1] != record.checksum):
+                raise ConflictingRecord(
+                    f"append rejected: run {run_id} event id {record.event_id} is already "
+                    f"committed at sequence {used} with different content"
+                )
+        raise AppendConflict(run_id, expected_next, actual_next)
+
+    def _write(
+        self,
+        run_id: str,
+        fd: int,
+        index: _frames.RunIndex,
+        batch: tuple[JournalRecord, ...],
+    ) -> None:
+        frames = _frames.encode_batch(batch)
+        data = b"".join(frames)
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            if self._durability is Durability.DURABLE:
+                sync_data(fd)
+        except OSError as error:
+            # Nothing was acknowledged: cut the partial batch so the file ends
+            # on a committed batch again, then report the store unavailable.
+            self._forget(run_id)
+            with suppress(OSError):
+                os.ftruncate(fd, index.end)
+            raise JournalUnavailable(
+                f"append to run {run_id} failed after {written} of {len(data)} bytes: {error}; "
+                "nothing was acknowledged, retry when the disk is writable"
+            ) from None
+        offset = index.end
+        for frame, record in zip(frames, batch, strict=True):
+            index.offsets.append(offset)
+            index.checksums.append(record.checksum)
+            index.event_ids[record.event_id] = record.sequence
+            offset += len(frame)
+        index.end = index.size = offset
+
+    def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
+        """Return records after ``after`` in order, checksum-verified; see the Protocol."""
+        run, start, count = validate_read(run_id, after, limit)
+        with self._run(run):
+            fd = open_run_file(self._layout, run, create=False)
+            if fd is None:
+                return []
+            try:
+                with locked(fd, fcntl.LOCK_SH):
+                    index = self._index(run, fd, exclusive=False)
+                    last = len(index.offsets)
+                    if count is not None:
+                        last = min(last, start + count)
+                    if start >= last:
+                        return []
+                    begin = index.offsets[start]
+                    end = index.offsets[last] if last < len(index.offsets) else index.end
+                    data = os.pread(fd, end - begin, begin)
+            finally:
+                os.close(fd)
+        try:
+            return _frames.decode_frames(data, run, start + 1)
+        except BaseException:
+            self._forget(run)
+            raise
+
+    def next_sequence(self, run_id: str) -> int:
+        """Return the sequence the next append must carry (1 for a new run)."""
+        run = parse_run_id(run_id)
+        with self._run(run):
+            fd = open_run_file(self._layout, run, create=False)
+            if fd is None:
+                return 1
+            try:
+                with locked(fd, fcntl.LOCK_SH):
+                    return self._index(run, fd, exclusive=False).next_sequence
+            finally:
+                os.close(fd)
+
+    def list_runs(self, after: str | None = None, limit: int = 1000) -> list[str]:
+        """Return up to ``limit`` sorted run ids holding records, all greater than ``after``."""
+        if after is not None:
+            after = parse_run_id(after)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
+            raise InvalidRecord(f"list_runs limit must be an int in [1, {_MAX_LIST_LIMIT}]")
+        names = sorted(
+            name[:-4]
+            for name in os.listdir(self._layout.runs)
+            if name.endswith(".mwj") and is_uuid(name[:-4])
+        )
+        runs: list[str] = []
+        for name in names[bisect_right(names, after) if after else 0 :]:
+            # A lease grant creates the run file before any record exists.
+            try:
+                if self._layout.run_file(name).stat().st_size == 0:
+                    continue
+            except FileNotFoundError:
+                continue
+            runs.append(name)
+            if len(runs) == limit:
+                break
+        return runs
+
+    def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
+        """Replace the run's snapshot atomically (tmp file, fsync, rename, directory fsync)."""
+        run = parse_run_id(run_id)
+        if not isinstance(snapshot, SnapshotRecord):
+            raise InvalidRecord(f"snapshot must be a SnapshotRecord, got {type(snapshot).__name__}")
+        snapshot.validate()
+        if snapshot.run_id != run:
+            raise InvalidRecord(f"snapshot of run {snapshot.run_id} cannot be stored for run {run}")
+        if snapshot.checksum != snapshot.expected_checksum():
+            raise InvalidRecord(f"snapshot of run {run} does not match its checksum; reseal it")
+        frame = _frames.encode_snapshot(snapshot)
+        durable = self._durability is Durability.DURABLE
+        final_path = self._layout.snapshot_file(run)
+        with self._run(run):
+            temporary = final_path.with_name(f".{run}.{os.getpid()}.{threading.get_ident()}.tmp")
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                written = 0
+                while written < len(frame):
+                    written += os.write(fd, frame[written:])
+                if durable:
+                    os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                temporary.unlink(missing_ok=True)
+                raise
+            os.close(fd)
+            os.replace(temporary, final_path)
+            if durable:
+                sync_directory(self._layout.snapshots)
+
+    def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        """Return the run's snapshot or ``None``; raise ``SnapshotCorrupt`` if it is unusable."""
+        run = parse_run_id(run_id)
+        try:
+            data = self._layout.snapshot_file(run).read_bytes()
+        except FileNotFoundError:
+            return None
+        return _frames.decode_snapshot(data, run)
+
+    # -- fault injection for the contract suite ---------------------------------------------
+
+    def corrupt_record(self, run_id: str, sequence: int) -> None:
+        """Flip one byte inside the stored frame of ``sequence`` (contract-suite fault hook)."""
+        with self._frame_edit(run_id, sequence) as (fd, start, _end):
+            position = start + _frames.HEADER.size + 2
+            byte = os.pread(fd, 1, position)
+            os.pwrite(fd, bytes([byte[0] ^ 0x20]), position)
+
+    def remove_record(self, run_id: str, sequence: int) -> None:
+        """Cut the stored frame of ``sequence`` out of the file (contract-suite fault hook)."""
+        with self._frame_edit(run_id, sequence) as (fd, start, end):
+            size = os.fstat(fd).st_size
+            rest = os.pread(fd, size - end, end)
+            os.pwrite(fd, rest, start)
+            os.ftruncate(fd, start + len(rest))
+
+    def corrupt_snapshot(self, run_id: str) -> None:
+        """Flip one byte inside the stored snapshot frame (contract-suite fault hook)."""
+        path = self._layout.snapshot_file(parse_run_id(run_id))
+        data = bytearray(path.read_bytes())
+        data[min(len(data) - 1, _frames.HEADER.size + 2)] ^= 0x20
+        path.write_bytes(bytes(data))
+
+    @contextmanager
+    def _frame_edit(self, run_id: str, sequence: int) -> Iterator[tuple[int, int, int]]:
+        run = parse_run_id(run_id)
+        with self._run(run):
+            fd = open_run_file(self._layout, run, create=False)
+            if fd is None:
+                raise InvalidRecord(f"run {run} has no journal file")
+            try:
+                with locked(fd, fcntl.LOCK_EX):
+                    index = self._index(run, fd, exclusive=True)
+                    if not 1 <= sequence <= len(index.offsets):
+                        raise InvalidRecord(f"run {run} has no sequence {sequence}")
+                    start = index.offsets[sequence - 1]
+                    end = index.offsets[sequence] if sequence < len(index.offsets) else index.end
+                    self._forget(run)
+                    # pwrite ignores its offset on an O_APPEND descriptor (Linux).
+                    editor = os.open(self._layout.run_file(run), os.O_RDWR | os.O_CLOEXEC)
+                    try:
+                        yield editor, start, end
+                    finally:
+                        os.close(editor)
+            finally:
+                os.close(fd)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drop the in-process index; the journal refuses further operations."""
+        self._closed = True
+        with self._guard:
+            self._indexes.clear()
+
+    def __enter__(self) -> Self:
+        """Return the journal itself."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the journal."""
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LocalWorkflowJournal({self._url!r})"

@@ -1,0 +1,228 @@
+"""The local store's directory layout, URL parsing, fencing counters and fsync helpers.
+
+Layout of a ``file://DIR`` store::
+
+    DIR/mayfly-local.json        format marker {"format": "mayfly-local", "version": 1}
+    DIR/runs/<run_id>.mwj        append-only MWJ1 frames, one file per run
+    DIR/snapshots/<run_id>.mws   one MWS1 frame, replaced atomically
+    DIR/fences/<run_id>          the run's newest fencing token, decimal ASCII
+    DIR/leases/<run_id>.lock     flock target of the run's recovery lease
+
+The run file's ``flock`` is the run's mutex across processes: appends hold it
+exclusively while they compare, write and sync, and a lease grant holds it
+while it bumps the fencing counter, so an append and a grant are ordered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+from urllib.parse import parse_qsl, urlsplit
+
+from mayfly.journal import Durability
+from mayfly.model.errors import (
+    CompatibilityError,
+    CorruptionError,
+    InvalidBackendURL,
+    JournalUnavailable,
+)
+
+FORMAT_MARKER: Final = "mayfly-local.json"
+FORMAT_NAME: Final = "mayfly-local"
+FORMAT_VERSION: Final = 1
+_DURABILITY_NAMES: Final = {
+    "fsync": Durability.DURABLE,
+    "durable": Durability.DURABLE,
+    "flush": Durability.FLUSH,
+    "write": Durability.WRITE,
+}
+_MAX_FENCE_TEXT = 32
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalTarget:
+    """A parsed ``file://`` URL: the store directory and the durability asked for."""
+
+    root: Path
+    durability: Durability
+    url: str
+
+
+def parse_url(url: str) -> LocalTarget:
+    """Parse ``file://DIR?durability=fsync|flush|write`` or a bare path (default ``fsync``)."""
+    if not isinstance(url, str) or not url:
+        raise InvalidBackendURL(f"local journal URL must be a non-empty string, got {url!r}")
+    if "://" in url:
+        parts = urlsplit(url)
+        if parts.scheme != "file":
+            raise InvalidBackendURL(f"local journal URL {url!r} must use the file:// scheme")
+        host = parts.netloc if parts.netloc not in ("", "localhost") else ""
+        path = host + parts.path
+        query = parts.query
+    else:
+        path, _, query = url.partition("?")
+    if not path:
+        raise InvalidBackendURL(f"local journal URL {url!r} names no directory")
+    options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    unknown = sorted(set(options) - {"durability"})
+    if unknown:
+        raise InvalidBackendURL(
+            f"local journal URL {url!r} has unknown option(s) {', '.join(unknown)}; "
+            "the only option is durability=fsync|flush|write"
+        )
+    name = options.get("durability", "fsync")
+    if name not in _DURABILITY_NAMES:
+        raise InvalidBackendURL(
+            f"local journal URL {url!r}: durability must be fsync, flush or write, got {name!r}"
+        )
+    root = Path(path).expanduser().absolute()
+    canonical = f"file://{root}?durability={name}" if query else f"file://{root}"
+    return LocalTarget(root=root, durability=_DURABILITY_NAMES[name], url=canonical)
+
+
+def sync_directory(path: Path) -> None:
+    """fsync a directory so a file created or renamed in it survives a host crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_data(fd: int) -> None:
+    """Flush a file's data (and the size change) to stable storage."""
+    _fdatasync(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The directories of one store, created on first open."""
+
+    root: Path
+
+    @property
+    def runs(self) -> Path:
+        """Where per-run MWJ1 journal files live."""
+        return self.root / "runs"
+
+    @property
+    def snapshots(self) -> Path:
+        """Where per-run MWS1 snapshot files live."""
+        return self.root / "snapshots"
+
+    @property
+    def fences(self) -> Path:
+        """Where per-run fencing counters live."""
+        return self.root / "fences"
+
+    @property
+    def leases(self) -> Path:
+        """Where per-run lease lock files live."""
+        return self.root / "leases"
+
+    def run_file(self, run_id: str) -> Path:
+        """The journal file of a run."""
+        return self.runs / f"{run_id}.mwj"
+
+    def snapshot_file(self, run_id: str) -> Path:
+        """The snapshot file of a run."""
+        return self.snapshots / f"{run_id}.mws"
+
+    def fence_file(self, run_id: str) -> Path:
+        """The fencing counter of a run."""
+        return self.fences / run_id
+
+    def lease_file(self, run_id: str) -> Path:
+        """The lease lock file of a run."""
+        return self.leases / f"{run_id}.lock"
+
+    def prepare(self) -> None:
+        """Create the store's directories and format marker, or check an existing marker."""
+        try:
+            for directory in (self.root, self.runs, self.snapshots, self.fences, self.leases):
+                if not directory.is_dir():
+                    directory.mkdir(parents=True, exist_ok=True)
+                    sync_directory(directory.parent)
+            marker = self.root / FORMAT_MARKER
+            if not marker.exists():
+                temporary = self.root / f".{FORMAT_MARKER}.{os.getpid()}.tmp"
+                temporary.write_text(json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION}) + "\n")
+                os.replace(temporary, marker)
+                sync_directory(self.root)
+            content = json.loads(marker.read_text())
+        except OSError as error:
+            raise JournalUnavailable(f"cannot open local journal directory {self.root}: {error}") from None
+        except ValueError:
+            raise CorruptionError(f"{marker} is not valid JSON; restore it") from None
+        if content != {"format": FORMAT_NAME, "version": FORMAT_VERSION}:
+            raise CompatibilityError(
+                f"{self.root} holds {content!r}, not {FORMAT_NAME} version {FORMAT_VERSION}; "
+                "use a Mayfly release that reads it"
+            )
+
+
+def open_run_file(layout: Layout, run_id: str, *, create: bool) -> int | None:
+    """Open a run's journal file for appending; ``None`` if absent and ``create`` is false.
+
+    A newly created file has its directory fsynced before this returns, so
+    the file itself cannot vanish after an acknowledged append.
+    """
+    path = layout.run_file(run_id)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+    try:
+        return os.open(path, flags)
+    except FileNotFoundError:
+        if not create:
+            return None
+    fd = os.open(path, flags | os.O_CREAT, 0o644)
+    sync_directory(layout.runs)
+    return fd
+
+
+@contextlib.contextmanager
+def locked(fd: int, operation: int) -> Iterator[None]:
+    """Hold ``flock(fd, operation)`` for the block; the lock ends with the block."""
+    fcntl.flock(fd, operation)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def read_fence(layout: Layout, run_id: str) -> int:
+    """Return the run's newest fencing token, 0 if it was never leased."""
+    try:
+        text = layout.fence_file(run_id).read_bytes()[:_MAX_FENCE_TEXT]
+    except FileNotFoundError:
+        return 0
+    try:
+        return int(text.decode("ascii"))
+    except ValueError:
+        raise CorruptionError(
+            f"fencing counter of run {run_id} is unreadable ({text!r}); restore it"
+        ) from None
+
+
+def write_fence(layout: Layout, run_id: str, token: int) -> None:
+    """Persist the run's fencing token atomically and durably (tmp, fsync, rename, dir fsync).
+
+    Always durable whatever the journal's mode: a token that went backwards
+    after a host crash could be granted twice, defeating fencing.
+    """
+    final = layout.fence_file(run_id)
+    temporary = final.with_name(f".{run_id}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, str(token).encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, final)
+    sync_directory(layout.fences)

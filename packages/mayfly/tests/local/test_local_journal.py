@@ -1,0 +1,329 @@
+"""Tests of the local file journal: MWJ1 frames, torn tails, fail-closed reads and the index."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mayfly.identity import Uuid7IdSource
+from mayfly.journal import Durability, JournalRecord, SnapshotRecord
+from mayfly.local import LocalWorkflowJournal
+from mayfly.local._frames import HEADER, SNAPSHOT_MAGIC
+from mayfly.model.errors import (
+    AppendConflict,
+    ChecksumMismatch,
+    CompatibilityError,
+    ConflictingRecord,
+    CorruptionError,
+    InvalidBackendURL,
+    JournalGap,
+    JournalUnavailable,
+    SnapshotCorrupt,
+)
+
+IDS = Uuid7IdSource()
+
+
+def records(run_id: str, first: int, count: int, size: int = 20) -> list[JournalRecord]:
+    return [
+        JournalRecord.seal(
+            run_id=run_id,
+            sequence=sequence,
+            event_id=IDS.new_id(),
+            event_type="Tested",
+            schema_version=1,
+            payload=b'{"x":"' + b"y" * size + b'"}',
+        )
+        for sequence in range(first, first + count)
+    ]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "journal"
+
+
+@pytest.fixture
+def journal(store: Path) -> Iterator[LocalWorkflowJournal]:
+    with LocalWorkflowJournal(f"file://{store}") as opened:
+        yield opened
+
+
+def run_file(store: Path, run_id: str) -> Path:
+    return store / "runs" / f"{run_id}.mwj"
+
+
+@pytest.mark.parametrize(
+    ("url", "durability"),
+    [
+        ("file:///tmp/x", Durability.DURABLE),
+        ("file:///tmp/x?durability=fsync", Durability.DURABLE),
+        ("file:///tmp/x?durability=flush", Durability.FLUSH),
+        ("file:///tmp/x?durability=write", Durability.WRITE),
+        ("/tmp/x", Durability.DURABLE),
+    ],
+)
+def test_url_selects_durability(tmp_path: Path, url: str, durability: Durability) -> None:
+    """The durability query option picks the acknowledgement point; fsync is the default."""
+    url = url.replace("/tmp/x", str(tmp_path / "x"))
+    with LocalWorkflowJournal(url) as journal:
+        assert journal.durability is durability
+        assert journal.capabilities.durability is durability
+        assert journal.root == str(tmp_path / "x")
+
+
+@pytest.mark.parametrize(
+    "url", ["file:///tmp/x?durability=never", "file:///tmp/x?mode=1", "redis://x", "file://"]
+)
+def test_bad_urls_are_refused(url: str) -> None:
+    """An unknown option, durability or scheme is refused before anything is opened."""
+    with pytest.raises(InvalidBackendURL):
+        LocalWorkflowJournal(url)
+
+
+def test_relative_file_url_resolves_against_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``file://./dir`` names a directory relative to the working directory."""
+    monkeypatch.chdir(tmp_path)
+    with LocalWorkflowJournal("file://./.mayfly") as journal:
+        assert journal.root == str(tmp_path / ".mayfly")
+
+
+def test_frames_are_mwj1_with_crc_and_embedded_payload(journal: LocalWorkflowJournal, store: Path) -> None:
+    """Each record is one MWJ1 frame: magic, length, CRC-32 and a JSON body holding the payload text."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 1))
+    data = run_file(store, run).read_bytes()
+    magic, length, _ = HEADER.unpack_from(data, 0)
+    assert magic == b"MWJ1"
+    assert len(data) == HEADER.size + length
+    assert b'"payload":"{\\"x\\":\\"' in data
+
+
+def test_torn_final_frame_is_ignored_then_truncated(journal: LocalWorkflowJournal, store: Path) -> None:
+    """An incomplete final frame is invisible to readers and cut by the next append."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 2))
+    path = run_file(store, run)
+    good = path.read_bytes()
+    torn = records(run, 3, 1)
+    with path.open("ab") as handle:
+        handle.write(b"MWJ1\x00\x00\x01\x00partial")
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert [r.sequence for r in fresh.read(run)] == [1, 2]
+        assert fresh.next_sequence(run) == 3
+        fresh.append(run, 3, torn)
+        assert [r.sequence for r in fresh.read(run)] == [1, 2, 3]
+    assert path.read_bytes().startswith(good)
+
+
+def test_torn_batch_is_dropped_whole(journal: LocalWorkflowJournal, store: Path) -> None:
+    """A batch cut inside its last frame disappears entirely: batches stay atomic after a crash."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 1))
+    path = run_file(store, run)
+    committed = path.stat().st_size
+    journal.append(run, 2, records(run, 2, 3))
+    os.truncate(path, path.stat().st_size - 5)
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert fresh.next_sequence(run) == 2
+        assert [r.sequence for r in fresh.read(run)] == [1]
+        fresh.append(run, 2, records(run, 2, 1))
+    assert path.stat().st_size > committed
+
+
+def test_corrupt_committed_frame_fails_closed(journal: LocalWorkflowJournal, store: Path) -> None:
+    """A CRC mismatch on a complete frame that is not the torn tail raises, it is never truncated."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 3))
+    path = run_file(store, run)
+    data = bytearray(path.read_bytes())
+    data[HEADER.size + 5] ^= 0x01
+    path.write_bytes(bytes(data))
+    with LocalWorkflowJournal(str(store)) as fresh:
+        with pytest.raises(ChecksumMismatch):
+            fresh.read(run)
+        with pytest.raises(ChecksumMismatch):
+            fresh.append(run, 4, records(run, 4, 1))
+    assert path.read_bytes() == bytes(data)
+
+
+def test_corrupt_final_complete_frame_fails_closed(journal: LocalWorkflowJournal, store: Path) -> None:
+    """Even the last frame fails closed when it is complete: it may have been acknowledged."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 2))
+    path = run_file(store, run)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    with LocalWorkflowJournal(str(store)) as fresh, pytest.raises(ChecksumMismatch):
+        fresh.next_sequence(run)
+
+
+def test_garbage_magic_fails_closed(journal: LocalWorkflowJournal, store: Path) -> None:
+    """Bytes that are not an MWJ1 frame after committed data are corruption, not a torn tail."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 1))
+    with run_file(store, run).open("ab") as handle:
+        handle.write(b"JUNK" + b"\x00" * 20)
+    with LocalWorkflowJournal(str(store)) as fresh, pytest.raises(CorruptionError):
+        fresh.read(run)
+
+
+def test_fault_hooks_produce_gap_and_checksum_errors(journal: LocalWorkflowJournal) -> None:
+    """The fault hooks corrupt or remove a frame so reads fail closed with the right error."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 3))
+    journal.remove_record(run, 2)
+    with pytest.raises(JournalGap):
+        journal.read(run)
+    other = IDS.new_id()
+    journal.append(other, 1, records(other, 1, 3))
+    journal.corrupt_record(other, 2)
+    with pytest.raises(ChecksumMismatch):
+        journal.read(other, after=1)
+
+
+def test_second_instance_sees_appends_of_the_first(store: Path) -> None:
+    """Two journal instances on one directory (as two processes would) stay consistent."""
+    run = IDS.new_id()
+    with LocalWorkflowJournal(str(store)) as one, LocalWorkflowJournal(str(store)) as two:
+        one.append(run, 1, records(run, 1, 2))
+        assert two.next_sequence(run) == 3
+        two.append(run, 3, records(run, 3, 1))
+        with pytest.raises(AppendConflict) as caught:
+            one.append(run, 3, records(run, 3, 1))
+        assert caught.value.actual_next == 4
+        assert [r.sequence for r in one.read(run)] == [1, 2, 3]
+
+
+def test_reappend_compares_stored_checksums(journal: LocalWorkflowJournal) -> None:
+    """Exact re-appends are acknowledged; a lost race conflicts; a reused event id is a conflicting record."""
+    run = IDS.new_id()
+    batch = records(run, 1, 2)
+    journal.append(run, 1, batch)
+    assert journal.append(run, 1, batch).already_committed
+    assert journal.append(run, 2, batch[1:]).already_committed
+    with pytest.raises(AppendConflict):
+        journal.append(run, 1, records(run, 1, 1))
+    changed = JournalRecord.seal(
+        run_id=run,
+        sequence=2,
+        event_id=batch[1].event_id,
+        event_type="Tested",
+        schema_version=1,
+        payload=b"{}",
+    )
+    with pytest.raises(ConflictingRecord):
+        journal.append(run, 2, [changed])
+    with pytest.raises(ConflictingRecord):
+        journal.append(
+            run,
+            3,
+            records(run, 3, 1)[:0]
+            or [
+                JournalRecord.seal(
+                    run_id=run,
+                    sequence=3,
+                    event_id=batch[0].event_id,
+                    event_type="Tested",
+                    schema_version=1,
+                    payload=b"{}",
+                )
+            ],
+        )
+
+
+def test_concurrent_threads_append_without_loss(journal: LocalWorkflowJournal) -> None:
+    """Threads racing compare-and-append on one journal object never lose or duplicate records."""
+    run = IDS.new_id()
+
+    def writer(_: int) -> int:
+        won = 0
+        while won < 20:
+            expected = journal.next_sequence(run)
+            try:
+                journal.append(run, expected, records(run, expected, 1))
+            except AppendConflict:
+                continue
+            won += 1
+        return won
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert sum(pool.map(writer, range(4))) == 80
+    stored = journal.read(run)
+    assert [r.sequence for r in stored] == list(range(1, 81))
+    assert len({r.event_id for r in stored}) == 80
+
+
+def test_list_runs_is_sorted_paginated_and_skips_empty(journal: LocalWorkflowJournal, store: Path) -> None:
+    """Run listing is sorted, paginates with after/limit, and omits runs with no records."""
+    runs = sorted(IDS.new_id() for _ in range(7))
+    for run in runs:
+        journal.append(run, 1, records(run, 1, 1))
+    run_file(store, IDS.new_id()).touch()
+    assert journal.list_runs() == runs
+    assert journal.list_runs(limit=3) == runs[:3]
+    assert journal.list_runs(after=runs[2], limit=3) == runs[3:6]
+    assert journal.list_runs(after=runs[-1]) == []
+
+
+def snapshot_for(record: JournalRecord, state: bytes = b'{"s":1}') -> SnapshotRecord:
+    return SnapshotRecord.seal(
+        run_id=record.run_id,
+        schema_version=1,
+        last_sequence=record.sequence,
+        last_event_id=record.event_id,
+        last_record_checksum=record.checksum,
+        spec_checksum="sha256:" + "0" * 64,
+        state_checksum="sha256:" + "1" * 64,
+        state=state,
+    )
+
+
+def test_snapshot_frames_round_trip_and_replace(journal: LocalWorkflowJournal, store: Path) -> None:
+    """Snapshots are MWS1 frames, read back equal, replaced whole and never leave temp files."""
+    run = IDS.new_id()
+    batch = records(run, 1, 2)
+    journal.append(run, 1, batch)
+    assert journal.read_snapshot(run) is None
+    journal.write_snapshot(run, snapshot_for(batch[0]))
+    journal.write_snapshot(run, snapshot_for(batch[1], b"\x00\xff"))
+    assert journal.read_snapshot(run) == snapshot_for(batch[1], b"\x00\xff")
+    assert (store / "snapshots" / f"{run}.mws").read_bytes()[:4] == SNAPSHOT_MAGIC
+    assert sorted(os.listdir(store / "snapshots")) == [f"{run}.mws"]
+
+
+def test_snapshot_with_unknown_frame_version_is_corrupt(journal: LocalWorkflowJournal, store: Path) -> None:
+    """A snapshot frame of an unknown version is reported corrupt so it gets rebuilt."""
+    run = IDS.new_id()
+    batch = records(run, 1, 1)
+    journal.append(run, 1, batch)
+    journal.write_snapshot(run, snapshot_for(batch[0]))
+    path = store / "snapshots" / f"{run}.mws"
+    body = path.read_bytes()[HEADER.size :].replace(b'"v":1', b'"v":9', 1)
+    import zlib
+
+    path.write_bytes(struct.pack(">4sII", SNAPSHOT_MAGIC, len(body), zlib.crc32(body)) + body)
+    with pytest.raises(SnapshotCorrupt, match="unknown snapshot frame version 9"):
+        journal.read_snapshot(run)
+
+
+def test_closed_journal_refuses_operations(store: Path) -> None:
+    """A closed journal raises JournalUnavailable instead of touching the store."""
+    journal = LocalWorkflowJournal(str(store))
+    journal.close()
+    with pytest.raises(JournalUnavailable):
+        journal.next_sequence(IDS.new_id())
+
+
+def test_foreign_format_marker_is_refused(store: Path) -> None:
+    """A directory written by an unknown local format version is refused, never reinterpreted."""
+    store.mkdir()
+    (store / "mayfly-local.json").write_text('{"format": "mayfly-local", "version": 2}')
+    with pytest.raises(CompatibilityError):
+        LocalWorkflowJournal(str(store))

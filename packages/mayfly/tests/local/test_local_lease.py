@@ -1,0 +1,121 @@
+"""Tests of local recovery leases: flock exclusivity, fencing counters and process death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mayfly.identity import Uuid7IdSource
+from mayfly.journal import JournalRecord
+from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
+from mayfly.model.errors import FencingRejected, LeaseHeld, LeaseLost
+
+IDS = Uuid7IdSource()
+
+
+def record(run_id: str, sequence: int) -> JournalRecord:
+    return JournalRecord.seal(
+        run_id=run_id,
+        sequence=sequence,
+        event_id=IDS.new_id(),
+        event_type="Tested",
+        schema_version=1,
+        payload=b"{}",
+    )
+
+
+def test_lease_is_exclusive_within_a_process(tmp_path: Path) -> None:
+    """A second acquire of a held run is refused at once, naming the holder."""
+    run = IDS.new_id()
+    with LocalLeaseStore(str(tmp_path)) as leases:
+        guard = leases.acquire(run, "first", 1000)
+        with pytest.raises(LeaseHeld, match="first"):
+            leases.acquire(run, "second", 1000)
+        guard.release()
+        with leases.acquire(run, "second", 1000) as again:
+            assert again.fencing_token == guard.fencing_token + 1
+
+
+def test_tokens_increase_across_store_instances(tmp_path: Path) -> None:
+    """Fencing tokens keep increasing after the store is closed and reopened."""
+    run = IDS.new_id()
+    tokens = []
+    for _ in range(3):
+        with LocalLeaseStore(str(tmp_path)) as leases, leases.acquire(run, "w", 10) as guard:
+            tokens.append(guard.fencing_token)
+            assert leases.current_fence(run) == guard.fencing_token
+    assert tokens == [1, 2, 3]
+
+
+def test_journal_enforces_the_current_token(tmp_path: Path) -> None:
+    """Appends must carry the newest token; older, absent or never-granted tokens are rejected."""
+    run = IDS.new_id()
+    journal = LocalWorkflowJournal(str(tmp_path))
+    leases = LocalLeaseStore(str(tmp_path))
+    journal.append(run, 1, [record(run, 1)], fence=None)
+    old = leases.acquire(run, "old", 10)
+    old.release()
+    new = leases.acquire(run, "new", 10)
+    for fence in (None, old.fencing_token, new.fencing_token + 1):
+        with pytest.raises(FencingRejected):
+            journal.append(run, 2, [record(run, 2)], fence=fence)
+    journal.append(run, 2, [record(run, 2)], fence=new.fencing_token)
+    assert journal.next_sequence(run) == 3
+    assert journal.list_runs() == [run]
+
+
+def test_renew_after_release_raises_lease_lost(tmp_path: Path) -> None:
+    """A released guard cannot be renewed; a held one renews (local leases do not expire)."""
+    with LocalLeaseStore(str(tmp_path)) as leases:
+        guard = leases.acquire(IDS.new_id(), "w", 1)
+        guard.renew(5)
+        guard.release()
+        guard.release()
+        with pytest.raises(LeaseLost):
+            guard.renew()
+
+
+def test_store_close_releases_held_leases(tmp_path: Path) -> None:
+    """Closing the store releases its leases so another store can acquire them."""
+    run = IDS.new_id()
+    first = LocalLeaseStore(str(tmp_path))
+    first.acquire(run, "w", 10)
+    first.close()
+    with LocalLeaseStore(str(tmp_path)) as second, second.acquire(run, "v", 10) as guard:
+        assert guard.fencing_token == 2
+
+
+def test_lease_of_a_killed_process_is_released_by_the_os(tmp_path: Path) -> None:
+    """A holder killed with SIGKILL loses its lease; another process can then acquire it."""
+    run = IDS.new_id()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from mayfly.local import LocalLeaseStore;"
+            f"g = LocalLeaseStore({str(tmp_path)!r}).acquire({run!r}, 'child', 10);"
+            "print(g.fencing_token, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "1"
+        with LocalLeaseStore(str(tmp_path)) as leases:
+            with pytest.raises(LeaseHeld, match="child"):
+                leases.acquire(run, "parent", 10)
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+            with leases.acquire(run, "parent", 10) as guard:
+                assert guard.fencing_token == 2
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
