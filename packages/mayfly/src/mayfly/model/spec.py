@@ -112,7 +112,7 @@ class RetryPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
 
     max_attempts: int = 3
     retry_on: tuple[NodeOutcomeKind, ...] = (NodeOutcomeKind.RETRYABLE_FAILURE,)
-    backoff: Backoff = msgspec.field(default_factory=ExponentialBackoff)
+    backoff: Backoff = ExponentialBackoff()
     jitter_max_ms: int = 0
     attempt_deadline_ms: int | None = None
 
@@ -155,7 +155,7 @@ class Edge(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_default
 
     source: str
     target: str
-    when: EdgePredicate = msgspec.field(default_factory=OnAnyOutcome)
+    when: EdgePredicate = OnAnyOutcome()
     exclusive: str | None = None
 
 
@@ -185,7 +185,7 @@ class Node(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_default
     depends_on: tuple[str, ...] = ()
     policy: DependencyPolicy = "all_succeeded"
     outputs: tuple[str, ...] = ()
-    retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)
+    retry: RetryPolicy = RetryPolicy()
     max_attempts: int | None = None
 
     @property
@@ -202,11 +202,15 @@ class ChildDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True, o
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...] = ()
     initial: tuple[str, ...] | None = None
-    budgets: RunBudgets = msgspec.field(default_factory=RunBudgets)
+    budgets: RunBudgets = RunBudgets()
 
 
-class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An immutable, serializable workflow: nodes, edges, budgets and a child catalog.
+
+    Every top-level field, ``schema_version`` included, is always written, so the
+    version is explicit in every stored copy; nested structs omit their defaults
+    so that adding an optional nested field keeps existing content hashes.
 
     ``initial`` lists the nodes that start the run; when omitted, every node
     without ``depends_on`` starts it. A graph with conditional cycles must
@@ -218,7 +222,7 @@ class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...] = ()
     initial: tuple[str, ...] | None = None
-    budgets: RunBudgets = msgspec.field(default_factory=RunBudgets)
+    budgets: RunBudgets = RunBudgets()
     catalog: tuple[ChildDefinition, ...] = ()
     jitter_seed: str = ""
     schema_version: int = SPEC_SCHEMA_VERSION

@@ -1,0 +1,81 @@
+"""The serializable specification: JSON round trips and a stable content hash."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from mayfly.model.errors import InvalidIdentifier
+from mayfly.model.spec import (
+    ExponentialBackoff,
+    Node,
+    RetryPolicy,
+    WorkflowSpec,
+    parse_handler_ref,
+)
+
+SPEC = WorkflowSpec(
+    workflow_id="acme.review",
+    version=3,
+    nodes=(
+        Node("plan", handler="plan@1", input={"b": 2, "a": 1}),
+        Node("review", handler="review@2", depends_on=("plan",), retry=RetryPolicy(max_attempts=5)),
+    ),
+)
+
+
+def test_json_round_trip_is_lossless() -> None:
+    """A spec decoded from its own JSON equals the original."""
+    assert WorkflowSpec.from_json(SPEC.to_json()) == SPEC
+
+
+def test_content_hash_is_independent_of_key_order() -> None:
+    """Input objects with the same members in another order hash identically."""
+    other = msgspec.structs.replace(
+        SPEC, nodes=(msgspec.structs.replace(SPEC.nodes[0], input={"a": 1, "b": 2}), SPEC.nodes[1])
+    )
+    assert other.content_hash() == SPEC.content_hash()
+
+
+def test_content_hash_is_pinned() -> None:
+    """The canonical bytes and hash of a fixed spec never change across runs, machines or releases."""
+    assert SPEC.to_json() == (
+        b'{"budgets":{},"catalog":[],"edges":[],"initial":null,"jitter_seed":"",'
+        b'"nodes":[{"handler":"plan@1","id":"plan","input":{"a":1,"b":2}},'
+        b'{"depends_on":["plan"],"handler":"review@2","id":"review","retry":{"max_attempts":5}}],'
+        b'"schema_version":1,"version":3,"workflow_id":"acme.review"}'
+    )
+    assert SPEC.content_hash() == ("sha256:adb22596c24b5fad64df2d62ed8f1184ea902d79d46c4837ebad6b091e77ac24")
+
+
+def test_unknown_fields_are_rejected_with_their_path() -> None:
+    """A misspelled field fails decoding and the error names where it is."""
+    data = b'{"workflow_id":"w","version":1,"nodes":[{"id":"a","handler":"a@1","dependson":[]}]}'
+    with pytest.raises(msgspec.ValidationError, match=r"dependson.*\$\.nodes\[0\]"):
+        WorkflowSpec.from_json(data)
+
+
+def test_defaults_match_the_adr() -> None:
+    """Default budgets are 10,000 attempts and 100,000 transitions; retries 3, exponential 1s..60s."""
+    assert SPEC.budgets.max_attempts == 10_000
+    assert SPEC.budgets.max_transitions == 100_000
+    assert SPEC.budgets.max_elapsed_ms is None
+    policy = RetryPolicy()
+    assert policy.max_attempts == 3
+    assert policy.backoff == ExponentialBackoff(initial_ms=1000, multiplier=2, maximum_ms=60000)
+    assert policy.jitter_max_ms == 0
+    assert SPEC.nodes[0].policy == "all_succeeded"
+
+
+@pytest.mark.parametrize("value", ["review@1", "acme.review-v2@12"])
+def test_handler_references_parse(value: str) -> None:
+    """``name@version`` parses into a name and a positive version."""
+    ref = parse_handler_ref(value)
+    assert str(ref) == value
+
+
+@pytest.mark.parametrize("value", ["review", "review@0", "review@01", "Review@1", "@1", "r@x"])
+def test_malformed_handler_references_are_rejected(value: str) -> None:
+    """Missing or zero versions and bad names are rejected showing the value."""
+    with pytest.raises(InvalidIdentifier, match="handler reference"):
+        parse_handler_ref(value)
