@@ -103,8 +103,7 @@ class ReducerHarness:
             if ready:
                 started = self.start(*ready)
                 for node_id in started:
-                    if self.state.status.is_terminal:
-                        break
+                    # A start batch can exhaust a budget and end the run; later nodes then are not running.
                     node = self.state.node_by_id(node_id)
                     if node is None or node.status is not NodeStatus.RUNNING:
                         continue
