@@ -1,0 +1,265 @@
+"""The pytest plugin of the contract suite: options, fixtures, markers and the certification report.
+
+Pointing the suite at a backend, in order of precedence:
+
+1. ``--mayfly-journal URL`` (and ``--mayfly-leases URL``, default: the same);
+2. the ini setting ``mayfly_backend = "pkg.module:factory"``, a zero-argument
+   callable returning a journal URL or a ``(journal_url, leases_url)`` pair;
+3. overriding the ``mayfly_journal_url`` / ``mayfly_leases_url`` fixtures in a
+   ``conftest.py``.
+
+Backends are always opened by URL through ``mayfly.plugins`` so the
+cross-process clauses can reopen them in child processes.
+
+Markers: ``@pytest.mark.clause("journal.append.cas-conflict")`` gives a test
+its stable clause id; ``@pytest.mark.capability("crash_durable")`` skips it
+only when the backend declares that capability absent, with a reason naming
+the backend and the capability.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from mayfly.journal import JournalCapabilities, WorkflowJournal
+from mayfly.lease import RecoveryLeaseStore
+from mayfly.plugins import open_journal, open_leases, url_scheme
+from mayfly_contract.support import Records
+
+_JOURNAL_OPTION = "--mayfly-journal"
+_LEASES_OPTION = "--mayfly-leases"
+_INI_FACTORY = "mayfly_backend"
+
+
+@dataclass
+class _Certification:
+    """What the report needs: the backend under test and each clause's outcome."""
+
+    journal_url: str | None = None
+    journal_type: str = ""
+    capabilities: JournalCapabilities | None = None
+    outcomes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+
+
+_CERTIFICATION = pytest.StashKey[_Certification]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the backend options and the ini factory setting."""
+    group = parser.getgroup("mayfly-contract", "Mayfly backend contract suite")
+    group.addoption(
+        _JOURNAL_OPTION,
+        metavar="URL",
+        default=None,
+        help="journal URL of the backend to certify, e.g. file:///tmp/j or sqlite:///tmp/j.db",
+    )
+    group.addoption(
+        _LEASES_OPTION,
+        metavar="URL",
+        default=None,
+        help="recovery-lease URL of the backend (default: the journal URL)",
+    )
+    parser.addini(
+        _INI_FACTORY,
+        'backend factory "pkg.module:callable" returning a journal URL or (journal, leases) URLs',
+        default="",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers and the report's state."""
+    config.addinivalue_line("markers", "clause(id): the stable Mayfly contract clause id this test checks")
+    config.addinivalue_line(
+        "markers",
+        "capability(name): skip only if the backend declares this JournalCapabilities flag false",
+    )
+    config.stash[_CERTIFICATION] = _Certification()
+
+
+def _factory_urls(config: pytest.Config) -> tuple[str, str] | None:
+    spec = str(config.getini(_INI_FACTORY) or "").strip()
+    if not spec:
+        return None
+    module_name, _, attribute = spec.partition(":")
+    factory = getattr(importlib.import_module(module_name), attribute or "backend")
+    produced = factory()
+    if isinstance(produced, str):
+        return produced, produced
+    journal_url, leases_url = produced
+    return str(journal_url), str(leases_url)
+
+
+@pytest.fixture(scope="session")
+def mayfly_journal_url(pytestconfig: pytest.Config) -> str:
+    """The journal URL under test (from --mayfly-journal or the ini factory)."""
+    url = pytestconfig.getoption(_JOURNAL_OPTION)
+    if url:
+        return str(url)
+    produced = _factory_urls(pytestconfig)
+    if produced is None:
+        pytest.fail(
+            "mayfly-contract needs a backend: pass --mayfly-journal URL, set the ini option "
+            f"{_INI_FACTORY} = 'pkg.module:factory', or override the mayfly_journal_url fixture",
+            pytrace=False,
+        )
+    return produced[0]
+
+
+@pytest.fixture(scope="session")
+def mayfly_leases_url(pytestconfig: pytest.Config, mayfly_journal_url: str) -> str:
+    """The recovery-lease URL under test (default: the journal URL)."""
+    url = pytestconfig.getoption(_LEASES_OPTION)
+    if url:
+        return str(url)
+    produced = None if pytestconfig.getoption(_JOURNAL_OPTION) else _factory_urls(pytestconfig)
+    return produced[1] if produced else mayfly_journal_url
+
+
+@pytest.fixture(scope="session")
+def mayfly_journal(pytestconfig: pytest.Config, mayfly_journal_url: str) -> Iterator[WorkflowJournal]:
+    """The journal under test, opened once per session by URL."""
+    journal = open_journal(mayfly_journal_url)
+    certification = pytestconfig.stash[_CERTIFICATION]
+    certification.journal_url = journal.url
+    certification.journal_type = f"{type(journal).__module__}.{type(journal).__qualname__}"
+    certification.capabilities = journal.capabilities
+    yield journal
+    journal.close()
+
+
+@pytest.fixture(scope="session")
+def mayfly_leases(mayfly_leases_url: str) -> Iterator[RecoveryLeaseStore]:
+    """The recovery-lease store under test, opened once per session by URL."""
+    store = open_leases(mayfly_leases_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def mayfly_capabilities(mayfly_journal: WorkflowJournal) -> JournalCapabilities:
+    """The capabilities the backend declares."""
+    return mayfly_journal.capabilities
+
+
+@pytest.fixture
+def records() -> Records:
+    """A factory of sealed records with fresh UUIDv7 event ids."""
+    return Records()
+
+
+@pytest.fixture
+def run_id(records: Records) -> str:
+    """A fresh run id: contract tests never assume an empty store."""
+    return records.new_id()
+
+
+@pytest.fixture(autouse=True)
+def _mayfly_capability_gate(request: pytest.FixtureRequest) -> None:
+    """Skip a contract test whose required capability the backend declares absent."""
+    if request.node.get_closest_marker("clause") is None:
+        return
+    required = [mark.args[0] for mark in request.node.iter_markers("capability")]
+    if not required:
+        return
+    capabilities: JournalCapabilities = request.getfixturevalue("mayfly_capabilities")
+    url: str = request.getfixturevalue("mayfly_journal_url")
+    for name in required:
+        if not getattr(capabilities, name):
+            pytest.skip(f"backend {url_scheme(url)}:// declares capability {name} absent")
+
+
+def _clause(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("clause")
+    return str(marker.args[0]) if marker is not None else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach the clause id to the report, and to the failure output."""
+    report = yield
+    clause = _clause(item)
+    if clause is not None:
+        report.user_properties.append(("mayfly_clause", clause))
+        if report.failed:
+            function = getattr(item, "function", None)
+            doc = (getattr(function, "__doc__", None) or "").strip()
+            report.sections.append(("mayfly contract clause", f"{clause}: {doc}"))
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Record each clause's outcome for the certification report."""
+    clause = dict(report.user_properties).get("mayfly_clause")
+    if clause is None:
+        return
+    if report.when == "call" or report.skipped or (report.failed and report.when == "setup"):
+        reason = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        elif report.failed:
+            reason = report.head_line or report.nodeid
+        outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
+        _session_certification.outcomes.setdefault(str(clause), []).append((outcome, reason))
+
+
+# The logreport hook has no config argument; the configured instance is kept here.
+_session_certification = _Certification()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Bind the report state of this session."""
+    global _session_certification  # noqa: PLW0603  # one pytest session per process
+    _session_certification = session.config.stash[_CERTIFICATION]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Print the certification report: backend, durability, capabilities and every clause."""
+    certification = config.stash[_CERTIFICATION]
+    if not certification.outcomes:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("mayfly contract certification")
+    write(f"backend: {certification.journal_url or '(not opened)'} ({certification.journal_type})")
+    capabilities = certification.capabilities
+    if capabilities is not None:
+        write(f"durability: {capabilities.durability}")
+        flags = ", ".join(
+            f"{name}={'yes' if getattr(capabilities, name) else 'no'}"
+            for name in (
+                "cross_process",
+                "fencing",
+                "crash_durable",
+                "fault_injection",
+                "snapshots",
+                "lease_expiry",
+            )
+        )
+        write(f"capabilities: {flags}")
+    verdicts: dict[str, tuple[str, str]] = {}
+    for clause, results in sorted(certification.outcomes.items()):
+        failed = [reason for outcome, reason in results if outcome == "failed"]
+        passed = [reason for outcome, reason in results if outcome == "passed"]
+        if failed:
+            verdicts[clause] = ("FAIL", failed[0])
+        elif passed:
+            verdicts[clause] = ("PASS", "")
+        else:
+            verdicts[clause] = ("SKIP", results[0][1])
+    counts = {
+        label: sum(1 for verdict, _ in verdicts.values() if verdict == label)
+        for label in ("PASS", "FAIL", "SKIP")
+    }
+    for clause, (verdict, reason) in verdicts.items():
+        write(f"  {verdict} {clause}" + (f"  ({reason})" if reason else ""))
+    write(
+        f"clauses: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
+        f"(declared absent)"
+    )
+    write("verdict: " + ("NOT CERTIFIED" if counts["FAIL"] else "CERTIFIED"))

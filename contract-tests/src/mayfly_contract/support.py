@@ -1,0 +1,123 @@
+"""Helpers shared by the contract tests: record factories and child processes reopening a backend."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from mayfly.identity import Uuid7IdSource
+from mayfly.journal import JournalRecord, SnapshotRecord
+
+__all__ = ["Child", "Records", "snapshot_of"]
+
+
+class Records:
+    """Builds sealed records with fresh event ids (UUIDv7, so runs never collide across sessions)."""
+
+    def __init__(self) -> None:
+        self._ids = Uuid7IdSource()
+
+    def new_id(self) -> str:
+        """Return a fresh UUIDv7 string."""
+        return self._ids.new_id()
+
+    def batch(
+        self, run_id: str, first: int, count: int = 1, *, payload: bytes | None = None
+    ) -> list[JournalRecord]:
+        """Return ``count`` records of ``run_id`` at sequences ``first, first + 1, ...``."""
+        return [
+            JournalRecord.seal(
+                run_id=run_id,
+                sequence=sequence,
+                event_id=self._ids.new_id(),
+                event_type="ContractProbe",
+                schema_version=1,
+                payload=payload
+                if payload is not None
+                else json.dumps({"sequence": sequence, "note": "é✓"}, ensure_ascii=False).encode(),
+            )
+            for sequence in range(first, first + count)
+        ]
+
+    def record(
+        self, run_id: str, sequence: int, *, event_id: str | None = None, payload: bytes = b"{}"
+    ) -> JournalRecord:
+        """Return one record, optionally reusing an event id."""
+        return JournalRecord.seal(
+            run_id=run_id,
+            sequence=sequence,
+            event_id=event_id or self._ids.new_id(),
+            event_type="ContractProbe",
+            schema_version=1,
+            payload=payload,
+        )
+
+
+def snapshot_of(record: JournalRecord, state: bytes = b'{"state":"probe"}') -> SnapshotRecord:
+    """Return a sealed snapshot that includes ``record`` last."""
+    return SnapshotRecord.seal(
+        run_id=record.run_id,
+        schema_version=1,
+        last_sequence=record.sequence,
+        last_event_id=record.event_id,
+        last_record_checksum=record.checksum,
+        spec_checksum="sha256:" + "a" * 64,
+        state_checksum="sha256:" + "b" * 64,
+        state=state,
+    )
+
+
+class Child:
+    """A child Python process running one :mod:`mayfly_contract._child` mode, line-oriented."""
+
+    def __init__(self, mode: str, **arguments: object) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mayfly_contract._child", mode, json.dumps(arguments)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    def readline(self) -> str:
+        """Return the child's next stdout line; fail with its stderr if it ended instead."""
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait(timeout=30)
+            stderr = self.process.stderr.read() if self.process.stderr else ""
+            raise AssertionError(f"child exited {self.process.returncode}: {stderr.strip()}")
+        return line.strip()
+
+    def send(self, line: str) -> None:
+        """Write one line to the child's stdin."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def finish(self, timeout: float = 120) -> list[str]:
+        """Wait for the child to exit successfully and return its remaining stdout lines."""
+        out, err = self.process.communicate(timeout=timeout)
+        assert self.process.returncode == 0, f"child exited {self.process.returncode}: {err.strip()}"
+        return out.splitlines()
+
+    def kill(self) -> None:
+        """SIGKILL the child (no cleanup runs in it) and reap it."""
+        self.process.kill()
+        self.process.communicate(timeout=30)
+
+    def close(self) -> None:
+        """Make sure the child is gone."""
+        if self.process.poll() is None:
+            self.kill()
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def sequences(records: Sequence[JournalRecord]) -> list[int]:
+    """The sequence numbers of ``records`` in order."""
+    return [record.sequence for record in records]
