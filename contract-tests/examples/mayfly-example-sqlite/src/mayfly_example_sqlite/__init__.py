@@ -224,14 +224,16 @@ class SqliteJournal:
                     (run_id, *(record.event_id for record in batch)),
                 )
             }
-            if expected_next != actual_next:
-                if all(stored.get(record.event_id) == (record.sequence, record.checksum) for record in batch):
-                    return AppendResult(
-                        run_id=run_id,
-                        last_sequence=batch[-1].sequence,
-                        records=batch,
-                        already_committed=True,
-                    )
+            replay = all(
+                stored.get(record.event_id) == (record.sequence, record.checksum) for record in batch
+            )
+            if expected_next != actual_next and replay:
+                return AppendResult(
+                    run_id=run_id,
+                    last_sequence=batch[-1].sequence,
+                    records=batch,
+                    already_committed=True,
+                )
             for record in batch:
                 if record.event_id in stored and stored[record.event_id] != (
                     record.sequence,
