@@ -510,7 +510,8 @@ def validate_batch(
                 f"records[{offset}] of run {run} has sequence {record.sequence}, expected "
                 f"{first + offset}: a batch holds consecutive sequences from expected_next"
             )
-        record.verify()
+        if record.checksum != record.expected_checksum():
+            record.verify()  # raises ChecksumMismatch naming run and sequence
         if record.event_id in seen:
             raise ConflictingRecord(
                 f"append rejected: run {run} batch repeats event id {record.event_id} at "

@@ -101,11 +101,16 @@ def sync_data(fd: int) -> None:
     _fdatasync(fd)
 
 
-@dataclass(frozen=True, slots=True)
 class Layout:
     """The directories of one store, created on first open."""
 
-    root: Path
+    __slots__ = ("_fences_text", "_runs_text", "root")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        # Hot paths build file names as plain strings; Path arithmetic costs more than a write.
+        self._runs_text = os.fspath(root / "runs")
+        self._fences_text = os.fspath(root / "fences")
 
     @property
     def runs(self) -> Path:
@@ -126,6 +131,14 @@ class Layout:
     def leases(self) -> Path:
         """Where per-run lease lock files live."""
         return self.root / "leases"
+
+    def run_path(self, run_id: str) -> str:
+        """The journal file of a run, as a string."""
+        return f"{self._runs_text}/{run_id}.mwj"
+
+    def fence_path(self, run_id: str) -> str:
+        """The fencing counter of a run, as a string."""
+        return f"{self._fences_text}/{run_id}"
 
     def run_file(self, run_id: str) -> Path:
         """The journal file of a run."""
@@ -174,7 +187,7 @@ def open_run_file(layout: Layout, run_id: str, *, create: bool) -> int | None:
     A newly created file has its directory fsynced before this returns, so
     the file itself cannot vanish after an acknowledged append.
     """
-    path = layout.run_file(run_id)
+    path = layout.run_path(run_id)
     flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
     try:
         return os.open(path, flags)
@@ -199,9 +212,13 @@ def locked(fd: int, operation: int) -> Iterator[None]:
 def read_fence(layout: Layout, run_id: str) -> int:
     """Return the run's newest fencing token, 0 if it was never leased."""
     try:
-        text = layout.fence_file(run_id).read_bytes()[:_MAX_FENCE_TEXT]
+        fd = os.open(layout.fence_path(run_id), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return 0
+    try:
+        text = os.read(fd, _MAX_FENCE_TEXT)
+    finally:
+        os.close(fd)
     try:
         return int(text.decode("ascii"))
     except ValueError:

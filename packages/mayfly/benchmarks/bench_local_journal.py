@@ -1,0 +1,137 @@
+"""Local journal appends per second in each durability mode, beside raw writes of the same bytes.
+
+Each append is one batch of 3 records (~1.5 KB of frames). The raw baselines
+write exactly the frame bytes the journal writes, to a file in the same
+directory, in the same run: ``os.write`` alone, ``os.write`` + ``os.fsync``
+and ``os.write`` + ``os.fdatasync`` (what the journal calls in fsync mode).
+Records are sealed before timing starts (sealing is the caller's work); the
+journal's own input validation and checksum verification are timed.
+
+Run: ``python packages/mayfly/benchmarks/bench_local_journal.py [--appends N] [--dir DIR]``.
+Prints figures and ratios; it asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mayfly.identity import Uuid7IdSource
+from mayfly.journal import JournalRecord
+from mayfly.local import LocalWorkflowJournal
+from mayfly.local._frames import encode_batch
+
+BATCH = 3
+PAYLOAD = b'{"output":"' + b"x" * 200 + b'"}'
+
+
+def batches(run_id: str, count: int) -> list[list[JournalRecord]]:
+    """Return ``count`` sealed batches of ``BATCH`` records for consecutive sequences."""
+    ids = Uuid7IdSource()
+    return [
+        [
+            JournalRecord.seal(
+                run_id=run_id,
+                sequence=first + offset,
+                event_id=ids.new_id(),
+                event_type="NodeOutcomeCommitted",
+                schema_version=1,
+                payload=PAYLOAD,
+            )
+            for offset in range(BATCH)
+        ]
+        for first in range(1, count * BATCH + 1, BATCH)
+    ]
+
+
+def journal_rate(root: Path, mode: str, count: int) -> tuple[float, int]:
+    """Appends per second of the local journal in ``mode``, and the bytes per append."""
+    ids = Uuid7IdSource()
+    run_id = ids.new_id()
+    work = batches(run_id, count)
+    with LocalWorkflowJournal(f"file://{root / mode}?durability={mode}") as journal:
+        journal.append(run_id, 1, work[0])  # creates the run file outside the timing
+        started = time.perf_counter()
+        for batch in work[1:]:
+            journal.append(run_id, batch[0].sequence, batch)
+        elapsed = time.perf_counter() - started
+    frame_bytes = len(b"".join(encode_batch(work[0])))
+    return (count - 1) / elapsed, frame_bytes
+
+
+def raw_rate(root: Path, name: str, count: int, sync: Callable[[int], None] | None) -> float:
+    """Writes per second of the same frame bytes with ``os.write`` and an optional sync."""
+    run_id = Uuid7IdSource().new_id()
+    payloads = [b"".join(encode_batch(batch)) for batch in batches(run_id, count)]
+    path = root / f"raw-{name}.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, payloads[0])
+        if sync is not None:
+            sync(fd)
+        started = time.perf_counter()
+        for data in payloads[1:]:
+            os.write(fd, data)
+            if sync is not None:
+                sync(fd)
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+    return (count - 1) / elapsed
+
+
+def main() -> None:
+    """Measure, print figures and ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--appends", type=int, default=2000, help="appends per synced measurement")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions; the median is reported")
+    parser.add_argument("--dir", default=None, help="directory to write in (default: a temp dir)")
+    args = parser.parse_args()
+    unsynced = args.appends * 10
+
+    def median(measure: Callable[[Path], float]) -> float:
+        values = []
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
+                values.append(measure(Path(scratch)))
+        return statistics.median(values)
+
+    frame_bytes = journal_rate(Path(tempfile.mkdtemp(dir=args.dir)), "write", 2)[1]
+    results = {
+        "raw os.write": median(lambda root: raw_rate(root, "write", unsynced, None)),
+        "raw os.write+os.fsync": median(lambda root: raw_rate(root, "fsync", args.appends, os.fsync)),
+        "raw os.write+os.fdatasync": median(
+            lambda root: raw_rate(root, "fdatasync", args.appends, os.fdatasync)
+        ),
+        "journal durability=write": median(lambda root: journal_rate(root, "write", unsynced)[0]),
+        "journal durability=flush": median(lambda root: journal_rate(root, "flush", unsynced)[0]),
+        "journal durability=fsync": median(lambda root: journal_rate(root, "fsync", args.appends)[0]),
+    }
+    print(f"batch: {BATCH} records, {frame_bytes} bytes of frames per append; median of {args.repeat}")
+    for name, rate in results.items():
+        print(f"{name:28s} {rate:12,.0f} appends/s")
+    print(
+        "ratio fsync mode / raw os.write+os.fsync:     "
+        f"{results['journal durability=fsync'] / results['raw os.write+os.fsync']:.2f}"
+    )
+    print(
+        "ratio fsync mode / raw os.write+os.fdatasync: "
+        f"{results['journal durability=fsync'] / results['raw os.write+os.fdatasync']:.2f}"
+    )
+    print(
+        "ratio write mode / raw os.write:              "
+        f"{results['journal durability=write'] / results['raw os.write']:.2f}"
+    )
+    print(
+        "ratio flush mode / raw os.write:              "
+        f"{results['journal durability=flush'] / results['raw os.write']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
