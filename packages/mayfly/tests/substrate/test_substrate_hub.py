@@ -766,7 +766,9 @@ def test_shutdown_cancels_leftover_tasks_and_leaks_nothing() -> None:
     def main() -> str:
         tasks.append(spawn(sleep, 3600, name="sleeper"))
         tasks.append(spawn(Event().wait, name="waiter"))
-        tasks.append(spawn(offload, release.wait, 5, name="offloader"))
+        # Still blocked when main returns; it returns on its own 0.1 s later,
+        # well inside the shutdown wait, so its thread is joined.
+        tasks.append(spawn(offload, release.wait, 0.1, name="offloader"))
         tasks.append(spawn(checkpoint, name="never-started"))
         sleep(0.01)
         return "main done"
