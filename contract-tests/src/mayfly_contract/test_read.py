@@ -39,7 +39,7 @@ def test_read_records_verify(mayfly_journal: WorkflowJournal, run_id: str, recor
 
 @pytest.mark.clause("journal.read.unknown-run")
 def test_unknown_run_reads_empty(mayfly_journal: WorkflowJournal, run_id: str) -> None:
-    """A run that was never appended to reads as empty, expects sequence 1 and has no snapshot."""
+    """A run that was never appended to reads as empty and expects sequence 1."""
     assert list(mayfly_journal.read(run_id)) == []
     assert mayfly_journal.next_sequence(run_id) == 1
 

@@ -283,7 +283,8 @@ class PluginManager:
                 describe = registered.descriptor.describe
                 if describe is not None:
                     try:
-                        description = describe(url or f"{scheme}://")
+                        target = url if url and url_scheme(url) == scheme else f"{scheme}://"
+                        description = describe(target)
                     except Exception as error:
                         description = f"(describe failed: {type(error).__name__}: {error})"
                 rows.append(

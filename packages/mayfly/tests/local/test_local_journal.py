@@ -327,3 +327,14 @@ def test_foreign_format_marker_is_refused(store: Path) -> None:
     (store / "mayfly-local.json").write_text('{"format": "mayfly-local", "version": 2}')
     with pytest.raises(CompatibilityError):
         LocalWorkflowJournal(str(store))
+
+
+def test_list_runs_sees_new_runs_after_a_cached_listing(journal: LocalWorkflowJournal, store: Path) -> None:
+    """A run created after a (cached) listing shows up in the next listing."""
+    first = IDS.new_id()
+    journal.append(first, 1, records(first, 1, 1))
+    os.utime(store / "runs", ns=(0, 0))  # make the listing old enough to be cached
+    assert first in journal.list_runs()
+    second = IDS.new_id()
+    journal.append(second, 1, records(second, 1, 1))
+    assert journal.list_runs(after=first) == [second]

@@ -197,3 +197,11 @@ def test_import_mayfly_loads_no_plugins() -> None:
     probe = "import sys, mayfly; print(sorted(m for m in sys.modules if m.startswith('mayfly.local')))"
     output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
+
+
+def test_list_backends_describes_the_given_url(tmp_path: Path) -> None:
+    """Given a URL, the backend serving its scheme describes that store; others describe themselves."""
+    rows = list_backends(f"file://{tmp_path}?durability=write")
+    local = next(row for row in rows if row.kind == "journal" and row.scheme == "file")
+    assert local.plugin == "local"
+    assert f"at {tmp_path}, durability write" in local.description

@@ -31,6 +31,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -69,6 +70,7 @@ __all__ = ["LocalWorkflowJournal"]
 
 _INDEX_CACHE_LIMIT: Final = 4096
 _MAX_LIST_LIMIT: Final = 100_000
+_LISTING_SETTLE_NS: Final = 2_000_000_000
 
 
 @final
@@ -88,6 +90,7 @@ class LocalWorkflowJournal:
         self._guard = threading.Lock()
         self._run_locks: dict[str, threading.Lock] = {}
         self._indexes: dict[str, _frames.RunIndex] = {}
+        self._listing: tuple[tuple[int, int], list[str]] | None = None
         self._closed = False
 
     @property
@@ -312,11 +315,7 @@ class LocalWorkflowJournal:
             after = parse_run_id(after)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
             raise InvalidRecord(f"list_runs limit must be an int in [1, {_MAX_LIST_LIMIT}]")
-        names = sorted(
-            name[:-4]
-            for name in os.listdir(self._layout.runs)
-            if name.endswith(".mwj") and is_uuid(name[:-4])
-        )
+        names = self._run_names()
         runs: list[str] = []
         for name in names[bisect_right(names, after) if after else 0 :]:
             # A lease grant creates the run file before any record exists.
@@ -329,6 +328,28 @@ class LocalWorkflowJournal:
             if len(runs) == limit:
                 break
         return runs
+
+    def _run_names(self) -> list[str]:
+        """The sorted run ids that have a file, cached while the directory is unchanged.
+
+        The cache is keyed by the directory's inode and mtime, and only kept
+        once the mtime is safely in the past, so an entry created within the
+        same clock tick as the listing cannot be missed.
+        """
+        stat = os.stat(self._layout.runs)
+        key = (stat.st_ino, stat.st_mtime_ns)
+        with self._guard:
+            if self._listing is not None and self._listing[0] == key:
+                return self._listing[1]
+        names = sorted(
+            name[:-4]
+            for name in os.listdir(self._layout.runs)
+            if name.endswith(".mwj") and is_uuid(name[:-4])
+        )
+        if time.time_ns() - stat.st_mtime_ns > _LISTING_SETTLE_NS:
+            with self._guard:
+                self._listing = (key, names)
+        return names
 
     def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         """Replace the run's snapshot atomically (tmp file, fsync, rename, directory fsync)."""
