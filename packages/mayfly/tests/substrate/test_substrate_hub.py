@@ -368,6 +368,19 @@ def test_join_with_timeout_raises_wait_timeout(make_hub: Callable[[], Hub]) -> N
     assert make_hub().run(main)
 
 
+def test_an_invalid_join_timeout_is_rejected_without_parking() -> None:
+    """join(timeout=-1) raises ValueError and the caller can still join normally afterwards."""
+
+    def main() -> int:
+        task = spawn(lambda: 5)
+        with pytest.raises(ValueError, match="timeout must be a non-negative number"):
+            task.join(timeout=-1)
+        sleep(0)
+        return task.join()
+
+    assert Hub().run(main) == 5
+
+
 def test_a_task_cannot_join_itself() -> None:
     """Joining the current task is refused instead of hanging."""
 

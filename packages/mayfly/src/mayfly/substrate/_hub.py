@@ -253,13 +253,14 @@ class Task(Generic[T]):
             me = hub._caller("Task.join")
             if me is self:
                 raise SubstrateError(f"task {self._name!r} cannot join itself: it would never finish")
+            deadline = hub._deadline(timeout)  # validate before parking
             token = hub._arm(me)
             joiners = self._joiners
             if joiners is None:
                 joiners = self._joiners = {}
             joiners[me] = token
             try:
-                value = hub._suspend(me, token, hub._deadline(timeout))
+                value = hub._suspend(me, token, deadline)
             finally:
                 joiners.pop(me, None)
             if value is _TIMED_OUT:
@@ -701,7 +702,11 @@ class Hub:
         token = self._arm(task)
         job = Job(fn, args, task, token)
         assert self._pool is not None
-        self._pool.submit(job)
+        try:
+            self._pool.submit(job)
+        except BaseException:
+            task._parked = False  # never suspended: leave no park behind
+            raise
         self._offload_waiters += 1
         try:
             value = self._suspend(task, token, deadline)

@@ -71,12 +71,13 @@ class OffloadPool:
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; start another worker if every started one is busy and the bound allows."""
-        self._in_flight += 1
-        if self._in_flight > len(self._threads) and len(self._threads) < self._max_workers:
+        if self._in_flight >= len(self._threads) and len(self._threads) < self._max_workers:
+            name = f"mayfly-offload-{self._started + 1}"
+            thread = threading.Thread(target=self._work, name=name, daemon=True)
+            thread.start()  # may raise; then nothing was counted or queued
             self._started += 1
-            thread = threading.Thread(target=self._work, name=f"mayfly-offload-{self._started}", daemon=True)
-            thread.start()
             self._threads.append(thread)
+        self._in_flight += 1
         self._jobs.put(job)
 
     def drain(self) -> list[Job]:
