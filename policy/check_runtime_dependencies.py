@@ -1,0 +1,1489 @@
+#!/usr/bin/env python3
+"""Audit Mayfly's complete dependency graph and its own sources against ADR-0033.
+
+Run from anywhere: ``python3 policy/check_runtime_dependencies.py --all-targets``.
+
+The dependency audit walks every distribution in this repository (packages/*,
+contract-tests and its examples, the workspace root), all of their extras,
+dependency groups and build-system requirements, every tox env's deps, the
+noxfile's installs and the tooling list in the policy file. Environment markers
+are evaluated for every Python version x platform x machine in the policy's
+``[targets]``. Third-party metadata comes from the committed lock
+``policy/dependency-graph.lock.json`` (refreshed with ``--refresh``), so a
+normal run is offline, deterministic and fast. Every path that reaches a banned
+distribution is printed with versions and the markers it crossed; a path not in
+the policy's ledger fails, and so does a ledger entry that no longer matches a
+path. The source scan parses our own Python (and the fenced ``python`` blocks of
+docs/**/*.md) and flags asyncio, ``async``/``await``, imports of banned modules
+and thread or executor creation outside the substrate.
+
+Exit status: 0 clean, 1 violations, 2 usage error or stale lock.
+Standard library only, except ``--refresh``, which needs ``packaging``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import configparser
+import dataclasses
+import email.parser
+import io
+import json
+import os
+import re
+import sys
+import tomllib
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+POLICY_DIR: Final = Path(__file__).resolve().parent
+DEFAULT_ROOT: Final = POLICY_DIR.parent
+POLICY_FILE: Final = "policy/runtime-dependency-policy.toml"
+LOCK_FILE: Final = "policy/dependency-graph.lock.json"
+LOCK_FORMAT: Final = 1
+REFRESH_HINT: Final = "run `python3 policy/check_runtime_dependencies.py --refresh` and commit the lock"
+ARROW: Final = " -> "
+
+EXIT_CLEAN: Final = 0
+EXIT_VIOLATIONS: Final = 1
+EXIT_USAGE: Final = 2
+
+
+class AuditError(Exception):
+    """Input the audit cannot trust (bad policy, bad pyproject, unparsable requirement): exit 2."""
+
+
+class StaleLock(AuditError):
+    """The committed lock does not describe the repository's current requirements."""
+
+
+def canonical_name(name: str) -> str:
+    """Normalize a distribution or extra name as PEP 503/685 do."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# ---------------------------------------------------------------------------
+# PEP 508 markers: a small three-valued evaluator. True/False when decidable in
+# a target environment, None ("unknown") otherwise; the walker follows an edge
+# unless its marker is definitely False, so the unknown case over-approximates.
+# ---------------------------------------------------------------------------
+
+_MARKER_TOKEN = re.compile(
+    r"""\s*(?:
+        (?P<str>'[^']*'|"[^"]*")
+      | (?P<op>===|==|!=|<=|>=|~=|<|>|\bnot\s+in\b|\bin\b)
+      | (?P<bool>\band\b|\bor\b)
+      | (?P<paren>[()])
+      | (?P<var>[A-Za-z_][A-Za-z0-9_.]*)
+    )""",
+    re.VERBOSE,
+)
+_VAR_ALIASES: Final = {
+    "os.name": "os_name",
+    "sys.platform": "sys_platform",
+    "platform.version": "platform_version",
+    "platform.machine": "platform_machine",
+    "platform.python_implementation": "platform_python_implementation",
+    "python_implementation": "platform_python_implementation",
+}
+_VERSION_VARS: Final = frozenset({"python_version", "python_full_version", "implementation_version"})
+_RELEASE = re.compile(r"^\d+(?:\.\d+)*$")
+
+Tri = bool | None
+Env = Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cmp:
+    left: tuple[str, str]  # ("var"|"str", value)
+    op: str
+    right: tuple[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class _BoolOp:
+    op: str  # "and" | "or"
+    items: tuple[_Node, ...]
+
+
+_Node = _Cmp | _BoolOp
+
+
+class Marker:
+    """A parsed PEP 508 environment marker, evaluated in three-valued logic."""
+
+    def __init__(self, text: str) -> None:
+        """Parse ``text``; raise AuditError naming the marker when it is malformed."""
+        self.text = text.strip()
+        tokens: list[tuple[str, str]] = []
+        pos = 0
+        while pos < len(text):
+            if text[pos:].strip() == "":
+                break
+            m = _MARKER_TOKEN.match(text, pos)
+            if m is None or m.end() == pos:
+                raise AuditError(f"malformed environment marker {text!r} at offset {pos}")
+            kind = m.lastgroup
+            assert kind is not None
+            value = m.group(kind)
+            if kind == "op":
+                value = re.sub(r"\s+", " ", value)
+            tokens.append((kind, value))
+            pos = m.end()
+        self._tokens = tokens
+        self._pos = 0
+        self._tree = self._parse_or()
+        if self._pos != len(tokens):
+            raise AuditError(f"malformed environment marker {text!r}: trailing tokens")
+        del self._tokens
+
+    def _peek(self) -> tuple[str, str] | None:
+        return self._tokens[self._pos] if self._pos < len(self._tokens) else None
+
+    def _take(self) -> tuple[str, str]:
+        tok = self._peek()
+        if tok is None:
+            raise AuditError(f"malformed environment marker {self.text!r}: unexpected end")
+        self._pos += 1
+        return tok
+
+    def _parse_or(self) -> _Node:
+        items = [self._parse_and()]
+        while self._peek() == ("bool", "or"):
+            self._take()
+            items.append(self._parse_and())
+        return items[0] if len(items) == 1 else _BoolOp("or", tuple(items))
+
+    def _parse_and(self) -> _Node:
+        items = [self._parse_atom()]
+        while self._peek() == ("bool", "and"):
+            self._take()
+            items.append(self._parse_atom())
+        return items[0] if len(items) == 1 else _BoolOp("and", tuple(items))
+
+    def _parse_atom(self) -> _Node:
+        if self._peek() == ("paren", "("):
+            self._take()
+            node = self._parse_or()
+            if self._take() != ("paren", ")"):
+                raise AuditError(f"malformed environment marker {self.text!r}: unbalanced '('")
+            return node
+        left = self._operand()
+        kind, op = self._take()
+        if kind != "op":
+            raise AuditError(f"malformed environment marker {self.text!r}: expected an operator")
+        return _Cmp(left, op, self._operand())
+
+    def _operand(self) -> tuple[str, str]:
+        kind, value = self._take()
+        if kind == "str":
+            return ("str", value[1:-1])
+        if kind == "var":
+            return ("var", _VAR_ALIASES.get(value, value))
+        raise AuditError(f"malformed environment marker {self.text!r}: unexpected {value!r}")
+
+    def evaluate(self, env: Env, extras: Iterable[str] = ()) -> Tri:
+        """Evaluate in ``env``; ``extras`` are the extras requested of the owning distribution."""
+        wanted = {canonical_name(e) for e in extras}
+        return _eval(self._tree, env, wanted)
+
+    def mentions_extra(self) -> bool:
+        """Tell whether the marker tests ``extra``."""
+        return _mentions_extra(self._tree)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _mentions_extra(node: _Node) -> bool:
+    if isinstance(node, _BoolOp):
+        return any(_mentions_extra(i) for i in node.items)
+    return ("var", "extra") in (node.left, node.right)
+
+
+def _eval(node: _Node, env: Env, extras: set[str]) -> Tri:
+    if isinstance(node, _BoolOp):
+        results = [_eval(i, env, extras) for i in node.items]
+        if node.op == "and":
+            if any(r is False for r in results):
+                return False
+            return True if all(r is True for r in results) else None
+        if any(r is True for r in results):
+            return True
+        return False if all(r is False for r in results) else None
+    return _eval_cmp(node, env, extras)
+
+
+_FLIP: Final = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "==": "==", "!=": "!=", "===": "==="}
+
+
+def _eval_cmp(node: _Cmp, env: Env, extras: set[str]) -> Tri:
+    left, op, right = node.left, node.op, node.right
+    if left[0] == "str" and right[0] == "var" and op in _FLIP:
+        left, op, right = right, _FLIP[op], left
+    if left == ("var", "extra") and right[0] == "str":
+        if op not in ("==", "!="):
+            return None
+        hit = canonical_name(right[1]) in extras
+        return hit if op == "==" else not hit
+    if left[0] == "var" and right[0] == "str" and left[1] in _VERSION_VARS:
+        return _eval_version(left[1], op, right[1], env)
+    lhs = env.get(left[1]) if left[0] == "var" else left[1]
+    rhs = env.get(right[1]) if right[0] == "var" else right[1]
+    if lhs is None or rhs is None:
+        return None
+    if op == "in":
+        return lhs in rhs
+    if op == "not in":
+        return lhs not in rhs
+    if op in ("==", "==="):
+        return lhs == rhs
+    if op == "!=":
+        return lhs != rhs
+    return None  # ordering comparisons on non-version strings are undefined in PEP 508
+
+
+def _release(text: str) -> tuple[int, ...] | None:
+    return tuple(int(p) for p in text.split(".")) if _RELEASE.match(text) else None
+
+
+def _cmp_release(a: tuple[int, ...], op: str, b_text: str) -> Tri:
+    if op in ("==", "!=") and b_text.endswith(".*"):
+        prefix = _release(b_text[:-2])
+        if prefix is None:
+            return None
+        hit = a[: len(prefix)] == prefix
+        return hit if op == "==" else not hit
+    b = _release(b_text)
+    if b is None:
+        return None
+    width = max(len(a), len(b))
+    pa, pb = a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
+    if op == "~=":
+        if len(b) < 2:
+            return None
+        return pa >= pb and a[: len(b) - 1] == b[:-1]
+    table: dict[str, Callable[[], bool]] = {
+        "==": lambda: pa == pb,
+        "===": lambda: pa == pb,
+        "!=": lambda: pa != pb,
+        "<": lambda: pa < pb,
+        "<=": lambda: pa <= pb,
+        ">": lambda: pa > pb,
+        ">=": lambda: pa >= pb,
+    }
+    fn = table.get(op)
+    return fn() if fn is not None else None
+
+
+def _eval_version(var: str, op: str, rhs: str, env: Env) -> Tri:
+    minor = env.get("python_version")
+    if minor is None:
+        return None
+    base = _release(minor)
+    if base is None:
+        return None
+    if var == "python_version":
+        return _cmp_release(base, op, rhs)
+    # A full version is only known up to its minor: decide when the lowest and a
+    # far-high patch release agree, otherwise the answer is "possibly".
+    low, high = _cmp_release((*base, 0), op, rhs), _cmp_release((*base, 9999), op, rhs)
+    return low if low == high else None
+
+
+def specifier_admits(spec: str, version: str) -> Tri:
+    """Evaluate a comma-joined release specifier (e.g. a Requires-Python) at a plain release."""
+    v = _release(version)
+    if v is None:
+        return None
+    result: Tri = True
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        m = re.match(r"^(===|==|!=|<=|>=|~=|<|>)\s*(.+)$", clause)
+        if m is None:
+            return None
+        r = _cmp_release(v, m.group(1), m.group(2).strip())
+        if r is False:
+            return False
+        if r is None:
+            result = None
+    return result
+
+
+# ---------------------------------------------------------------------------
+# PEP 508 requirements.
+# ---------------------------------------------------------------------------
+
+_REQ = re.compile(
+    r"^\s*(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[(?P<extras>[^\]]*)\])?\s*(?P<rest>.*)$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirement:
+    """One dependency edge as declared: name, requested extras, specifier, marker, origin."""
+
+    name: str
+    extras: frozenset[str]
+    specifier: str
+    marker: Marker | None
+    url: str | None
+    raw: str
+
+    @classmethod
+    def parse(cls, text: str) -> Requirement:
+        """Parse a PEP 508 requirement; raise AuditError naming it when malformed."""
+        m = _REQ.match(text)
+        if m is None:
+            raise AuditError(f"malformed requirement {text!r}")
+        rest = m.group("rest").strip()
+        url: str | None = None
+        marker_text: str | None = None
+        if rest.startswith("@"):
+            url_part, sep, marker_part = rest[1:].partition(" ;")
+            url = url_part.strip()
+            marker_text = marker_part if sep else None
+        else:
+            spec_part, sep, marker_part = rest.partition(";")
+            rest = spec_part.strip()
+            marker_text = marker_part if sep else None
+        spec = ""
+        if url is None:
+            spec = rest.strip()
+            if spec.startswith("(") and spec.endswith(")"):
+                spec = spec[1:-1]
+            spec = ",".join(sorted(c.replace(" ", "") for c in spec.split(",") if c.strip()))
+            if spec and not re.fullmatch(r"((===|==|!=|<=|>=|~=|<|>)[A-Za-z0-9.*+!_-]+,?)+", spec):
+                raise AuditError(f"malformed version specifier in requirement {text!r}")
+        extras_text = m.group("extras") or ""
+        extras = frozenset(canonical_name(e) for e in extras_text.split(",") if e.strip())
+        marker = Marker(marker_text) if marker_text and marker_text.strip() else None
+        return cls(canonical_name(m.group("name")), extras, spec, marker, url, text.strip())
+
+    def describe(self) -> str:
+        """Render the requirement canonically: name, sorted extras, normalized specifier, marker."""
+        extras = f"[{','.join(sorted(self.extras))}]" if self.extras else ""
+        marker = f"; {self.marker}" if self.marker else ""
+        target = f" @ {self.url}" if self.url else self.specifier
+        return f"{self.name}{extras}{target}{marker}"
+
+
+# ---------------------------------------------------------------------------
+# Policy.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One target environment: a Python version on one platform and machine."""
+
+    python: str
+    platform: str
+    machine: str
+    env: Mapping[str, str]
+
+    @property
+    def label(self) -> str:
+        """Short name such as ``py3.12-win32-AMD64``."""
+        return f"py{self.python}-{self.platform}-{self.machine}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """The parsed runtime-dependency policy."""
+
+    banned: Mapping[str, str]
+    banned_modules: Mapping[str, str]
+    tolerated: frozenset[str]
+    ledger: Mapping[str, str]
+    first_party: frozenset[str]
+    tooling: tuple[str, ...]
+    pythons: tuple[str, ...]
+    targets: tuple[Target, ...]
+    scan_roots: tuple[str, ...]
+    thread_rule_roots: tuple[str, ...]
+    thread_owners: tuple[str, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> Policy:
+        """Read and validate the policy file; raise AuditError saying what is wrong."""
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise AuditError(f"cannot read policy {path}: {exc}") from exc
+        try:
+            banned = {canonical_name(b["name"]): b["why"] for b in data["banned"]}
+            modules = {m: canonical_name(b["name"]) for b in data["banned"] for m in b["modules"]}
+            ledger = {e["path"]: e["why"] for e in data.get("ledger", [])}
+            t = data["targets"]
+            pythons = tuple(t["python_versions"])
+            impl = t["implementation"]
+            targets = []
+            for py in pythons:
+                for plat in t["platforms"]:
+                    for machine in plat["machines"]:
+                        env = {
+                            "python_version": py,
+                            "implementation_name": impl,
+                            "platform_python_implementation": {"cpython": "CPython"}.get(impl, impl),
+                            "sys_platform": plat["sys_platform"],
+                            "platform_system": plat["platform_system"],
+                            "os_name": plat["os_name"],
+                            "platform_machine": machine,
+                        }
+                        targets.append(Target(py, plat["sys_platform"], machine, env))
+            scan = data["source_scan"]
+            return cls(
+                banned=banned,
+                banned_modules=modules,
+                tolerated=frozenset(canonical_name(x["name"]) for x in data.get("tolerated", [])),
+                ledger=ledger,
+                first_party=frozenset(canonical_name(n) for n in data["first_party"]["names"]),
+                tooling=tuple(data.get("tooling", {}).get("requirements", [])),
+                pythons=pythons,
+                targets=tuple(targets),
+                scan_roots=tuple(scan["roots"]),
+                thread_rule_roots=tuple(scan["thread_rule_roots"]),
+                thread_owners=tuple(scan["thread_owners"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise AuditError(f"policy {path} is missing or mistypes {exc}; see its header comments") from exc
+
+
+# ---------------------------------------------------------------------------
+# The repository: first-party distributions and every place that declares a
+# dependency (roots of the walk).
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalDist:
+    """A distribution whose pyproject.toml lives in this repository."""
+
+    name: str
+    version: str
+    path: str
+    requires_python: str
+    dependencies: tuple[Requirement, ...]
+    optional: Mapping[str, tuple[Requirement, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Root:
+    """A starting point of the walk: a label (as printed) and the requirements it declares."""
+
+    label: str
+    requirements: tuple[Requirement, ...]
+
+
+@dataclasses.dataclass
+class Repo:
+    """What the repository declares."""
+
+    dists: dict[str, LocalDist]
+    by_path: dict[str, str]
+    roots: list[Root]
+    notes: list[str]
+
+
+def _pyproject_paths(root: Path) -> list[Path]:
+    patterns = [
+        "pyproject.toml",
+        "packages/*/pyproject.toml",
+        "contract-tests/pyproject.toml",
+        "contract-tests/examples/*/pyproject.toml",
+    ]
+    found = {p for pat in patterns for p in root.glob(pat)}
+    return sorted(found)
+
+
+def _reqs(values: object, where: str) -> tuple[Requirement, ...]:
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise AuditError(f"{where} must be a list of requirement strings")
+    try:
+        return tuple(Requirement.parse(v) for v in values)
+    except AuditError as exc:
+        raise AuditError(f"{where}: {exc}") from exc
+
+
+def _group_reqs(
+    groups: Mapping[str, Any], name: str, where: str, seen: tuple[str, ...] = ()
+) -> tuple[Requirement, ...]:
+    """Expand a PEP 735 dependency group, following include-group entries."""
+    if name in seen:
+        raise AuditError(f"{where}: dependency group {name!r} includes itself")
+    out: list[Requirement] = []
+    for item in groups.get(name, []):
+        if isinstance(item, dict) and "include-group" in item:
+            out.extend(_group_reqs(groups, item["include-group"], where, (*seen, name)))
+        elif isinstance(item, str):
+            out.extend(_reqs([item], f"{where} [dependency-groups] {name}"))
+        else:
+            raise AuditError(
+                f"{where}: dependency group {name!r} has an entry that is neither a string nor include-group"
+            )
+    return tuple(out)
+
+
+def load_repo(root: Path, policy: Policy) -> Repo:
+    """Collect first-party distributions and every dependency root of the repository."""
+    dists: dict[str, LocalDist] = {}
+    by_path: dict[str, str] = {}
+    roots: list[Root] = []
+    notes: list[str] = []
+    for path in _pyproject_paths(root):
+        rel = path.parent.relative_to(root).as_posix() or "."
+        where = f"{rel}/pyproject.toml" if rel != "." else "pyproject.toml"
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise AuditError(f"cannot parse {where}: {exc}") from exc
+        project = data.get("project")
+        label_base = "workspace root"
+        if project is not None:
+            name = canonical_name(project["name"])
+            version = str(project.get("version", "dynamic"))
+            rp = str(project.get("requires-python", ""))
+            optional = {
+                canonical_name(k): _reqs(v, f"{where} [project.optional-dependencies] {k}")
+                for k, v in project.get("optional-dependencies", {}).items()
+            }
+            dist = LocalDist(
+                name,
+                version,
+                rel,
+                rp,
+                _reqs(project.get("dependencies", []), f"{where} [project] dependencies"),
+                optional,
+            )
+            if name in dists:
+                raise AuditError(
+                    f"two pyproject files declare distribution {name}: {dists[name].path} and {rel}"
+                )
+            dists[name] = dist
+            by_path[rel] = name
+            label_base = f"{name} {version}"
+            roots.append(Root(label_base, dist.dependencies))
+            for extra, reqs in sorted(optional.items()):
+                roots.append(Root(f"{label_base} [extra {extra}]", reqs))
+            for py in policy.pythons:
+                if rp and specifier_admits(rp, py) is False:
+                    raise AuditError(
+                        f"{where}: requires-python {rp!r} excludes Python {py}, "
+                        "which the policy audits; fix one of them"
+                    )
+            for minor in range(0, 30):
+                py = f"3.{minor}"
+                if (
+                    rp
+                    and py not in policy.pythons
+                    and specifier_admits(rp, py) is True
+                    and minor < int(policy.pythons[0].split(".")[1])
+                ):
+                    raise AuditError(
+                        f"{where}: requires-python {rp!r} admits Python {py}, "
+                        "which the policy does not audit; add it to [targets]"
+                    )
+        groups = data.get("dependency-groups", {})
+        for group in sorted(groups):
+            roots.append(Root(f"{label_base} [group {group}]", _group_reqs(groups, group, where)))
+        build = data.get("build-system", {}).get("requires")
+        if build is not None:
+            roots.append(
+                Root(f"{label_base} [build-system]", _reqs(build, f"{where} [build-system] requires"))
+            )
+    repo = Repo(dists, by_path, roots, notes)
+    _tox_roots(root, repo)
+    _nox_roots(root, repo)
+    if policy.tooling:
+        repo.roots.append(Root("policy tooling", _reqs(list(policy.tooling), f"{POLICY_FILE} [tooling]")))
+    return repo
+
+
+def _local_requirement(repo: Repo, text: str, where: str) -> Requirement:
+    """Turn a local path install (``-e packages/mayfly[redis]``) into a first-party requirement."""
+    m = re.match(r"^(?:\{toxinidir\}/)?\.?/?(?P<path>[^\[\s]+?)/?(?:\[(?P<extras>[^\]]*)\])?$", text)
+    if m is None:
+        raise AuditError(f"{where}: cannot read local install {text!r}")
+    path = m.group("path").rstrip("/") or "."
+    name = repo.by_path.get(path)
+    if name is None:
+        raise AuditError(
+            f"{where}: {text!r} is not a distribution in this repository "
+            f"(no {path}/pyproject.toml with [project])"
+        )
+    extras = m.group("extras")
+    return Requirement.parse(f"{name}[{extras}]" if extras else name)
+
+
+def _install_lines(
+    root: Path, repo: Repo, lines: Iterable[str], where: str, depth: int = 0
+) -> list[Requirement]:
+    """Read pip-style install arguments: requirements, ``-e``/local paths and ``-r`` files."""
+    out: list[Requirement] = []
+    for raw in lines:
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith(("-r", "--requirement")):
+            ref = line.split(None, 1)[1] if " " in line else line[2:]
+            ref = ref.strip().removeprefix("{toxinidir}/")
+            target = root / ref
+            if depth > 5 or not target.is_file():
+                raise AuditError(f"{where}: requirements file {ref!r} does not exist")
+            text = target.read_text(encoding="utf-8").splitlines()
+            out.extend(_install_lines(root, repo, text, f"{ref}", depth + 1))
+        elif line.startswith(("-c", "--constraint")):
+            continue  # constraints narrow versions; they never add a dependency
+        elif line.startswith(("-e", "--editable")):
+            out.append(_local_requirement(repo, line.split(None, 1)[1], where))
+        elif line.startswith("-"):
+            raise AuditError(
+                f"{where}: unsupported install option {line!r}; the audit cannot see what it adds"
+            )
+        elif line.startswith((".", "/", "{toxinidir}")) or ("/" in line.split(";")[0] and "@" not in line):
+            out.append(_local_requirement(repo, line, where))
+        else:
+            try:
+                out.append(Requirement.parse(line))
+            except AuditError as exc:
+                raise AuditError(f"{where}: {exc}") from exc
+    return out
+
+
+def _tox_roots(root: Path, repo: Repo) -> None:
+    path = root / "tox.ini"
+    if not path.is_file():
+        return
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(path, encoding="utf-8")
+    if cfg.has_option("tox", "requires"):
+        reqs = _install_lines(root, repo, cfg.get("tox", "requires").splitlines(), "tox.ini [tox] requires")
+        repo.roots.append(Root("tox.ini [tox] requires", tuple(reqs)))
+    base = cfg.get("testenv", "deps", fallback="")
+    for section in cfg.sections():
+        if section != "testenv" and not section.startswith("testenv:"):
+            continue
+        deps = cfg.get(section, "deps", fallback=base)
+        deps = deps.replace("{[testenv]deps}", base)
+        reqs = _install_lines(root, repo, deps.splitlines(), f"tox.ini [{section}] deps")
+        repo.roots.append(Root(f"tox.ini [{section}]", tuple(reqs)))
+
+
+def _nox_roots(root: Path, repo: Repo) -> None:
+    """Read ``session.install(...)`` string arguments from noxfile.py (flags pair with the next argument)."""
+    path = root / "noxfile.py"
+    if not path.is_file():
+        return
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename="noxfile.py")
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.FunctionDef)):
+            continue
+        lines: list[str] = []
+        for call in ast.walk(node):
+            if not (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "install"
+            ):
+                continue
+            args = list(call.args)
+            i = 0
+            while i < len(args):
+                arg = args[i]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    text = arg.value
+                    nxt = args[i + 1] if i + 1 < len(args) else None
+                    if (
+                        text in ("-e", "-r", "-c", "--editable", "--requirement")
+                        and isinstance(nxt, ast.Constant)
+                        and isinstance(nxt.value, str)
+                    ):
+                        text = f"{text} {nxt.value}"
+                        i += 1
+                    lines.append(text)
+                else:
+                    raise AuditError(
+                        f"noxfile.py line {arg.lineno}: session.install takes a non-literal argument; "
+                        "write requirements as string literals so the audit can read them"
+                    )
+                i += 1
+        if lines:
+            reqs = _install_lines(root, repo, lines, f"noxfile.py session {node.name}")
+            repo.roots.append(Root(f"noxfile.py [session {node.name}]", tuple(reqs)))
+
+
+# ---------------------------------------------------------------------------
+# Third-party metadata providers: the committed lock (offline) or PyPI (refresh).
+# ---------------------------------------------------------------------------
+
+
+class Provider(Protocol):
+    """Resolves a requirement edge to a version per Python and returns that version's Requires-Dist."""
+
+    def resolve(self, name: str, specifier: str, python: str) -> str | None:
+        """Return the version an edge resolves to on ``python``, or None when nothing installs there."""
+        ...
+
+    def requires(self, name: str, version: str) -> tuple[str, ...]:
+        """Return the Requires-Dist strings of ``name==version``."""
+        ...
+
+
+@dataclasses.dataclass
+class LockProvider:
+    """Reads the committed lock; any gap means the lock is stale."""
+
+    data: Mapping[str, Any]
+
+    def resolve(self, name: str, specifier: str, python: str) -> str | None:
+        """Look the edge up in the lock's resolutions."""
+        try:
+            return self.data["resolutions"][name][specifier or "*"][python]  # type: ignore[no-any-return]
+        except KeyError:
+            raise StaleLock(
+                f"the lock has no resolution for {name}{specifier} on Python {python}; {REFRESH_HINT}"
+            ) from None
+
+    def requires(self, name: str, version: str) -> tuple[str, ...]:
+        """Look the version's Requires-Dist up in the lock."""
+        try:
+            return tuple(self.data["distributions"][name][version]["requires_dist"])
+        except KeyError:
+            raise StaleLock(f"the lock has no metadata for {name} {version}; {REFRESH_HINT}") from None
+
+
+class PyPIProvider:
+    """Resolves against PyPI (JSON simple API, PEP 691) and reads wheel METADATA (PEP 658); records a lock."""
+
+    def __init__(self, index: str = "https://pypi.org") -> None:
+        """Prepare an empty recording; ``packaging`` is needed for PEP 440 version selection."""
+        try:
+            # Imported here: only --refresh needs PEP 440 resolution; the audit stays stdlib-only.
+            from packaging.specifiers import SpecifierSet  # noqa: PLC0415
+            from packaging.version import InvalidVersion, Version  # noqa: PLC0415
+        except ImportError as exc:
+            raise AuditError("--refresh needs the `packaging` distribution: pip install packaging") from exc
+        self._specset = SpecifierSet
+        self._version = Version
+        self._invalid = InvalidVersion
+        self.index = index.rstrip("/")
+        self._releases_cache: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self.resolutions: dict[str, dict[str, dict[str, str | None]]] = {}
+        self.distributions: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def _get(self, url: str, accept: str | None = None) -> bytes:
+        req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+        last: Exception | None = None
+        for _ in range(3):
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    return resp.read()  # type: ignore[no-any-return]
+            except OSError as exc:
+                last = exc
+        raise AuditError(f"cannot fetch {url}: {last}")
+
+    def _releases(self, name: str) -> dict[str, list[dict[str, Any]]]:
+        if name not in self._releases_cache:
+            body = self._get(f"{self.index}/simple/{name}/", "application/vnd.pypi.simple.v1+json")
+            files_by_version: dict[str, list[dict[str, Any]]] = {}
+            for f in json.loads(body)["files"]:
+                if f.get("yanked"):
+                    continue
+                version = _version_from_filename(name, f["filename"])
+                if version is not None:
+                    files_by_version.setdefault(version, []).append(f)
+            self._releases_cache[name] = files_by_version
+        return self._releases_cache[name]
+
+    def _admits(self, requires_python: str | None, python: str) -> bool:
+        if not requires_python:
+            return True
+        try:
+            spec = self._specset(requires_python)
+        except ValueError:
+            return True  # an unreadable Requires-Python restricts nothing we can prove
+        return any(f"{python}.{patch}" in spec for patch in (0, 99))
+
+    def resolve(self, name: str, specifier: str, python: str) -> str | None:
+        """Pick the newest non-yanked release matching ``specifier`` that installs on ``python``."""
+        key = specifier or "*"
+        cached = self.resolutions.get(name, {}).get(key, {})
+        if python in cached:
+            return cached[python]
+        spec = self._specset(specifier)
+        candidates = []
+        for text, files in self._releases(name).items():
+            try:
+                version = self._version(text)
+            except self._invalid:
+                continue
+            # A release counts for a minor version when some patch release of it
+            # installs it (e.g. Requires-Python ">=3.11.3" still serves 3.11).
+            py_ok = any(self._admits(f.get("requires-python"), python) for f in files)
+            if py_ok:
+                candidates.append(version)
+        chosen = max(spec.filter(candidates), default=None)
+        result = str(chosen) if chosen is not None else None
+        if result is not None:
+            # Keep the exact spelling used by the index so metadata lookups match.
+            result = next(t for t in self._releases(name) if _safe_eq(self._version, t, chosen))
+        self.resolutions.setdefault(name, {}).setdefault(key, {})[python] = result
+        return result
+
+    def requires(self, name: str, version: str) -> tuple[str, ...]:
+        """Fetch Requires-Dist of ``name==version`` and record it in the lock."""
+        known = self.distributions.get(name, {}).get(version)
+        if known is None:
+            requires, rp = self._metadata(name, version)
+            known = {"requires_python": rp, "requires_dist": sorted(requires)}
+            self.distributions.setdefault(name, {})[version] = known
+        return tuple(known["requires_dist"])
+
+    def _metadata(self, name: str, version: str) -> tuple[list[str], str]:
+        """Read metadata from the cheapest trustworthy source, falling back to the wheel itself.
+
+        Order: a wheel's PEP 658 ``.metadata`` file; the JSON API for that
+        version; the JSON API's latest release when it is this version; the
+        METADATA inside the smallest wheel. An sdist-only release fails closed.
+        """
+        files = self._releases(name).get(version, [])
+        wheels = sorted(
+            (f for f in files if f["filename"].endswith(".whl")),
+            key=lambda f: (not f["filename"].endswith("-none-any.whl"), f.get("size") or 0, f["filename"]),
+        )
+        for f in wheels:
+            if f.get("core-metadata") or f.get("data-dist-info-metadata"):
+                return _parse_metadata(self._get(f["url"] + ".metadata").decode("utf-8", "replace"))
+        for url in (f"{self.index}/pypi/{name}/{version}/json", f"{self.index}/pypi/{name}/json"):
+            try:
+                info = json.loads(self._get(url))["info"]
+            except AuditError:
+                continue
+            if info.get("version") == version and (info.get("requires_dist") is not None or wheels):
+                return list(info.get("requires_dist") or []), str(info.get("requires_python") or "")
+        if wheels:
+            with zipfile.ZipFile(io.BytesIO(self._get(wheels[0]["url"]))) as wheel:
+                meta = [
+                    n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+                ]
+                if len(meta) == 1:
+                    return _parse_metadata(wheel.read(meta[0]).decode("utf-8", "replace"))
+        raise AuditError(
+            f"{name} {version} ships no wheel with readable metadata; the audit cannot see its "
+            "dependencies, so it cannot be admitted as is"
+        )
+
+
+def _parse_metadata(text: str) -> tuple[list[str], str]:
+    msg = email.parser.Parser().parsestr(text, headersonly=True)
+    return [str(r) for r in msg.get_all("Requires-Dist") or []], str(msg.get("Requires-Python") or "")
+
+
+def _safe_eq(version_cls: Any, text: str, other: Any) -> bool:
+    try:
+        return bool(version_cls(text) == other)
+    except Exception:
+        return False
+
+
+def _version_from_filename(name: str, filename: str) -> str | None:
+    """Extract the version from a wheel or sdist filename of project ``name``."""
+    if filename.endswith(".whl"):
+        parts = filename[:-4].split("-")
+        return parts[1] if len(parts) >= 5 else None
+    for ext in (".tar.gz", ".zip", ".tar.bz2", ".tgz"):
+        if filename.endswith(ext):
+            stem = filename[: -len(ext)]
+            # The sdist name part may contain dashes; match it canonically.
+            for i in range(len(stem) - 1, 0, -1):
+                if stem[i] == "-" and canonical_name(stem[:i]) == name:
+                    return stem[i + 1 :]
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The walk.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Hop:
+    """One node of a printed path."""
+
+    name: str
+    version: str
+    via: str  # the marker/extra annotation of the edge that reached this node ("" when unconditional)
+
+    def render(self) -> str:
+        """Render as ``name version [annotation]``."""
+        return f"{self.name} {self.version}" + (f" [{self.via}]" if self.via else "")
+
+
+@dataclasses.dataclass
+class Finding:
+    """A forbidden path: its root label, hops, and the targets on which it exists."""
+
+    root: str
+    hops: tuple[Hop, ...]
+    targets: list[str]
+
+    @property
+    def key(self) -> str:
+        """The ledger key: versioned names only, no annotations."""
+        return ARROW.join([self.root, *(f"{h.name} {h.version}" for h in self.hops)])
+
+    def render(self) -> str:
+        """Render with annotations."""
+        return ARROW.join([self.root, *(h.render() for h in self.hops)])
+
+
+@dataclasses.dataclass
+class WalkResult:
+    """Everything the dependency walk learned."""
+
+    findings: dict[str, Finding]
+    reached: set[tuple[str, str]]
+    problems: list[str]
+    notes: set[str]
+
+
+def _annotation(req: Requirement) -> str:
+    parts = []
+    if req.extras:
+        parts.append("extras " + ",".join(sorted(req.extras)))
+    if req.marker is not None:
+        parts.append(str(req.marker))
+    return "; ".join(parts)
+
+
+def walk(repo: Repo, policy: Policy, provider: Provider, targets: Sequence[Target]) -> WalkResult:
+    """Enumerate every path from every root to a banned distribution on every target."""
+    result = WalkResult({}, set(), [], set())
+    for target in targets:
+        walker = _Walker(repo, policy, provider, result, target)
+        for root in repo.roots:
+            walker.root_label = root.label
+            for req in root.requirements:
+                walker.visit(req, frozenset(), (), frozenset())
+    return result
+
+
+@dataclasses.dataclass
+class _Walker:
+    """Depth-first enumeration of paths on one target."""
+
+    repo: Repo
+    policy: Policy
+    provider: Provider
+    result: WalkResult
+    target: Target
+    root_label: str = ""
+    # Nodes proven not to reach a banned distribution on this target. Only
+    # subtrees explored without cutting a cycle are recorded, so a cut can never
+    # hide a path that another root would reach.
+    clean: set[str] = dataclasses.field(default_factory=set)
+
+    def _where(self, hops: tuple[Hop, ...]) -> str:
+        return ARROW.join([self.root_label, *(h.render() for h in hops)])
+
+    def _children(
+        self, req: Requirement, hops: tuple[Hop, ...]
+    ) -> tuple[str, list[tuple[Requirement, frozenset[str]]]] | None:
+        """Resolve ``req`` to a version and its outgoing edges, or None when it is not walked."""
+        local = self.repo.dists.get(req.name)
+        if local is not None:
+            children = [(r, frozenset[str]()) for r in local.dependencies]
+            for extra in sorted(req.extras):
+                if extra not in local.optional:
+                    self.result.problems.append(
+                        f"{self._where(hops)}: requests extra {extra!r} of {local.name}, "
+                        f"which {local.path}/pyproject.toml does not define"
+                    )
+                children.extend((r, frozenset[str]()) for r in local.optional.get(extra, ()))
+            return local.version, children
+        if req.name in self.policy.first_party:
+            self.result.notes.add(
+                f"{req.name} is first-party but not in the repository yet (reached from "
+                f"{self.root_label}); it is audited once its pyproject.toml lands"
+            )
+            return None
+        version = self.provider.resolve(req.name, req.specifier, self.target.python)
+        if version is None:
+            return None
+        edges = [(Requirement.parse(t), req.extras) for t in self.provider.requires(req.name, version)]
+        return version, edges
+
+    def visit(
+        self,
+        req: Requirement,
+        owner_extras: frozenset[str],
+        hops: tuple[Hop, ...],
+        on_path: frozenset[str],
+    ) -> tuple[bool, bool]:
+        """Visit one edge; return (reached a banned distribution, cut a cycle)."""
+        if req.marker is not None and req.marker.evaluate(self.target.env, owner_extras) is False:
+            return False, False
+        if req.url is not None:
+            self.result.problems.append(
+                f"{self._where(hops)}{ARROW}{req.describe()}: "
+                "a direct URL reference cannot be audited; depend on a released distribution"
+            )
+            return False, False
+        resolved = self._children(req, hops)
+        if resolved is None:
+            return False, False
+        version, children = resolved
+        path = (*hops, Hop(req.name, version, _annotation(req)))
+        self.result.reached.add((req.name, version))
+        if req.name in self.policy.banned:
+            finding = Finding(self.root_label, path, [])
+            existing = self.result.findings.setdefault(f"{finding.key}|{finding.render()}", finding)
+            if self.target.label not in existing.targets:
+                existing.targets.append(self.target.label)
+            return True, False
+        node_id = f"{req.name}=={version}[{','.join(sorted(req.extras))}]"
+        if node_id in on_path:
+            return False, True
+        if node_id in self.clean:
+            return False, False
+        found = cut = False
+        for child, extras in children:
+            f, c = self.visit(child, extras, path, on_path | {node_id})
+            found, cut = found or f, cut or c
+        if not found and not cut:
+            self.clean.add(node_id)
+        return found, cut
+
+
+# ---------------------------------------------------------------------------
+# Source scan.
+# ---------------------------------------------------------------------------
+
+_THREAD_CREATORS: Final = frozenset(
+    {
+        "threading.Thread",
+        "threading.Timer",
+        "_thread.start_new_thread",
+        "_thread.start_new",
+        "concurrent.futures.ThreadPoolExecutor",
+        "concurrent.futures.ProcessPoolExecutor",
+        "concurrent.futures.thread.ThreadPoolExecutor",
+        "concurrent.futures.process.ProcessPoolExecutor",
+        "multiprocessing.Pool",
+        "multiprocessing.pool.Pool",
+        "multiprocessing.pool.ThreadPool",
+        "multiprocessing.dummy.Pool",
+        "multiprocessing.dummy.Process",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceFinding:
+    """One forbidden construct in our own source."""
+
+    path: str
+    line: int
+    rule: str
+    detail: str
+
+    def render(self) -> str:
+        """Render as ``path:line: rule: detail``."""
+        return f"{self.path}:{self.line}: {self.rule}: {self.detail}"
+
+
+class _Scanner(ast.NodeVisitor):
+    def __init__(self, path: str, policy: Policy, may_thread: bool) -> None:
+        self.path = path
+        self.policy = policy
+        self.may_thread = may_thread
+        self.aliases: dict[str, str] = {}
+        self.findings: list[SourceFinding] = []
+
+    def _add(self, node: ast.AST, rule: str, detail: str) -> None:
+        self.findings.append(SourceFinding(self.path, getattr(node, "lineno", 0), rule, detail))
+
+    def _check_module(self, node: ast.AST, module: str) -> None:
+        top = module.split(".", 1)[0]
+        if top == "asyncio":
+            self._add(node, "asyncio", f"imports {module}; the greenlet hub is the only scheduler")
+        elif top in self.policy.banned_modules:
+            self._add(
+                node,
+                "banned-module",
+                f"imports {module} (distribution {self.policy.banned_modules[top]} is banned)",
+            )
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_module(node, alias.name)
+            if alias.asname:
+                self.aliases[alias.asname] = alias.name
+            else:
+                self.aliases[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.module and node.level == 0:
+            self._check_module(node, node.module)
+            for alias in node.names:
+                self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        self.generic_visit(node)
+
+    def _qualname(self, expr: ast.expr) -> str | None:
+        parts: list[str] = []
+        while isinstance(expr, ast.Attribute):
+            parts.append(expr.attr)
+            expr = expr.value
+        if not isinstance(expr, ast.Name):
+            return None
+        head = self.aliases.get(expr.id, expr.id)
+        return ".".join([head, *reversed(parts)])
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self._add(node, "async", f"async def {node.name}; use plain functions on the hub")
+        self.generic_visit(node)
+
+    def visit_Await(self, node: ast.Await) -> None:
+        self._add(node, "async", "await expression")
+        self.generic_visit(node)
+
+    def visit_AsyncFor(self, node: ast.AsyncFor) -> None:
+        self._add(node, "async", "async for")
+        self.generic_visit(node)
+
+    def visit_AsyncWith(self, node: ast.AsyncWith) -> None:
+        self._add(node, "async", "async with")
+        self.generic_visit(node)
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        if node.is_async:
+            self._add(node.target, "async", "async comprehension")
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = self._qualname(node.func)
+        if name in _THREAD_CREATORS and not self.may_thread:
+            self._add(
+                node, "thread", f"{name}(...) outside the substrate; blocking work crosses substrate.offload"
+            )
+        if name is not None and name.startswith("asyncio."):
+            self._add(node, "asyncio", f"calls {name}")
+        self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for base in node.bases:
+            name = self._qualname(base)
+            if name in _THREAD_CREATORS and not self.may_thread:
+                self._add(node, "thread", f"class {node.name} subclasses {name} outside the substrate")
+        self.generic_visit(node)
+
+
+_FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)$")
+
+
+def markdown_python_blocks(text: str) -> list[tuple[int, str]]:
+    """Return ``(first_line_number, source)`` of every fenced block whose info string is ``python``."""
+    blocks: list[tuple[int, str]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        fence, info = m.group("fence"), m.group("info").strip().split()
+        start, body = i + 1, []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence[0] * len(fence)):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if info and info[0] in ("python", "py", "python3"):
+            indent = len(m.group("indent"))
+            blocks.append((start + 1, "\n".join(line[indent:] for line in body) + "\n"))
+    return blocks
+
+
+def scan_sources(root: Path, policy: Policy) -> tuple[list[SourceFinding], int]:
+    """Scan our own Python and docs code blocks; return findings and the number of files read."""
+    files: set[Path] = set()
+    for pattern in policy.scan_roots:
+        for hit in root.glob(pattern):
+            if hit.is_file():
+                files.add(hit)
+            elif hit.is_dir():
+                files.update(hit.rglob("*.py"))
+                files.update(hit.rglob("*.md"))
+    owners = [root / o for o in policy.thread_owners]
+    ruled = [hit for pattern in policy.thread_rule_roots for hit in root.glob(pattern)]
+    findings: list[SourceFinding] = []
+    count = 0
+    for path in sorted(files):
+        rel = path.relative_to(root).as_posix()
+        if any(
+            part.startswith(".") or part in ("__pycache__", "build", "dist", "_build")
+            for part in path.relative_to(root).parts
+        ):
+            continue
+        owned = any(path == o or o in path.parents or path == o.with_suffix(".py") for o in owners)
+        shipped = any(path == r or r in path.parents for r in ruled)
+        may_thread = owned or not shipped
+        text = path.read_text(encoding="utf-8")
+        count += 1
+        if path.suffix == ".md":
+            units = [(line, f"{rel}:{line}", src) for line, src in markdown_python_blocks(text)]
+        else:
+            units = [(1, rel, text)]
+        for first_line, label, src in units:
+            try:
+                tree = ast.parse(src, filename=label)
+            except SyntaxError as exc:
+                findings.append(
+                    SourceFinding(
+                        rel, first_line + (exc.lineno or 1) - 1, "syntax", f"cannot parse: {exc.msg}"
+                    )
+                )
+                continue
+            scanner = _Scanner(rel, policy, may_thread)
+            scanner.visit(tree)
+            for f in scanner.findings:
+                findings.append(dataclasses.replace(f, line=f.line + first_line - 1))
+    return findings, count
+
+
+# ---------------------------------------------------------------------------
+# Lock handling and reporting.
+# ---------------------------------------------------------------------------
+
+
+def repo_fingerprint(repo: Repo) -> list[str]:
+    """The repository's declared third-party requirements, as the lock records them."""
+    out = set()
+    for root in repo.roots:
+        for req in root.requirements:
+            out.add(f"{root.label}: {req.describe()}")
+    return sorted(out)
+
+
+def load_lock(path: Path, repo: Repo) -> LockProvider:
+    """Read the lock and prove it matches the repository; raise StaleLock otherwise."""
+    if not path.is_file():
+        raise StaleLock(f"no lock at {path}; {REFRESH_HINT}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise StaleLock(f"{path} is not valid JSON ({exc}); {REFRESH_HINT}") from exc
+    if data.get("format") != LOCK_FORMAT:
+        raise StaleLock(f"{path} has format {data.get('format')!r}, expected {LOCK_FORMAT}; {REFRESH_HINT}")
+    locked = set(data.get("repository_requirements", []))
+    current = set(repo_fingerprint(repo))
+    if locked != current:
+        added = sorted(current - locked)
+        removed = sorted(locked - current)
+        detail = "; ".join([*(f"new: {a}" for a in added[:5]), *(f"gone: {r}" for r in removed[:5])])
+        more = len(added) + len(removed) - min(len(added), 5) - min(len(removed), 5)
+        raise StaleLock(
+            f"the lock does not match the repository's requirements ({detail}"
+            f"{f'; and {more} more' if more > 0 else ''}); {REFRESH_HINT}"
+        )
+    return LockProvider(data)
+
+
+def write_lock(path: Path, repo: Repo, policy: Policy, provider: PyPIProvider) -> None:
+    """Write the refreshed lock deterministically (sorted keys, one trailing newline)."""
+    data = {
+        "format": LOCK_FORMAT,
+        "generated_by": "python3 policy/check_runtime_dependencies.py --refresh",
+        "python_versions": list(policy.pythons),
+        "repository_requirements": repo_fingerprint(repo),
+        "resolutions": provider.resolutions,
+        "distributions": provider.distributions,
+    }
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _compress_targets(labels: Iterable[str], policy: Policy) -> str:
+    labels = set(labels)
+    if labels >= {t.label for t in policy.targets}:
+        return "all targets"
+    by_python: dict[str, list[str]] = {}
+    for t in policy.targets:
+        if t.label in labels:
+            by_python.setdefault(t.python, []).append(f"{t.platform}/{t.machine}")
+    return "; ".join(f"py{py}: {', '.join(v)}" for py, v in sorted(by_python.items()))
+
+
+@dataclasses.dataclass
+class Report:
+    """The outcome of an audit run."""
+
+    forbidden: list[Finding]
+    ledgered: list[Finding]
+    stale_ledger: list[str]
+    problems: list[str]
+    source: list[SourceFinding]
+    notes: list[str]
+    stats: dict[str, int]
+
+    @property
+    def failed(self) -> bool:
+        """True when anything must block a merge."""
+        return bool(self.forbidden or self.stale_ledger or self.problems or self.source)
+
+
+def audit(root: Path, policy_path: Path | None = None, lock_path: Path | None = None) -> Report:
+    """Run the full offline audit of the repository at ``root``."""
+    policy = Policy.load(policy_path or root / POLICY_FILE)
+    repo = load_repo(root, policy)
+    provider = load_lock(lock_path or root / LOCK_FILE, repo)
+    walked = walk(repo, policy, provider, policy.targets)
+    forbidden: list[Finding] = []
+    ledgered: list[Finding] = []
+    seen_keys = set()
+    for finding in sorted(walked.findings.values(), key=lambda f: (f.key, f.render())):
+        seen_keys.add(finding.key)
+        (ledgered if finding.key in policy.ledger else forbidden).append(finding)
+    stale = sorted(k for k in policy.ledger if k not in seen_keys)
+    source, nfiles = scan_sources(root, policy)
+    stats = {
+        "roots": len(repo.roots),
+        "targets": len(policy.targets),
+        "distributions": len(walked.reached),
+        "source_files": nfiles,
+    }
+    return Report(
+        forbidden,
+        ledgered,
+        stale,
+        sorted(set(walked.problems)),
+        source,
+        sorted(walked.notes | set(repo.notes)),
+        stats,
+    )
+
+
+def print_report(report: Report, policy: Policy, out: Any = None) -> None:
+    """Print the human-readable report (to stdout unless ``out`` is given)."""
+    out = out or sys.stdout
+    for f in report.forbidden:
+        print(f"FORBIDDEN {f.render()}  (on {_compress_targets(f.targets, policy)})", file=out)
+        print(f"    {f.hops[-1].name} is banned: {policy.banned[f.hops[-1].name]}", file=out)
+    for f in report.ledgered:
+        print(f"ledgered  {f.render()}  ({policy.ledger[f.key]})", file=out)
+    for key in report.stale_ledger:
+        print(
+            f"STALE LEDGER ENTRY {key!r}: no such path exists any more; delete it from {POLICY_FILE}",
+            file=out,
+        )
+    for p in report.problems:
+        print(f"PROBLEM {p}", file=out)
+    for finding in report.source:
+        print(f"SOURCE {finding.render()}", file=out)
+    for n in report.notes:
+        print(f"note: {n}", file=out)
+    s = report.stats
+    verdict = "FAILED" if report.failed else "clean"
+    print(
+        f"runtime-dependency audit {verdict}: {s['roots']} roots x {s['targets']} targets, "
+        f"{s['distributions']} distribution versions reached, {len(report.forbidden)} forbidden path(s), "
+        f"ledger {len(policy.ledger)} entr{'y' if len(policy.ledger) == 1 else 'ies'} "
+        f"({len(report.stale_ledger)} stale), "
+        f"{s['source_files']} source files scanned, {len(report.source)} source finding(s)",
+        file=out,
+    )
+
+
+def report_json(report: Report) -> str:
+    """Render the report as JSON."""
+    return json.dumps(
+        {
+            "failed": report.failed,
+            "forbidden": [{"path": f.render(), "key": f.key, "targets": f.targets} for f in report.forbidden],
+            "ledgered": [f.key for f in report.ledgered],
+            "stale_ledger": report.stale_ledger,
+            "problems": report.problems,
+            "source": [dataclasses.asdict(s) for s in report.source],
+            "notes": report.notes,
+            "stats": report.stats,
+        },
+        indent=1,
+        sort_keys=True,
+    )
+
+
+def refresh(
+    root: Path,
+    policy_path: Path | None = None,
+    lock_path: Path | None = None,
+    index: str = "https://pypi.org",
+) -> int:
+    """Rebuild the lock from the index by walking the graph on every target; return the distribution count."""
+    policy = Policy.load(policy_path or root / POLICY_FILE)
+    repo = load_repo(root, policy)
+    provider = PyPIProvider(index)
+    walk(repo, policy, provider, policy.targets)
+    write_lock(lock_path or root / LOCK_FILE, repo, policy, provider)
+    return sum(len(v) for v in provider.distributions.values())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="check_runtime_dependencies.py",
+        description="Audit every dependency path and our own sources against the Mayfly "
+        "runtime-dependency policy (ADR-0033).",
+    )
+    parser.add_argument(
+        "--all-targets",
+        action="store_true",
+        help="audit every target (the default already does; accepted for ADR-0033 parity)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--refresh",
+        action="store_true",
+        help="rebuild policy/dependency-graph.lock.json from PyPI (needs network and packaging)",
+    )
+    parser.add_argument(
+        "--root", type=Path, default=DEFAULT_ROOT, help="repository root (default: the parent of policy/)"
+    )
+    parser.add_argument(
+        "--policy", type=Path, default=None, help=f"policy file (default: ROOT/{POLICY_FILE})"
+    )
+    parser.add_argument("--lock", type=Path, default=None, help=f"lock file (default: ROOT/{LOCK_FILE})")
+    parser.add_argument(
+        "--index",
+        default=os.environ.get("MAYFLY_AUDIT_INDEX", "https://pypi.org"),
+        help="package index for --refresh",
+    )
+    args = parser.parse_args(argv)
+    root: Path = args.root.resolve()
+    try:
+        if args.refresh:
+            count = refresh(root, args.policy, args.lock, args.index)
+            sys.stdout.write(
+                f"lock refreshed: {count} third-party distribution versions recorded in "
+                f"{args.lock or root / LOCK_FILE}\n"
+            )
+        report = audit(root, args.policy, args.lock)
+    except StaleLock as exc:
+        sys.stderr.write(f"stale lock: {exc}\n")
+        return EXIT_USAGE
+    except AuditError as exc:
+        sys.stderr.write(f"audit error: {exc}\n")
+        return EXIT_USAGE
+    if args.json:
+        sys.stdout.write(report_json(report) + "\n")
+    else:
+        print_report(report, Policy.load(args.policy or root / POLICY_FILE))
+    return EXIT_VIOLATIONS if report.failed else EXIT_CLEAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

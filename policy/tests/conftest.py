@@ -1,0 +1,8 @@
+"""Make the policy scripts importable as modules (they are scripts, not an installed package)."""
+
+import sys
+from pathlib import Path
+
+POLICY_DIR = Path(__file__).resolve().parents[1]
+if str(POLICY_DIR) not in sys.path:
+    sys.path.insert(0, str(POLICY_DIR))
