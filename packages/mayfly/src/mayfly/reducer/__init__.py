@@ -5,15 +5,9 @@ touches a greenlet; the same inputs always give the same outputs.
 """
 
 from mayfly.reducer.backoff import backoff_delay, fnv1a_64, jitter, retry_delay
+from mayfly.reducer.codec import EncodedEvent, Upcaster, decode_event, encode_event
 from mayfly.reducer.decide import Decision, decide
-from mayfly.reducer.reduce import (
-    EncodedEvent,
-    Upcaster,
-    decode_event,
-    encode_event,
-    reduce,
-    replay,
-)
+from mayfly.reducer.reduce import reduce, replay
 from mayfly.reducer.validate import check_input, ensure_valid, validate
 
 __all__ = [
