@@ -94,24 +94,23 @@ def main() -> None:
     args = parser.parse_args()
     unsynced = args.appends * 10
 
-    def median(measure: Callable[[Path], float]) -> float:
-        values = []
-        for _ in range(args.repeat):
-            with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
-                values.append(measure(Path(scratch)))
-        return statistics.median(values)
-
-    frame_bytes = journal_rate(Path(tempfile.mkdtemp(dir=args.dir)), "write", 2)[1]
-    results = {
-        "raw os.write": median(lambda root: raw_rate(root, "write", unsynced, None)),
-        "raw os.write+os.fsync": median(lambda root: raw_rate(root, "fsync", args.appends, os.fsync)),
-        "raw os.write+os.fdatasync": median(
-            lambda root: raw_rate(root, "fdatasync", args.appends, os.fdatasync)
-        ),
-        "journal durability=write": median(lambda root: journal_rate(root, "write", unsynced)[0]),
-        "journal durability=flush": median(lambda root: journal_rate(root, "flush", unsynced)[0]),
-        "journal durability=fsync": median(lambda root: journal_rate(root, "fsync", args.appends)[0]),
+    measures: dict[str, Callable[[Path], float]] = {
+        "raw os.write": lambda root: raw_rate(root, "write", unsynced, None),
+        "raw os.write+os.fsync": lambda root: raw_rate(root, "fsync", args.appends, os.fsync),
+        "raw os.write+os.fdatasync": lambda root: raw_rate(root, "fdatasync", args.appends, os.fdatasync),
+        "journal durability=write": lambda root: journal_rate(root, "write", unsynced)[0],
+        "journal durability=flush": lambda root: journal_rate(root, "flush", unsynced)[0],
+        "journal durability=fsync": lambda root: journal_rate(root, "fsync", args.appends)[0],
     }
+    samples: dict[str, list[float]] = {name: [] for name in measures}
+    # Interleave the measurements so disk and cache drift hits every series alike.
+    for _ in range(args.repeat):
+        for name, measure in measures.items():
+            with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
+                samples[name].append(measure(Path(scratch)))
+    results = {name: statistics.median(values) for name, values in samples.items()}
+    with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
+        frame_bytes = journal_rate(Path(scratch), "write", 2)[1]
     print(f"batch: {BATCH} records, {frame_bytes} bytes of frames per append; median of {args.repeat}")
     for name, rate in results.items():
         print(f"{name:28s} {rate:12,.0f} appends/s")
