@@ -704,6 +704,12 @@ def _nox_roots(root: Path, repo: Repo) -> None:
                     ):
                         text = f"{text} {nxt.value}"
                         i += 1
+                    elif text in ("-e", "--editable") and nxt is not None:
+                        # An editable install of a computed path can only be one of
+                        # our checkouts; every repository distribution is already a
+                        # root of the walk, so nothing unseen enters this way.
+                        i += 2
+                        continue
                     lines.append(text)
                 else:
                     raise AuditError(

@@ -308,6 +308,30 @@ def test_nox_session_installs_are_audited(repo: Path, capsys: pytest.CaptureFixt
     assert "noxfile.py [session bench] -> nest-asyncio 1.6.0" in out
 
 
+def test_nox_install_of_a_computed_requirement_is_a_usage_error(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A session.install argument the audit cannot read fails closed; a computed -e path is accepted."""
+    write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    write(
+        repo,
+        "noxfile.py",
+        """
+        import nox
+
+        @nox.session
+        def typecheck(session):
+            \"\"\"Type-check.\"\"\"
+            for path in ["packages/mayfly"]:
+                session.install("-e", path)
+            session.install(REQUIREMENT)
+        """,
+    )
+    code, out = run(repo, capsys)
+    assert code == 2
+    assert "noxfile.py line 8: session.install takes a non-literal argument" in out
+
+
 def test_banned_direct_dependency_of_a_backend_is_caught(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,0 +1,116 @@
+"""Maintainer tasks for the Mayfly workspace. List them with ``nox -l``; run one with ``nox -s NAME``.
+
+Isolated per-distribution test envs live in tox.ini (``nox -s tests`` runs them).
+Every requirement installed here is a string literal, because the runtime-
+dependency audit reads this file: after changing one, run
+``python3 policy/check_runtime_dependencies.py --refresh`` and commit the lock.
+There is no ``sim`` session yet: crash and fault simulation has no driver in the
+repository to run; add the session together with the first simulation script.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["lint", "typecheck", "audit", "docs"]
+nox.options.error_on_missing_interpreters = True
+
+ROOT = Path(__file__).resolve().parent
+TRIPWIRE_ENV = {"PYTHONPATH": str(ROOT / "policy")}
+
+
+def _distributions() -> list[Path]:
+    """Every distribution in the repository, core first so later ones find ``mayfly`` installed."""
+    core = ROOT / "packages" / "mayfly"
+    others = sorted(p.parent for p in ROOT.glob("packages/*/pyproject.toml") if p.parent != core)
+    contract = [p.parent for p in [ROOT / "contract-tests" / "pyproject.toml"] if p.is_file()]
+    examples = sorted(p.parent for p in ROOT.glob("contract-tests/examples/*/pyproject.toml"))
+    return [core, *others, *contract, *examples]
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Lint and format-check the whole workspace with ruff (config in the root pyproject.toml)."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """Run mypy --strict on each distribution's src/ (and the policy scripts), each installed editable."""
+    session.install("mypy>=1.10", "pytest>=8", "packaging>=24")
+    dists = _distributions()
+    for dist in dists:
+        session.install("-e", _rel(dist))
+    for dist in dists:
+        src = dist / "src"
+        if src.is_dir():
+            session.run("mypy", "--strict", _rel(src))
+    session.run(
+        "mypy",
+        "--strict",
+        "policy/check_runtime_dependencies.py",
+        "policy/check_isolation.py",
+        "policy/asyncio_tripwire.py",
+    )
+
+
+@nox.session
+def audit(session: nox.Session) -> None:
+    """Runtime-dependency audit (ADR-0033) on every target, then the auditor's own tests."""
+    session.install("pytest>=8", "packaging>=24")
+    session.run("python", "policy/check_runtime_dependencies.py", "--all-targets")
+    session.run("pytest", "-p", "asyncio_tripwire", "policy/tests", *session.posargs, env=TRIPWIRE_ENV)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the docs with warnings as errors into docs/_build/html, then execute every docs example."""
+    session.install("-e", "packages/mayfly", "-r", "docs/requirements.txt", "pytest>=8")
+    session.run(
+        "sphinx-build",
+        "--fail-on-warning",
+        "--keep-going",
+        "--nitpicky",
+        "--builder",
+        "html",
+        "docs",
+        "docs/_build/html",
+    )
+    session.run("pytest", "-p", "asyncio_tripwire", "docs/tests", *session.posargs, env=TRIPWIRE_ENV)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run every packages/*/benchmarks/bench_*.py script and write one report to .benchmarks/report.txt."""
+    scripts = sorted(ROOT.glob("packages/*/benchmarks/bench_*.py"))
+    if not scripts:
+        session.error("no benchmark scripts match packages/*/benchmarks/bench_*.py")
+    for dist in _distributions():
+        session.install("-e", _rel(dist))
+    sections = []
+    for script in scripts:
+        session.log(f"benchmark {_rel(script)}")
+        output = session.run("python", _rel(script), *session.posargs, silent=True)
+        sections.append(f"=== {_rel(script)} ===\n{str(output).rstrip()}\n")
+    report = "\n".join(sections)
+    out = ROOT / ".benchmarks" / "report.txt"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(report, encoding="utf-8")
+    print(report)  # noqa: T201  # the report is this session's product
+    session.log(f"report written to {_rel(out)} ({len(scripts)} benchmark scripts)")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run every isolated tox env (the README's test command); pass tox arguments after --."""
+    session.install("tox>=4.20")
+    session.run("tox", "run", *session.posargs)
