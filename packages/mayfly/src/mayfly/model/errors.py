@@ -38,6 +38,7 @@ __all__ = [
     "MayflyError",
     "OffloadTimeout",
     "PluginError",
+    "RunNotFound",
     "SnapshotCorrupt",
     "SpecValidationError",
     "SubstrateError",
@@ -71,9 +72,7 @@ class ValidationIssue:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, ValidationIssue)
-            and other.path == self.path
-            and other.message == self.message
+            isinstance(other, ValidationIssue) and other.path == self.path and other.message == self.message
         )
 
     def __hash__(self) -> int:
@@ -230,9 +229,7 @@ class HubNotRunning(SubstrateError, RuntimeError):
 
     def __init__(self, operation: str) -> None:
         self.operation = operation
-        super().__init__(
-            f"{operation}() needs a running hub: call it from a task started by Hub.run(...)"
-        )
+        super().__init__(f"{operation}() needs a running hub: call it from a task started by Hub.run(...)")
 
 
 class HubAlreadyRunning(SubstrateError, RuntimeError):
@@ -308,3 +305,11 @@ class InvalidBackendURL(MayflyError, ValueError):
 
 class PluginError(MayflyError):
     """A plugin could not be loaded or clashes with another plugin; the message names both."""
+
+
+class RunNotFound(MayflyError, LookupError):
+    """The journal holds no history for the run."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} not found in this journal; check the run id and --journal")

@@ -14,6 +14,7 @@ ASCII grammar because event history and edges reference them by name.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import NewType, Protocol, final
 
@@ -31,6 +32,7 @@ __all__ = [
     "RunId",
     "SignalId",
     "WorkflowId",
+    "idempotency_key",
     "is_node_id",
     "is_uuid",
     "parse_artifact_id",
@@ -152,3 +154,14 @@ class DeterministicIdSource:
             raise OverflowError("deterministic id source exhausted")
         self._counter = value + 1
         return f"{self._prefix}{value:012x}"
+
+
+def idempotency_key(run_id: str, node_id: str, attempt_id: str) -> str:
+    """The deterministic idempotency key of one attempt: the same on every (re-)invocation.
+
+    ``mfk_`` followed by 32 hex digits of SHA-256 over run id, node id and
+    attempt id joined by 0x1F. Handlers pass it to external systems so a
+    re-invocation after a crash is recognised as the same request.
+    """
+    digest = hashlib.sha256(f"{run_id}\x1f{node_id}\x1f{attempt_id}".encode()).hexdigest()
+    return f"mfk_{digest[:32]}"

@@ -1,0 +1,106 @@
+"""``commit_command``: the decide → append → verify → reduce boundary (ADR-0032 Story 1.6).
+
+New state and effects are exposed only after the journal acknowledged exactly
+the records that were decided. Until then the caller's state is untouched, so
+a rejected command, a conflicting append or an unreachable store leaves
+nothing half-applied in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import final
+
+from mayfly.journal import JournalRecord, WorkflowJournal
+from mayfly.model.commands import Command, CreateRun, Rejection
+from mayfly.model.errors import CommandRejected, CorruptionError
+from mayfly.model.events import Event
+from mayfly.model.ids import IdSource
+from mayfly.model.state import RunState
+from mayfly.reducer import decide, encode_event, reduce
+
+__all__ = ["Commit", "commit_command", "seal_events"]
+
+
+@final
+class Commit:
+    """What one committed command produced: its events, their records, and the new state."""
+
+    __slots__ = ("events", "records", "state")
+
+    def __init__(
+        self, state: RunState, events: tuple[Event, ...], records: tuple[JournalRecord, ...]
+    ) -> None:
+        self.state = state
+        self.events = events
+        self.records = records
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the last committed record (the state's sequence)."""
+        return self.state.sequence
+
+
+def seal_events(
+    run_id: str, first_sequence: int, events: Sequence[Event], ids: IdSource
+) -> list[JournalRecord]:
+    """Encode ``events`` as sealed journal records numbered from ``first_sequence``."""
+    records = []
+    for offset, event in enumerate(events):
+        encoded = encode_event(event)
+        records.append(
+            JournalRecord.seal(
+                run_id=run_id,
+                sequence=first_sequence + offset,
+                event_id=ids.new_id(),
+                event_type=encoded.event_type,
+                schema_version=encoded.schema_version,
+                payload=encoded.payload,
+            )
+        )
+    return records
+
+
+def commit_command(
+    journal: WorkflowJournal,
+    state: RunState | None,
+    command: Command,
+    *,
+    ids: IdSource,
+    fence: int | None = None,
+) -> Commit:
+    """Decide ``command``, append its events atomically, verify the acknowledgement, then reduce.
+
+    ``state`` is the run's current state (``None`` only for :class:`CreateRun`)
+    and is updated in place once the append is acknowledged; the returned
+    :class:`Commit` holds it. A rejected command raises
+    :class:`CommandRejected` with nothing written. Journal errors
+    (``AppendConflict``, ``FencingRejected``, ``JournalUnavailable``...) propagate
+    with the state untouched; after an error the caller reloads the run from
+    the journal before deciding again. An acknowledgement that does not match
+    the decided records exactly is a :class:`CorruptionError`.
+    """
+    decision = decide(state, command)
+    if isinstance(decision, Rejection):
+        raise CommandRejected(decision, f"{type(command).__name__} rejected: {decision}")
+    if state is None:
+        assert isinstance(command, CreateRun)  # decide rejects everything else for a missing run
+        run_id, first = command.run_id, 1
+    else:
+        run_id, first = state.run_id, state.sequence + 1
+    if not decision:
+        assert state is not None
+        return Commit(state, (), ())
+    records = seal_events(run_id, first, decision, ids)
+    result = journal.append(run_id, first, records, fence)
+    last = first + len(records) - 1
+    if result.run_id != run_id or result.last_sequence != last or tuple(result.records) != tuple(records):
+        raise CorruptionError(
+            f"journal {journal.url} acknowledged a different batch for run {run_id}: expected "
+            f"sequences {first}..{last} as decided, got last sequence {result.last_sequence} "
+            f"with {len(result.records)} record(s); refusing to expose unverified state"
+        )
+    for offset, event in enumerate(decision):
+        state = reduce(state, event, first + offset)
+    assert state is not None
+    return Commit(state, tuple(decision), tuple(records))

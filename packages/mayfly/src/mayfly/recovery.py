@@ -1,0 +1,288 @@
+"""Recovery modes: inspect, replay and resume a run from its journal (ADR-0032 "Restart recovery").
+
+- :func:`inspect_run` rebuilds read-only state from a valid snapshot plus the
+  journal tail, or from the whole journal when the snapshot is missing or
+  unusable (with a diagnostic saying why).
+- :func:`replay_run` ignores snapshots and reduces the complete history.
+- :func:`resume_run` first acquires the run's recovery lease, reconstructs the
+  state, checks the pinned specification and that every unfinished node's
+  handler is available, and returns the ordered effects that bring the run
+  back to life. The lease guard lives in the returned :class:`ResumeSession`.
+
+Completed nodes produce no effects. A started attempt without a terminal fact
+produces :class:`ReconcileAttempt` with its original attempt id and
+idempotency key: it is never silently marked successful or given a new id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Literal, Self, TypeAlias, final
+
+import msgspec
+
+from mayfly.journal import JournalRecord, WorkflowJournal
+from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
+from mayfly.model.errors import CorruptionError, RunNotFound, SnapshotCorrupt
+from mayfly.model.ids import idempotency_key
+from mayfly.model.state import NodeStatus, RunState
+from mayfly.reducer import Upcaster, decode_event, reduce
+from mayfly.snapshot import restore_snapshot
+
+__all__ = [
+    "BlockUnavailable",
+    "DispatchReady",
+    "ReconcileAttempt",
+    "RecoveredRun",
+    "RecoveryEffect",
+    "RestoreRetryTimer",
+    "ResumeSession",
+    "inspect_run",
+    "load_run",
+    "recovery_effects",
+    "replay_run",
+    "resume_run",
+]
+
+
+class ReconcileAttempt(msgspec.Struct, frozen=True, tag=True):
+    """Re-invoke or reconcile a started attempt without a committed outcome, under its original ids."""
+
+    node_id: str
+    handler: str
+    attempt_id: str
+    attempt: int
+    idempotency_key: str
+    deadline: int | None
+
+
+class RestoreRetryTimer(msgspec.Struct, frozen=True, tag=True):
+    """Register the recorded retry deadline again; the retry is released when time reaches it."""
+
+    node_id: str
+    next_attempt: int
+    deadline: int
+
+
+class DispatchReady(msgspec.Struct, frozen=True, tag=True):
+    """Start attempts of nodes that were Ready but not yet started when the process stopped."""
+
+    node_ids: tuple[str, ...]
+
+
+class BlockUnavailable(msgspec.Struct, frozen=True, tag=True):
+    """An unfinished node's handler is not registered or not compatible: record it Blocked."""
+
+    node_id: str
+    handler: str
+    attempt_id: str | None
+    reason: str = "handler unavailable"
+
+
+RecoveryEffect: TypeAlias = ReconcileAttempt | RestoreRetryTimer | DispatchReady | BlockUnavailable
+"""Everything :func:`resume_run` may ask the runtime to do, in the order given."""
+
+
+@final
+class RecoveredRun:
+    """A reconstructed run: its state, how it was rebuilt, and any diagnostics on the way."""
+
+    __slots__ = ("diagnostics", "last_record", "records_reduced", "source", "state")
+
+    def __init__(
+        self,
+        state: RunState,
+        source: Literal["snapshot", "journal"],
+        records_reduced: int,
+        last_record: JournalRecord,
+        diagnostics: tuple[str, ...],
+    ) -> None:
+        self.state = state
+        self.source = source
+        self.records_reduced = records_reduced
+        self.last_record = last_record
+        self.diagnostics = diagnostics
+
+
+def load_run(
+    journal: WorkflowJournal,
+    run_id: str,
+    *,
+    use_snapshot: bool = True,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
+) -> RecoveredRun:
+    """Reconstruct a run's state from the journal, through its snapshot when one is usable."""
+    diagnostics: list[str] = []
+    state: RunState | None = None
+    last: JournalRecord | None = None
+    if use_snapshot:
+        state, last = _from_snapshot(journal, run_id, diagnostics)
+    source: Literal["snapshot", "journal"] = "snapshot" if state is not None else "journal"
+    after = 0 if state is None else state.sequence
+    records = journal.read(run_id, after=after)
+    for record in records:
+        if record.sequence != after + 1:
+            raise CorruptionError(
+                f"journal {journal.url} returned run {run_id} sequence {record.sequence} after {after}"
+            )
+        event = decode_event(record.event_type, record.schema_version, record.payload, upcasters=upcasters)
+        state = reduce(state, event, record.sequence)
+        after = record.sequence
+        last = record
+    if state is None or last is None:
+        raise RunNotFound(run_id)
+    if state.spec.content_hash() != state.spec_hash:
+        raise CorruptionError(
+            f"run {run_id}: the pinned specification does not match its recorded hash {state.spec_hash}"
+        )
+    return RecoveredRun(state, source, len(records), last, tuple(diagnostics))
+
+
+def _from_snapshot(
+    journal: WorkflowJournal, run_id: str, diagnostics: list[str]
+) -> tuple[RunState | None, JournalRecord | None]:
+    try:
+        snapshot = journal.read_snapshot(run_id)
+    except SnapshotCorrupt as exc:
+        diagnostics.append(f"snapshot discarded: {exc}")
+        return None, None
+    if snapshot is None:
+        return None, None
+    at = journal.read(run_id, after=snapshot.last_sequence - 1, limit=1)
+    record = at[0] if at and at[0].sequence == snapshot.last_sequence else None
+    restored = restore_snapshot(snapshot, record)
+    if isinstance(restored, str):
+        diagnostics.append(f"snapshot discarded: {restored}; rebuilt from the journal")
+        return None, None
+    return restored, record
+
+
+def inspect_run(
+    journal: WorkflowJournal, run_id: str, *, upcasters: Mapping[tuple[str, int], Upcaster] | None = None
+) -> RecoveredRun:
+    """Read-only reconstruction from a valid snapshot and the journal tail."""
+    return load_run(journal, run_id, use_snapshot=True, upcasters=upcasters)
+
+
+def replay_run(
+    journal: WorkflowJournal, run_id: str, *, upcasters: Mapping[tuple[str, int], Upcaster] | None = None
+) -> RecoveredRun:
+    """Reduce the complete authoritative history, ignoring snapshots."""
+    return load_run(journal, run_id, use_snapshot=False, upcasters=upcasters)
+
+
+def recovery_effects(
+    state: RunState, handler_available: Callable[[str], bool] | None = None
+) -> tuple[RecoveryEffect, ...]:
+    """The ordered effects that restore a run's in-flight work; none for a terminal run.
+
+    Order: reconcile started attempts (in start order), block ready or
+    running nodes whose handler is unavailable, restore retry timers (by
+    deadline), then dispatch the remaining ready nodes (in spec order).
+    """
+    if state.status.is_terminal:
+        return ()
+
+    def available(handler: str | None) -> bool:
+        return handler is not None and (handler_available is None or handler_available(handler))
+
+    effects: list[RecoveryEffect] = []
+    for attempt_id, index in state.active_attempts():
+        node = state.node(index)
+        handler = node.spec.handler or ""
+        if not available(node.spec.handler):
+            effects.append(BlockUnavailable(node.node_id, handler, attempt_id))
+            continue
+        effects.append(
+            ReconcileAttempt(
+                node_id=node.node_id,
+                handler=handler,
+                attempt_id=attempt_id,
+                attempt=node.attempt,
+                idempotency_key=idempotency_key(state.run_id, node.node_id, attempt_id),
+                deadline=node.attempt_deadline,
+            )
+        )
+    ready: list[str] = []
+    for node_id in state.ready_nodes():
+        ready_node = state.node_by_id(node_id)
+        assert ready_node is not None and ready_node.status is NodeStatus.READY
+        if available(ready_node.spec.handler):
+            ready.append(node_id)
+        else:
+            effects.append(BlockUnavailable(node_id, ready_node.spec.handler or "", None))
+    for index, deadline in sorted(state.pending_retries(), key=lambda item: (item[1], item[0])):
+        node = state.node(index)
+        effects.append(RestoreRetryTimer(node.node_id, node.attempt + 1, deadline))
+    if ready:
+        effects.append(DispatchReady(tuple(ready)))
+    return tuple(effects)
+
+
+@final
+class ResumeSession:
+    """A resumed run owned by this process: state, effects to perform, and the held lease.
+
+    Use it as a context manager (or call :meth:`close`) so the lease is
+    released; append with :attr:`fence` so a newer owner can fence this one out.
+    """
+
+    __slots__ = ("diagnostics", "effects", "journal", "lease", "recovered", "state")
+
+    def __init__(
+        self,
+        journal: WorkflowJournal,
+        lease: RecoveryLeaseGuard,
+        recovered: RecoveredRun,
+        effects: tuple[RecoveryEffect, ...],
+    ) -> None:
+        self.journal = journal
+        self.lease = lease
+        self.recovered = recovered
+        self.state = recovered.state
+        self.effects = effects
+        self.diagnostics = recovered.diagnostics
+
+    @property
+    def fence(self) -> int:
+        """The fencing token every append of this session must carry."""
+        return self.lease.fencing_token
+
+    def close(self) -> None:
+        """Release the recovery lease."""
+        self.lease.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def resume_run(
+    journal: WorkflowJournal,
+    leases: RecoveryLeaseStore,
+    run_id: str,
+    *,
+    owner: str,
+    ttl_ms: int = 30_000,
+    handler_available: Callable[[str], bool] | None = None,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
+) -> ResumeSession:
+    """Take ownership of a run and return its state and ordered recovery effects.
+
+    Acquisition is non-blocking: another live owner raises ``LeaseHeld``.
+    Invalid history or a tampered specification fails closed (and the lease
+    is released); an invalid snapshot is discarded with a diagnostic.
+    """
+    lease = leases.acquire(run_id, owner, ttl_ms)
+    try:
+        recovered = inspect_run(journal, run_id, upcasters=upcasters)
+        effects = recovery_effects(recovered.state, handler_available)
+    except BaseException:
+        lease.release()
+        raise
+    return ResumeSession(journal, lease, recovered, effects)

@@ -1,0 +1,202 @@
+"""Snapshots and the three recovery modes against the real local journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from conftest import node, workflow
+
+from mayfly.commit import commit_command
+from mayfly.journal import SnapshotRecord
+from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
+from mayfly.model.commands import AdvanceTime, AttemptStart, CompleteAttempt, CreateRun, StartNodes
+from mayfly.model.errors import CorruptionError, LeaseHeld, RunNotFound
+from mayfly.model.ids import DeterministicIdSource, idempotency_key
+from mayfly.model.outcomes import RetryableFailure, Succeeded
+from mayfly.model.spec import FixedBackoff, RetryPolicy
+from mayfly.model.state import RunState
+from mayfly.recovery import (
+    BlockUnavailable,
+    DispatchReady,
+    ReconcileAttempt,
+    RestoreRetryTimer,
+    inspect_run,
+    replay_run,
+    resume_run,
+)
+from mayfly.snapshot import make_snapshot
+
+SPEC = workflow(
+    node("a"),
+    node("b", retry=RetryPolicy(backoff=FixedBackoff(delay_ms=500), attempt_deadline_ms=9_000)),
+    node("c"),
+    node("d"),
+    node("e", "a"),
+)
+
+
+class Store:
+    def __init__(self, root: Path) -> None:
+        url = f"file://{root}/store?durability=write"
+        self.journal = LocalWorkflowJournal(url)
+        self.leases = LocalLeaseStore(url)
+        self.ids = DeterministicIdSource(9)
+
+    def commit(self, state: RunState | None, command: object) -> RunState:
+        return commit_command(self.journal, state, command, ids=self.ids).state  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path)
+
+
+def in_flight(store: Store) -> tuple[str, RunState, dict[str, str]]:
+    """A run with a: succeeded, b: retry pending, c: running, d: ready, e: ready."""
+    run_id = store.ids.new_id()
+    state = store.commit(None, CreateRun(run_id=run_id, spec=SPEC))
+    attempts = {n: store.ids.new_id() for n in "abc"}
+    state = store.commit(state, StartNodes(tuple(AttemptStart(n, attempts[n]) for n in "abc")))
+    state = store.commit(state, AdvanceTime(100))
+    state = store.commit(state, CompleteAttempt("a", attempts["a"], Succeeded()))
+    state = store.commit(state, CompleteAttempt("b", attempts["b"], RetryableFailure(reason="x")))
+    return run_id, state, attempts
+
+
+def test_inspect_without_snapshot_replays_the_journal(store: Store) -> None:
+    """With no snapshot, inspection reduces the whole history and says so."""
+    run_id, state, _ = in_flight(store)
+    recovered = inspect_run(store.journal, run_id)
+    assert recovered.source == "journal" and recovered.diagnostics == ()
+    assert recovered.state.to_record() == state.to_record()
+
+
+def test_inspect_uses_a_valid_snapshot_and_the_tail(store: Store) -> None:
+    """A current snapshot is used, and only records after it are reduced."""
+    run_id, state, attempts = in_flight(store)
+    last = store.journal.read(run_id)[-1]
+    store.journal.write_snapshot(run_id, make_snapshot(state, last))
+    state = store.commit(state, CompleteAttempt("c", attempts["c"], Succeeded()))
+    recovered = inspect_run(store.journal, run_id)
+    assert recovered.source == "snapshot"
+    assert recovered.records_reduced == 1
+    assert recovered.state.to_record() == state.to_record()
+    assert replay_run(store.journal, run_id).state.to_record() == state.to_record()
+
+
+def test_a_corrupt_snapshot_is_discarded_with_a_diagnostic(store: Store) -> None:
+    """Damaged snapshot bytes are never trusted: rebuild from events and report why."""
+    run_id, state, _ = in_flight(store)
+    store.journal.write_snapshot(run_id, make_snapshot(state, store.journal.read(run_id)[-1]))
+    store.journal.corrupt_snapshot(run_id)
+    recovered = inspect_run(store.journal, run_id)
+    assert recovered.source == "journal"
+    assert len(recovered.diagnostics) == 1 and "snapshot discarded" in recovered.diagnostics[0]
+    assert recovered.state.to_record() == state.to_record()
+
+
+def test_a_snapshot_with_an_unknown_schema_version_is_discarded(store: Store) -> None:
+    """An unknown snapshot version is treated like a corrupt one (ARCHITECTURE section 11)."""
+    run_id, state, _ = in_flight(store)
+    good = make_snapshot(state, store.journal.read(run_id)[-1])
+    fields = msgspec.structs.asdict(good)
+    del fields["checksum"]
+    store.journal.write_snapshot(run_id, SnapshotRecord.seal(**{**fields, "schema_version": 99}))
+    recovered = inspect_run(store.journal, run_id)
+    assert recovered.source == "journal"
+    assert "unknown schema version 99" in recovered.diagnostics[0]
+
+
+def test_a_stale_snapshot_that_names_another_record_is_discarded(store: Store) -> None:
+    """A snapshot whose last record differs from the journal's (a forked history) is not used."""
+    run_id, state, _ = in_flight(store)
+    other_run, other_state, _ = in_flight(store)
+    wrong = make_snapshot(other_state, store.journal.read(other_run)[-1])
+    fields = msgspec.structs.asdict(wrong)
+    del fields["checksum"]
+    store.journal.write_snapshot(run_id, SnapshotRecord.seal(**{**fields, "run_id": run_id}))
+    recovered = inspect_run(store.journal, run_id)
+    assert recovered.source == "journal"
+    assert "journal holds event" in recovered.diagnostics[0]
+    assert recovered.state.to_record() == state.to_record()
+
+
+def test_a_missing_run_is_a_typed_error(store: Store) -> None:
+    """Inspecting a run the journal does not hold raises RunNotFound."""
+    with pytest.raises(RunNotFound, match="not found"):
+        inspect_run(store.journal, store.ids.new_id())
+
+
+def test_a_tampered_record_fails_closed(store: Store) -> None:
+    """A corrupt journal record is never skipped: replay raises a corruption error."""
+    run_id, _, _ = in_flight(store)
+    store.journal.corrupt_record(run_id, 3)
+    with pytest.raises(CorruptionError):
+        replay_run(store.journal, run_id)
+
+
+def test_resume_returns_ordered_effects_with_original_identities(store: Store) -> None:
+    """Started attempts are reconciled under their ids and keys; timers restored; ready dispatched."""
+    run_id, _, attempts = in_flight(store)
+    with resume_run(store.journal, store.leases, run_id, owner="worker-1") as session:
+        assert session.effects == (
+            ReconcileAttempt(
+                node_id="c",
+                handler="c@1",
+                attempt_id=attempts["c"],
+                attempt=1,
+                idempotency_key=idempotency_key(run_id, "c", attempts["c"]),
+                deadline=None,
+            ),
+            RestoreRetryTimer(node_id="b", next_attempt=2, deadline=600),
+            DispatchReady(node_ids=("d", "e")),
+        )
+        assert session.fence == session.lease.fencing_token >= 1
+
+
+def test_completed_runs_produce_no_effects(store: Store) -> None:
+    """Nothing is re-dispatched for a run that already has its terminal result."""
+    run_id = store.ids.new_id()
+    state = store.commit(None, CreateRun(run_id=run_id, spec=workflow(node("a"))))
+    attempt = store.ids.new_id()
+    state = store.commit(state, StartNodes((AttemptStart("a", attempt),)))
+    store.commit(state, CompleteAttempt("a", attempt, Succeeded()))
+    with resume_run(store.journal, store.leases, run_id, owner="w") as session:
+        assert session.effects == ()
+
+
+def test_unavailable_handlers_are_reported_for_blocking(store: Store) -> None:
+    """A running or ready node whose handler is not registered is to be blocked, not invoked."""
+    run_id, _, attempts = in_flight(store)
+    with resume_run(
+        store.journal, store.leases, run_id, owner="w", handler_available=lambda h: h not in {"c@1", "d@1"}
+    ) as session:
+        assert session.effects == (
+            BlockUnavailable(node_id="c", handler="c@1", attempt_id=attempts["c"]),
+            BlockUnavailable(node_id="d", handler="d@1", attempt_id=None),
+            RestoreRetryTimer(node_id="b", next_attempt=2, deadline=600),
+            DispatchReady(node_ids=("e",)),
+        )
+
+
+def test_only_one_owner_may_resume_a_run(store: Store, tmp_path: Path) -> None:
+    """A second resume while the lease is held raises LeaseHeld; after release it succeeds."""
+    run_id, _, _ = in_flight(store)
+    other = Store(tmp_path)
+    with resume_run(store.journal, store.leases, run_id, owner="first") as first:
+        with pytest.raises(LeaseHeld):
+            resume_run(other.journal, other.leases, run_id, owner="second")
+        token = first.fence
+    with resume_run(other.journal, other.leases, run_id, owner="second") as second:
+        assert second.fence > token
+
+
+def test_resume_releases_the_lease_when_history_is_invalid(store: Store) -> None:
+    """If reconstruction fails closed, the lease is not left held."""
+    run_id, _, _ = in_flight(store)
+    store.journal.remove_record(run_id, 2)
+    with pytest.raises(CorruptionError):
+        resume_run(store.journal, store.leases, run_id, owner="w")
+    store.leases.acquire(run_id, "next", 1000).release()
