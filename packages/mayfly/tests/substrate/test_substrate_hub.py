@@ -556,6 +556,23 @@ def test_first_cancellation_reason_wins_and_cancelling_a_finished_task_is_a_no_o
     assert Hub(VirtualClock()).run(main) == ("first", 7)
 
 
+def test_an_oversized_or_non_string_cancel_reason_is_rejected_and_changes_nothing() -> None:
+    """cancel() refuses a reason over 4 KiB of UTF-8 or not a str, and the task stays uncancelled."""
+    from mayfly.model.errors import LimitExceeded
+
+    def main() -> None:
+        task = spawn(sleep, 1)
+        with pytest.raises(LimitExceeded, match="over the limit of 4096 bytes"):
+            task.cancel("é" * 2049)
+        with pytest.raises(TypeError, match="must be a str"):
+            task.cancel(42)  # type: ignore[arg-type]
+        assert not task.cancellation.is_cancelled
+        task.cancel("é" * 2048)  # exactly 4 KiB is fine
+        assert task.cancellation.is_cancelled
+
+    Hub(VirtualClock()).run(main)
+
+
 def test_cancellation_handle_is_read_only() -> None:
     """Handlers get a handle that can observe cancellation but never set or trigger it."""
 

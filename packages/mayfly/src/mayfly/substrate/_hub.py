@@ -35,6 +35,7 @@ from mayfly.model.errors import (
     Deadlock,
     HubAlreadyRunning,
     HubNotRunning,
+    LimitExceeded,
     OffloadTimeout,
     SubstrateError,
     TaskCancelled,
@@ -72,7 +73,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 FAILURE_MESSAGE_LIMIT = 4096
-"""Bytes of UTF-8 kept from a failed task's exception message (ADR-0032's 4 KiB reason bound)."""
+"""Bytes of UTF-8 kept from a failed task's message, and allowed in a cancel reason (4 KiB)."""
 
 _SHUTDOWN_ROUNDS = 1000  # ready-queue rounds granted to cancelled tasks before they are killed
 _SHUTDOWN_REASON = "the hub is shutting down"
@@ -212,8 +213,14 @@ class Task(Generic[T]):
         """Request cancellation: the task gets ``TaskCancelled`` at its current or next park point.
 
         A parked task is woken at once. The first reason wins; cancelling a
-        finished task does nothing.
+        finished task does nothing. The reason is recorded durably, so it must
+        be a string of at most 4 KiB of UTF-8 (``LimitExceeded`` otherwise).
         """
+        if not isinstance(reason, str):
+            raise TypeError(f"cancellation reason must be a str, got {type(reason).__name__}")
+        size = len(reason.encode("utf-8", "surrogatepass"))
+        if size > FAILURE_MESSAGE_LIMIT:
+            raise LimitExceeded(f"cancellation reason of task {self._name!r}", FAILURE_MESSAGE_LIMIT, size)
         if self._state > _LIVE or self._cancellation._reason is not None:
             return
         self._cancellation._reason = reason
