@@ -79,7 +79,6 @@ def docs(session: nox.Session) -> None:
         "sphinx-build",
         "--fail-on-warning",
         "--keep-going",
-        "--nitpicky",
         "--builder",
         "html",
         "docs",
