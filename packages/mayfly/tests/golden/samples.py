@@ -15,6 +15,9 @@ from mayfly.model.events import (
     BudgetKind,
     CancellationRequested,
     CancellationTarget,
+    ChildCompleted,
+    ChildStarted,
+    EdgeActivated,
     Event,
     FailureCause,
     LastOutcome,
@@ -41,6 +44,7 @@ from mayfly.model.spec import (
 RUN = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a5b"
 ATTEMPT = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a60"
 ARTIFACT = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a61"
+CHILD_RUN = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a62"
 
 SPEC = WorkflowSpec(
     workflow_id="acme.code-review",
@@ -106,6 +110,26 @@ SAMPLE_EVENTS: dict[str, Event] = {
         targets=(CancellationTarget("implement", ATTEMPT),),
     ),
     "RunCompleted": RunCompleted(result="cancelled", at=12_000),
+    "EdgeActivated": EdgeActivated(edge=1, source="qa", target="implement", source_sequence=41),
+    "ChildStarted": ChildStarted(
+        node_id="implement",
+        attempt_id=ATTEMPT,
+        attempt=1,
+        child_run_id=CHILD_RUN,
+        workflow_id="acme.lint",
+        version=3,
+        input={"ticket": 42},
+        at=1500,
+        deadline=601_500,
+    ),
+    "ChildCompleted": ChildCompleted(
+        node_id="implement",
+        attempt_id=ATTEMPT,
+        child_run_id=CHILD_RUN,
+        result="succeeded",
+        output={"warnings": 0},
+        at=9000,
+    ),
 }
 
 RETRYABLE = RetryableFailure(reason="flaky test", timeout=False)

@@ -12,6 +12,7 @@ from typing import TypeAlias
 
 import msgspec
 
+from mayfly.model.events import ParentLink, RunResult
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome
 from mayfly.model.spec import WorkflowSpec
@@ -22,6 +23,7 @@ __all__ = [
     "CancelRun",
     "Command",
     "CompleteAttempt",
+    "CompleteChild",
     "CreateRun",
     "Rejection",
     "RejectionCode",
@@ -34,18 +36,24 @@ class _Command(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_fiel
 
 
 class CreateRun(_Command, kw_only=True, frozen=True):
-    """Create a run that pins ``spec`` and ``input``."""
+    """Create a run that pins ``spec`` and ``input``; ``parent`` links a child run to its call."""
 
     run_id: str
     spec: WorkflowSpec
     input: JsonValue = None
+    parent: ParentLink | None = None
 
 
-class AttemptStart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One ready node to dispatch, under a fresh attempt id."""
+class AttemptStart(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One ready node to dispatch, under a fresh attempt id.
+
+    A child-call node also needs a fresh ``child_run_id`` (from the runtime's
+    IdSource) for the child run its attempt starts; a handler node must not have one.
+    """
 
     node_id: str
     attempt_id: str
+    child_run_id: str | None = None
 
 
 class StartNodes(_Command, frozen=True):
@@ -62,6 +70,20 @@ class CompleteAttempt(_Command, frozen=True):
     outcome: NodeOutcome
 
 
+class CompleteChild(_Command, frozen=True):
+    """Report the terminal result (and output) of the child run an attempt started.
+
+    The call's mode maps it to the parent node's outcome; only the call's
+    declared output fields are kept.
+    """
+
+    node_id: str
+    attempt_id: str
+    child_run_id: str
+    result: RunResult
+    output: JsonValue = None
+
+
 class AdvanceTime(_Command, frozen=True):
     """Move the run's virtual clock to ``to`` ms; non-decreasing (the current time is a no-op)."""
 
@@ -75,7 +97,7 @@ class CancelRun(_Command, frozen=True):
     reason: str
 
 
-Command: TypeAlias = CreateRun | StartNodes | CompleteAttempt | AdvanceTime | CancelRun
+Command: TypeAlias = CreateRun | StartNodes | CompleteAttempt | CompleteChild | AdvanceTime | CancelRun
 """Every command ``decide`` accepts."""
 
 
@@ -94,6 +116,8 @@ class RejectionCode(enum.Enum):
     ATTEMPT_NOT_ACTIVE = "attempt_not_active"
     CONFLICTING_OUTCOME = "conflicting_outcome"
     TIME_WENT_BACKWARDS = "time_went_backwards"
+    CHILD_MISMATCH = "child_mismatch"
+    """A child result names a child run, node or attempt that does not match the call."""
 
 
 class Rejection(msgspec.Struct, frozen=True):

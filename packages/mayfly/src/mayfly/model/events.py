@@ -29,6 +29,9 @@ __all__ = [
     "BudgetKind",
     "CancellationRequested",
     "CancellationTarget",
+    "ChildCompleted",
+    "ChildStarted",
+    "EdgeActivated",
     "Event",
     "FailureCause",
     "LastOutcome",
@@ -36,6 +39,7 @@ __all__ = [
     "NodeOutcomeCommitted",
     "NodeReady",
     "NodeStarted",
+    "ParentLink",
     "RetryReleased",
     "RetryScheduled",
     "RunCompleted",
@@ -44,6 +48,10 @@ __all__ = [
     "VirtualTimeAdvanced",
     "event_type",
 ]
+
+
+RunResult: TypeAlias = Literal["succeeded", "failed", "blocked", "cancelled"]
+"""A run's terminal result."""
 
 
 class _Event(
@@ -58,13 +66,30 @@ class _Event(
     pass
 
 
+class ParentLink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where a child run was called from: the parent run, node and attempt, and its nesting depth.
+
+    ``depth`` is 1 for a child of a root run and at most
+    :data:`~mayfly.model.limits.MAX_CHILD_DEPTH`.
+    """
+
+    run_id: str
+    node_id: str
+    attempt_id: str
+    depth: int
+
+
 class RunCreated(_Event, frozen=True):
-    """A run exists and pins its specification, content hash and input."""
+    """A run exists and pins its specification, content hash and input.
+
+    ``parent`` is set only on a child run and links it to the call that started it.
+    """
 
     run_id: str
     spec: WorkflowSpec
     spec_hash: str
     input: JsonValue = None
+    parent: ParentLink | None = None
 
 
 class NodeReady(_Event, frozen=True):
@@ -112,6 +137,8 @@ class FailureCause(enum.Enum):
     NOT_RETRYABLE = "not_retryable"
     NO_CORRECTION_EDGE = "no_correction_edge"
     NODE_BUDGET_EXHAUSTED = "node_budget_exhausted"
+    CORRECTION_UNRESOLVED = "correction_unresolved"
+    """ChangesRequested selected a correction, but nothing re-activated the node before the run went idle."""
 
 
 class NodeFailed(_Event, frozen=True):
@@ -137,6 +164,55 @@ class RetryReleased(_Event, frozen=True):
     node_id: str
     next_attempt: int
     at: int
+
+
+class EdgeActivated(_Event, frozen=True):
+    """A conditional edge fired: ``target`` becomes Ready for a new activation (one transition).
+
+    The fingerprint is ``edge`` (the edge's stable position in the
+    specification's ``edges``) and ``source_sequence`` (the sequence of the
+    NodeOutcomeCommitted that ended the source's activation). One fingerprint
+    activates at most once, and only while that outcome is the source's
+    latest, so neither replay nor a later correction cycle can reuse it.
+    """
+
+    edge: int
+    source: str
+    target: str
+    source_sequence: int
+
+
+class ChildStarted(_Event, frozen=True):
+    """An attempt of a child-call node was durably dispatched as a new child run (one parent attempt).
+
+    Committed before the child run is created; ``input`` is the mapped child
+    input, ``attempt`` one-based within the node's activation, ``deadline``
+    the attempt's absolute virtual deadline, if any.
+    """
+
+    node_id: str
+    attempt_id: str
+    attempt: int
+    child_run_id: str
+    workflow_id: str
+    version: int
+    input: JsonValue = None
+    at: int = 0
+    deadline: int | None = None
+
+
+class ChildCompleted(_Event, frozen=True):
+    """The child run of an attempt reached its terminal ``result``; the parent's outcome follows.
+
+    ``output`` holds only the call's declared output fields.
+    """
+
+    node_id: str
+    attempt_id: str
+    child_run_id: str
+    result: RunResult
+    output: JsonValue = None
+    at: int = 0
 
 
 class VirtualTimeAdvanced(_Event, frozen=True):
@@ -180,11 +256,15 @@ class BudgetExhausted(_Event, frozen=True):
     last_outcome: LastOutcome | None = None
 
 
-class CancellationTarget(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """An active attempt the runtime must cancel once the cancellation is durable."""
+class CancellationTarget(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """An active attempt the runtime must cancel once the cancellation is durable.
+
+    ``child_run_id`` is set when the attempt is a child run, which must be cancelled in turn.
+    """
 
     node_id: str
     attempt_id: str
+    child_run_id: str | None = None
 
 
 class CancellationRequested(_Event, frozen=True):
@@ -195,10 +275,6 @@ class CancellationRequested(_Event, frozen=True):
     at: int
     policy: Literal["cascade"] = "cascade"
     targets: tuple[CancellationTarget, ...] = ()
-
-
-RunResult: TypeAlias = Literal["succeeded", "failed", "blocked", "cancelled"]
-"""A run's terminal result."""
 
 
 class RunCompleted(_Event, frozen=True):
@@ -221,6 +297,9 @@ Event: TypeAlias = (
     | BudgetExhausted
     | CancellationRequested
     | RunCompleted
+    | EdgeActivated
+    | ChildStarted
+    | ChildCompleted
 )
 """Every event type this code reads and writes."""
 
@@ -239,6 +318,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BudgetExhausted,
         CancellationRequested,
         RunCompleted,
+        EdgeActivated,
+        ChildStarted,
+        ChildCompleted,
     )
 }
 """Event classes by type name (the ``"type"`` tag)."""

@@ -126,17 +126,23 @@ class RunBudgets(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
 
 
 class OnAnyOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="any"):
-    """Matches every final outcome of the source node."""
+    """Matches every final outcome of the source node's activation; JSON ``{"match": "any"}``."""
 
 
 class OnOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="outcome"):
-    """Matches one outcome kind."""
+    """Matches one outcome kind; JSON ``{"match": "outcome", "outcome": "changes_requested"}``."""
 
     outcome: NodeOutcomeKind
 
 
 class OnField(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="field"):
-    """Matches a succeeded output whose top-level ``field`` equals a scalar ``equals``."""
+    """Matches a Succeeded output whose top-level ``field`` equals the scalar ``equals``.
+
+    JSON ``{"match": "field", "field": "verdict", "equals": "ok"}``. Equality
+    compares JSON type and value: ``1`` is not ``true`` and not ``1.0``; floats
+    cannot be named (a spec holding one fails validation); a missing field is
+    not ``null``. Any other outcome kind never matches.
+    """
 
     field: str
     equals: str | int | bool | None
@@ -149,8 +155,11 @@ EdgePredicate: TypeAlias = OnAnyOutcome | OnOutcome | OnField
 class Edge(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """A conditional transition from ``source`` to ``target``.
 
-    Edges sharing an ``exclusive`` group name must be provably disjoint;
-    ungrouped edges fan out in parallel, in specification order.
+    Evaluated once on the final committed outcome of each activation of
+    ``source``; a match activates ``target`` (consuming one transition). Edges
+    sharing an ``exclusive`` group name must share a source and be provably
+    disjoint; ungrouped edges fan out in parallel, in specification order.
+    Conditional edges may form correction loops (see ``docs/transitions.md``).
     """
 
     source: str
@@ -164,7 +173,12 @@ class ChildCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
 
     ``mode`` decides how a non-success child reads in the parent:
     ``require_success`` fails the parent node, ``propagate`` gives it the
-    child's outcome class. Only the named top-level fields are copied in and out.
+    child's outcome class; a child's failure or cancellation is never the
+    parent's success. Only the named top-level fields are copied: ``inputs``
+    from the parent node's input (the run input object overlaid with the
+    node's own ``input`` object) into the child run's input, ``outputs`` from
+    the child run's output into the parent node's Succeeded output. A field
+    the source lacks is left out, never invented as ``null``.
     """
 
     workflow_id: str
@@ -195,7 +209,12 @@ class Node(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_default
 
 
 class ChildDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """A reusable workflow in the root specification's closed catalog."""
+    """A reusable workflow in the root specification's closed catalog.
+
+    ``inputs`` and ``outputs`` declare its interface: the top-level fields a
+    call may copy in, and those it may copy out (each must be declared in the
+    ``outputs`` of one of its nodes). Its own ``budgets`` bound its own run.
+    """
 
     workflow_id: str
     version: int
@@ -203,6 +222,8 @@ class ChildDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True, o
     edges: tuple[Edge, ...] = ()
     initial: tuple[str, ...] | None = None
     budgets: RunBudgets = RunBudgets()
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
 
 
 class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -213,8 +234,10 @@ class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     so that adding an optional nested field keeps existing content hashes.
 
     ``initial`` lists the nodes that start the run; when omitted, every node
-    without ``depends_on`` starts it. A graph with conditional cycles must
-    declare it. ``jitter_seed`` is pinned into retry jitter.
+    without ``depends_on`` and without an incoming edge starts it. A graph
+    with conditional cycles must declare it. ``catalog`` holds the child
+    workflows that ``ChildCall`` nodes may run, and nothing else can be
+    called. ``jitter_seed`` is pinned into retry jitter.
     """
 
     workflow_id: str

@@ -16,8 +16,15 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import msgspec
+import msgspec.structs
 
-from mayfly.model.events import BudgetExhausted, CancellationRequested, FailureCause, LastOutcome
+from mayfly.model.events import (
+    BudgetExhausted,
+    CancellationRequested,
+    FailureCause,
+    LastOutcome,
+    ParentLink,
+)
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome
 from mayfly.model.spec import Node, WorkflowSpec
@@ -32,6 +39,8 @@ __all__ = [
     "RunStateRecord",
     "RunStatus",
     "count_terminal",
+    "is_parked",
+    "uncount_terminal",
 ]
 
 STATE_SCHEMA_VERSION = 1
@@ -55,8 +64,17 @@ class NodeStatus(enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
-        """Whether the node can never change again."""
+        """Whether the node has a final status (only a conditional edge can re-activate it)."""
         return self in _TERMINAL
+
+    @property
+    def is_idle(self) -> bool:
+        """Whether an open node waits for something else (Pending, ChangesRequested).
+
+        A run whose open nodes are all idle can never receive another outcome:
+        it is quiescent, and its parked nodes are resolved (docs/transitions.md).
+        """
+        return self is NodeStatus.PENDING or self is NodeStatus.CHANGES_REQUESTED
 
 
 _TERMINAL = frozenset(
@@ -94,11 +112,15 @@ class NodeState:
         "attempt_id",
         "blocked_prereqs",
         "cancelled_prereqs",
+        "child_run_id",
         "dependents",
         "done_prereqs",
         "failure",
+        "in_edges",
         "index",
         "last_outcome",
+        "out_edges",
+        "outcome_seq",
         "prereqs",
         "retry_deadline",
         "spec",
@@ -107,7 +129,16 @@ class NodeState:
         "total_attempts",
     )
 
-    def __init__(self, index: int, spec: Node, prereqs: int, dependents: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        index: int,
+        spec: Node,
+        prereqs: int,
+        dependents: tuple[int, ...],
+        *,
+        out_edges: tuple[int, ...] = (),
+        in_edges: int = 0,
+    ) -> None:
         self.index = index
         self.spec = spec
         self.status = NodeStatus.PENDING
@@ -125,6 +156,14 @@ class NodeState:
         self.blocked_prereqs = 0
         self.cancelled_prereqs = 0
         self.dependents = dependents
+        self.out_edges = out_edges
+        """Positions of the edges leaving this node, in specification order."""
+        self.in_edges = in_edges
+        """How many edges enter this node."""
+        self.outcome_seq = 0
+        """Sequence of the outcome that ended this node's last activation (tracked for edge sources)."""
+        self.child_run_id: str | None = None
+        """The child run of the active attempt, until its completion is recorded."""
 
     @property
     def node_id(self) -> str:
@@ -148,6 +187,7 @@ class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     attempt_id: str
     node_id: str
     outcome: NodeOutcome | None = None
+    child_run_id: str | None = None
 
 
 class NodeRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -162,6 +202,8 @@ class NodeRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     retry_deadline: int | None = None
     last_outcome: NodeOutcome | None = None
     failure: FailureCause | None = None
+    outcome_seq: int = 0
+    child_run_id: str | None = None
 
 
 class RunStateRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -183,6 +225,8 @@ class RunStateRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     last_outcome: LastOutcome | None = None
     exhausted: BudgetExhausted | None = None
     cancellation: CancellationRequested | None = None
+    edges_fired: tuple[int, ...] = ()
+    parent: ParentLink | None = None
 
 
 class RunState:
@@ -194,6 +238,9 @@ class RunState:
     __slots__ = (
         "_active",
         "_attempts",
+        "_children",
+        "_edges_fired",
+        "_parked",
         "_ready",
         "_retries",
         "attempts_used",
@@ -205,9 +252,11 @@ class RunState:
         "n_blocked",
         "n_cancelled",
         "n_failed",
+        "n_idle",
         "nodes",
         "now",
         "open_nodes",
+        "parent",
         "run_id",
         "sequence",
         "spec",
@@ -216,8 +265,16 @@ class RunState:
         "transitions_used",
     )
 
-    def __init__(self, run_id: str, spec: WorkflowSpec, spec_hash: str, input: JsonValue) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        spec: WorkflowSpec,
+        spec_hash: str,
+        input: JsonValue,
+        parent: ParentLink | None = None,
+    ) -> None:
         self.run_id = run_id
+        self.parent = parent
         self.spec = spec
         self.spec_hash = spec_hash
         self.input = input
@@ -237,16 +294,32 @@ class RunState:
         for i, node in enumerate(spec.nodes):
             for prereq in node.depends_on:
                 dependents[index[prereq]].append(i)
+        out_edges: list[list[int]] = [[] for _ in spec.nodes]
+        in_edges = [0] * len(spec.nodes)
+        for k, edge in enumerate(spec.edges):
+            out_edges[index[edge.source]].append(k)
+            in_edges[index[edge.target]] += 1
         self.index = index
         self.nodes = [
-            NodeState(i, node, len(node.depends_on), tuple(dependents[i]))
+            NodeState(
+                i,
+                node,
+                len(node.depends_on),
+                tuple(dependents[i]),
+                out_edges=tuple(out_edges[i]),
+                in_edges=in_edges[i],
+            )
             for i, node in enumerate(spec.nodes)
         ]
         self.open_nodes = len(self.nodes)
+        self.n_idle = len(self.nodes)
         self._attempts: dict[str, AttemptRecord] = {}
         self._active: dict[str, int] = {}
         self._ready: dict[int, None] = {}
         self._retries: dict[int, int] = {}
+        self._parked: dict[int, None] = {n.index: None for n in self.nodes if is_parked(n, n.status)}
+        self._edges_fired = [0] * len(spec.edges)
+        self._children: dict[str, str] = {}
 
     # -- reads -------------------------------------------------------------
 
@@ -275,6 +348,23 @@ class RunState:
         """Ids of the nodes that are Ready, in specification order."""
         return [self.nodes[i].spec.id for i in sorted(self._ready)]
 
+    def parked_nodes(self) -> list[int]:
+        """Indexes of the parked nodes (see :func:`is_parked`), in specification order."""
+        return sorted(self._parked)
+
+    def edge_fired(self, edge: int) -> int:
+        """The source-outcome sequence of edge ``edge``'s latest activation (0 if it never fired)."""
+        return self._edges_fired[edge]
+
+    def child_attempt(self, child_run_id: str) -> str | None:
+        """The attempt that started child run ``child_run_id``, or ``None`` if this run never did."""
+        return self._children.get(child_run_id)
+
+    @property
+    def depth(self) -> int:
+        """Child nesting depth: 0 for a root run."""
+        return 0 if self.parent is None else self.parent.depth
+
     @property
     def attempt_count(self) -> int:
         """How many attempt identities this run has consumed."""
@@ -290,12 +380,25 @@ class RunState:
         """Consume an attempt identity and mark it active on node ``index``."""
         self._attempts[record.attempt_id] = record
         self._active[record.attempt_id] = index
+        if record.child_run_id is not None:
+            self._children[record.child_run_id] = record.attempt_id
 
     def close_attempt(self, attempt_id: str, outcome: NodeOutcome) -> None:
         """Commit the one outcome of an active attempt."""
         record = self._attempts[attempt_id]
-        self._attempts[attempt_id] = AttemptRecord(record.attempt_id, record.node_id, outcome)
+        self._attempts[attempt_id] = msgspec.structs.replace(record, outcome=outcome)
         del self._active[attempt_id]
+
+    def set_parked(self, index: int, parked: bool) -> None:
+        """Add ``index`` to, or remove it from, the parked index."""
+        if parked:
+            self._parked[index] = None
+        else:
+            self._parked.pop(index, None)
+
+    def set_edge_fired(self, edge: int, source_sequence: int) -> None:
+        """Record that edge ``edge`` fired for the source outcome at ``source_sequence``."""
+        self._edges_fired[edge] = source_sequence
 
     def set_ready(self, index: int, ready: bool) -> None:
         """Add ``index`` to, or remove it from, the ready index."""
@@ -336,6 +439,8 @@ class RunState:
                     retry_deadline=n.retry_deadline,
                     last_outcome=n.last_outcome,
                     failure=n.failure,
+                    outcome_seq=n.outcome_seq,
+                    child_run_id=n.child_run_id,
                 )
                 for n in self.nodes
             ),
@@ -345,12 +450,14 @@ class RunState:
             last_outcome=self.last_outcome,
             exhausted=self.exhausted,
             cancellation=self.cancellation,
+            edges_fired=tuple(self._edges_fired) if any(self._edges_fired) else (),
+            parent=self.parent,
         )
 
     @classmethod
     def from_record(cls, record: RunStateRecord) -> RunState:
         """Rebuild a state (with its indexes and counters) from its serialized form."""
-        state = cls(record.run_id, record.spec, record.spec_hash, record.input)
+        state = cls(record.run_id, record.spec, record.spec_hash, record.input, record.parent)
         if len(record.nodes) != len(state.nodes):
             raise ValueError("state record does not match its specification's nodes")
         state.status = record.status
@@ -372,9 +479,23 @@ class RunState:
             node.retry_deadline = saved.retry_deadline
             node.last_outcome = saved.last_outcome
             node.failure = saved.failure
+            node.outcome_seq = saved.outcome_seq
+            node.child_run_id = saved.child_run_id
+        if record.edges_fired:
+            if len(record.edges_fired) != len(state._edges_fired):
+                raise ValueError("state record edge activations do not match its specification's edges")
+            state._edges_fired = list(record.edges_fired)
         for attempt in record.attempts:
             state._attempts[attempt.attempt_id] = attempt
+            if attempt.child_run_id is not None:
+                state._children[attempt.child_run_id] = attempt.attempt_id
+        state._parked = {}
+        state.n_idle = 0
         for node in state.nodes:
+            if node.status.is_idle:
+                state.n_idle += 1
+            if is_parked(node, node.status):
+                state._parked[node.index] = None
             if node.attempt_id is not None:
                 state._active[node.attempt_id] = node.index
             if node.retry_deadline is not None:
@@ -393,6 +514,18 @@ class _TerminalCounts(Protocol):
     n_cancelled: int
 
     def node_mut(self, index: int) -> NodeState: ...
+
+
+def is_parked(node: NodeState, status: NodeStatus) -> bool:
+    """Whether ``node`` in ``status`` waits for a conditional edge that may never fire.
+
+    That is a node in ChangesRequested awaiting its correction, or a Pending
+    node without ``depends_on`` (only an edge can start it). Nodes with
+    ``depends_on`` are not parked: dependency propagation always decides them.
+    """
+    return status is NodeStatus.CHANGES_REQUESTED or (
+        status is NodeStatus.PENDING and not node.spec.depends_on
+    )
 
 
 def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
@@ -417,3 +550,26 @@ def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
             dep.blocked_prereqs += 1
         elif status is NodeStatus.CANCELLED:
             dep.cancelled_prereqs += 1
+
+
+def uncount_terminal(run: _TerminalCounts, node: NodeState) -> None:
+    """Exactly undo :func:`count_terminal` for ``node`` leaving its terminal status (re-activation).
+
+    Call it while ``node.status`` still holds the status being left.
+    """
+    status = node.status
+    if status is NodeStatus.FAILED:
+        run.n_failed -= 1
+    elif status is NodeStatus.BLOCKED:
+        run.n_blocked -= 1
+    elif status is NodeStatus.CANCELLED:
+        run.n_cancelled -= 1
+    for d in node.dependents:
+        dep = run.node_mut(d)
+        dep.done_prereqs -= 1
+        if status is NodeStatus.SUCCEEDED:
+            dep.succeeded_prereqs -= 1
+        elif status is NodeStatus.BLOCKED:
+            dep.blocked_prereqs -= 1
+        elif status is NodeStatus.CANCELLED:
+            dep.cancelled_prereqs -= 1

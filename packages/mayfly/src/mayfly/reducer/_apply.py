@@ -7,6 +7,13 @@ completed — without mutating anything and without a second copy of the rules.
 
 Every check here is a corruption check: history that contradicts itself fails
 closed with :class:`CorruptionError` naming the sequence and event.
+
+Every node status change goes through ``_set_status``, which keeps the run's
+counters exact in both directions: a conditional edge may re-activate a node
+that already reached a terminal status, so the terminal counters, the
+dependents' prerequisite counters, ``open_nodes``, ``n_idle`` (open nodes
+that wait for something else) and the parked index are decremented as exactly
+as they were incremented.
 """
 
 from __future__ import annotations
@@ -14,17 +21,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+import msgspec
+
 from mayfly.model.errors import CorruptionError
 from mayfly.model.events import (
     AttemptDeadlineExpired,
     BudgetExhausted,
     CancellationRequested,
+    ChildCompleted,
+    ChildStarted,
+    EdgeActivated,
     Event,
     LastOutcome,
     NodeFailed,
     NodeOutcomeCommitted,
     NodeReady,
     NodeStarted,
+    ParentLink,
     RetryReleased,
     RetryScheduled,
     RunCompleted,
@@ -41,9 +54,11 @@ from mayfly.model.state import (
     RunState,
     RunStatus,
     count_terminal,
+    is_parked,
+    uncount_terminal,
 )
 
-__all__ = ["Draft", "RunView", "apply_event", "is_retry_class", "new_state", "run_result"]
+__all__ = ["Draft", "RunView", "apply_event", "can_activate", "is_retry_class", "new_state", "run_result"]
 
 
 class RunView(Protocol):
@@ -51,6 +66,7 @@ class RunView(Protocol):
 
     run_id: str
     spec: WorkflowSpec
+    parent: ParentLink | None
     index: dict[str, int]
     status: RunStatus
     sequence: int
@@ -61,6 +77,7 @@ class RunView(Protocol):
     n_failed: int
     n_blocked: int
     n_cancelled: int
+    n_idle: int
     last_outcome: LastOutcome | None
     exhausted: BudgetExhausted | None
     cancellation: CancellationRequested | None
@@ -74,6 +91,11 @@ class RunView(Protocol):
     def set_retry(self, index: int, deadline: int | None) -> None: ...
     def active_attempts(self) -> Iterator[tuple[str, int]]: ...
     def pending_retries(self) -> Iterator[tuple[int, int]]: ...
+    def set_parked(self, index: int, parked: bool) -> None: ...
+    def parked_nodes(self) -> list[int]: ...
+    def edge_fired(self, edge: int) -> int: ...
+    def set_edge_fired(self, edge: int, source_sequence: int) -> None: ...
+    def child_attempt(self, child_run_id: str) -> str | None: ...
 
 
 _SCALARS = (
@@ -86,6 +108,7 @@ _SCALARS = (
     "n_failed",
     "n_blocked",
     "n_cancelled",
+    "n_idle",
     "last_outcome",
     "exhausted",
     "cancellation",
@@ -109,6 +132,7 @@ class Draft:
     n_failed: int
     n_blocked: int
     n_cancelled: int
+    n_idle: int
     last_outcome: LastOutcome | None
     exhausted: BudgetExhausted | None
     cancellation: CancellationRequested | None
@@ -117,6 +141,7 @@ class Draft:
         self.base = base
         self.run_id = base.run_id
         self.spec = base.spec
+        self.parent = base.parent
         self.index = base.index
         for name in _SCALARS:
             setattr(self, name, getattr(base, name))
@@ -126,6 +151,9 @@ class Draft:
         self._active_added: dict[str, int] = {}
         self._active_closed: set[str] = set()
         self._retries: dict[int, int | None] = {}
+        self._parked: dict[int, bool] = {}
+        self._edges_fired: dict[int, int] = {}
+        self._children: dict[str, str] = {}
 
     def emit(self, event: Event) -> None:
         """Propose ``event``: apply it to the draft and queue it for the batch."""
@@ -153,12 +181,14 @@ class Draft:
         """Consume an attempt identity in the draft."""
         self._attempts[record.attempt_id] = record
         self._active_added[record.attempt_id] = index
+        if record.child_run_id is not None:
+            self._children[record.child_run_id] = record.attempt_id
 
     def close_attempt(self, attempt_id: str, outcome: NodeOutcome) -> None:
         """Commit an attempt outcome in the draft."""
         record = self.attempt(attempt_id)
         assert record is not None
-        self._attempts[attempt_id] = AttemptRecord(record.attempt_id, record.node_id, outcome)
+        self._attempts[attempt_id] = msgspec.structs.replace(record, outcome=outcome)
         if self._active_added.pop(attempt_id, None) is None:
             self._active_closed.add(attempt_id)
 
@@ -185,10 +215,34 @@ class Draft:
             if changed is not None:
                 yield index, changed
 
+    def set_parked(self, index: int, parked: bool) -> None:
+        """Record a parked-index change in the draft."""
+        self._parked[index] = parked
+
+    def parked_nodes(self) -> list[int]:
+        """Parked nodes as the draft sees them, in specification order."""
+        parked = {i for i in self.base.parked_nodes() if self._parked.get(i, True)}
+        parked.update(i for i, now in self._parked.items() if now)
+        return sorted(parked)
+
+    def edge_fired(self, edge: int) -> int:
+        """The latest activation of ``edge`` as the draft sees it."""
+        fired = self._edges_fired.get(edge)
+        return fired if fired is not None else self.base.edge_fired(edge)
+
+    def set_edge_fired(self, edge: int, source_sequence: int) -> None:
+        """Record an edge activation in the draft."""
+        self._edges_fired[edge] = source_sequence
+
+    def child_attempt(self, child_run_id: str) -> str | None:
+        """The attempt that started ``child_run_id``, as the draft sees it."""
+        attempt = self._children.get(child_run_id)
+        return attempt if attempt is not None else self.base.child_attempt(child_run_id)
+
 
 def new_state(event: RunCreated) -> RunState:
     """The state of a run right after ``event`` (its first event, sequence 1)."""
-    state = RunState(event.run_id, event.spec, event.spec_hash, event.input)
+    state = RunState(event.run_id, event.spec, event.spec_hash, event.input, event.parent)
     state.sequence = 1
     return state
 
@@ -249,24 +303,93 @@ def _node(run: RunView, seq: int, event: Event, node_id: str) -> NodeState:
     return run.node_mut(i)
 
 
-def _enter_terminal(run: RunView, node: NodeState, status: NodeStatus) -> None:
-    if node.status is NodeStatus.READY:
+def _set_status(run: RunView, node: NodeState, status: NodeStatus) -> None:
+    """Move ``node`` to ``status``, keeping every run counter and index exact (both directions)."""
+    old = node.status
+    if old is status:
+        return
+    if old.is_terminal:
+        uncount_terminal(run, node)
+        run.open_nodes += 1
+    if old is NodeStatus.READY:
         run.set_ready(node.index, False)
-    if node.retry_deadline is not None:
-        node.retry_deadline = None
-        run.set_retry(node.index, None)
+    run.n_idle += int(status.is_idle) - int(old.is_idle)
+    parked = is_parked(node, status)
+    if parked != is_parked(node, old):
+        run.set_parked(node.index, parked)
     node.status = status
-    run.open_nodes -= 1
-    count_terminal(run, node)
+    if status is NodeStatus.READY:
+        run.set_ready(node.index, True)
+    if status.is_terminal:
+        if node.retry_deadline is not None:
+            node.retry_deadline = None
+            run.set_retry(node.index, None)
+        run.open_nodes -= 1
+        count_terminal(run, node)
 
 
 def _node_ready(run: RunView, event: NodeReady, seq: int) -> None:
     node = _node(run, seq, event, event.node_id)
     if node.status is not NodeStatus.PENDING:
         raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}, not pending")
-    node.status = NodeStatus.READY
     node.attempt = 0
-    run.set_ready(node.index, True)
+    _set_status(run, node, NodeStatus.READY)
+    _consume_transition(run, seq, event)
+
+
+def can_activate(node: NodeState) -> bool:
+    """Whether a conditional edge may activate ``node`` now.
+
+    A parked node (Pending without ``depends_on``, or ChangesRequested) and a
+    node with a terminal status may be; an active node (Ready, Running,
+    Waiting, RetryPending) already has an activation in flight, and a Pending
+    node with ``depends_on`` waits for its dependency release, which governs
+    its first activation.
+    """
+    status = node.status
+    return (
+        status.is_terminal
+        or status is NodeStatus.CHANGES_REQUESTED
+        or (status is NodeStatus.PENDING and not node.spec.depends_on)
+    )
+
+
+def _edge_activated(run: RunView, event: EdgeActivated, seq: int) -> None:
+    edges = run.spec.edges
+    if not 0 <= event.edge < len(edges):
+        raise _corrupt(seq, event, f"edge position {event.edge} is not in the specification")
+    edge = edges[event.edge]
+    if (edge.source, edge.target) != (event.source, event.target):
+        raise _corrupt(seq, event, f"edge {event.edge} is {edge.source!r} -> {edge.target!r}")
+    source = _node(run, seq, event, event.source)
+    if (
+        event.source_sequence < 1
+        or source.outcome_seq != event.source_sequence
+        or source.attempt_id is not None
+        or source.status is NodeStatus.RETRY_PENDING
+    ):
+        raise _corrupt(
+            seq,
+            event,
+            f"stale activation: the final outcome of {source.node_id!r} at sequence "
+            f"{event.source_sequence} is not its latest ({source.outcome_seq})",
+        )
+    if run.edge_fired(event.edge) >= event.source_sequence:
+        raise _corrupt(
+            seq,
+            event,
+            f"fingerprint (edge {event.edge}, source sequence {event.source_sequence}) was already used",
+        )
+    target = _node(run, seq, event, event.target)
+    if not can_activate(target):
+        raise _corrupt(seq, event, f"target {target.node_id!r} is {target.status.value}; it cannot activate")
+    if target is not source:
+        # A node re-activated by another node's edge can no longer select edges with its old outcome.
+        target.outcome_seq = 0
+    target.attempt = 0
+    target.failure = None
+    _set_status(run, target, NodeStatus.READY)
+    run.set_edge_fired(event.edge, event.source_sequence)
     _consume_transition(run, seq, event)
 
 
@@ -278,22 +401,54 @@ def _consume_transition(run: RunView, seq: int, event: Event) -> None:
 
 def _node_started(run: RunView, event: NodeStarted, seq: int) -> None:
     node = _node(run, seq, event, event.node_id)
+    if node.spec.child is not None:
+        raise _corrupt(
+            seq, event, f"node {node.node_id!r} calls a child workflow; it starts with ChildStarted"
+        )
+    _start_attempt(run, node, event, seq)
+
+
+def _child_started(run: RunView, event: ChildStarted, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    call = node.spec.child
+    if call is None or (call.workflow_id, call.version) != (event.workflow_id, event.version):
+        raise _corrupt(seq, event, f"node {node.node_id!r} does not call {event.workflow_id}@{event.version}")
+    if event.child_run_id == run.run_id or run.child_attempt(event.child_run_id) is not None:
+        raise _corrupt(seq, event, f"child run id {event.child_run_id} was already used")
+    _start_attempt(run, node, event, seq)
+    node.child_run_id = event.child_run_id
+
+
+def _start_attempt(run: RunView, node: NodeState, event: NodeStarted | ChildStarted, seq: int) -> None:
+    attempt, attempt_id = event.attempt, event.attempt_id
+    child_run_id = event.child_run_id if isinstance(event, ChildStarted) else None
     if node.status is not NodeStatus.READY:
         raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}, not ready")
-    if run.attempt(event.attempt_id) is not None:
-        raise _corrupt(seq, event, f"attempt id {event.attempt_id} was already consumed")
-    if event.attempt != node.attempt + 1:
-        raise _corrupt(seq, event, f"attempt {event.attempt} follows attempt {node.attempt}")
-    node.status = NodeStatus.RUNNING
-    node.attempt = event.attempt
+    if run.attempt(attempt_id) is not None:
+        raise _corrupt(seq, event, f"attempt id {attempt_id} was already consumed")
+    if attempt != node.attempt + 1:
+        raise _corrupt(seq, event, f"attempt {attempt} follows attempt {node.attempt}")
+    _set_status(run, node, NodeStatus.RUNNING)
+    node.attempt = attempt
     node.total_attempts += 1
-    node.attempt_id = event.attempt_id
+    node.attempt_id = attempt_id
     node.attempt_deadline = event.deadline
-    run.set_ready(node.index, False)
-    run.record_attempt(AttemptRecord(event.attempt_id, node.node_id), node.index)
+    run.record_attempt(AttemptRecord(attempt_id, node.node_id, child_run_id=child_run_id), node.index)
     run.attempts_used += 1
     if run.attempts_used > run.spec.budgets.max_attempts:
         raise _corrupt(seq, event, "attempt budget exceeded without an exhaustion fact")
+
+
+def _child_completed(run: RunView, event: ChildCompleted, seq: int) -> None:
+    node = _node(run, seq, event, event.node_id)
+    if node.attempt_id != event.attempt_id or node.child_run_id != event.child_run_id:
+        raise _corrupt(
+            seq,
+            event,
+            f"child run {event.child_run_id} is not the open child of attempt {event.attempt_id} "
+            f"of {node.node_id!r}",
+        )
+    node.child_run_id = None
 
 
 def _outcome_committed(run: RunView, event: NodeOutcomeCommitted, seq: int) -> None:
@@ -317,20 +472,18 @@ def _outcome_committed(run: RunView, event: NodeOutcomeCommitted, seq: int) -> N
         run.close_attempt(event.attempt_id, outcome)
         node.attempt_id = None
         node.attempt_deadline = None
+        node.child_run_id = None
+        if node.out_edges:
+            # The activation fingerprint's source half; only edge sources need it.
+            node.outcome_seq = seq
     elif node.attempt_id is not None:
         raise _corrupt(seq, event, f"node {node.node_id!r} has active attempt {node.attempt_id}")
     node.last_outcome = outcome
     run.last_outcome = LastOutcome(node.node_id, kind, event.attempt_id)
     if is_retry_class(node, kind):
-        if node.status is NodeStatus.READY:
-            run.set_ready(node.index, False)
-        node.status = NodeStatus.RETRY_PENDING
+        _set_status(run, node, NodeStatus.RETRY_PENDING)
         return
-    status = _OUTCOME_STATUS[kind]
-    if status.is_terminal:
-        _enter_terminal(run, node, status)
-    else:
-        node.status = status
+    _set_status(run, node, _OUTCOME_STATUS[kind])
 
 
 def _node_failed(run: RunView, event: NodeFailed, seq: int) -> None:
@@ -342,7 +495,7 @@ def _node_failed(run: RunView, event: NodeFailed, seq: int) -> None:
     ):
         raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}; it cannot fail now")
     node.failure = event.cause
-    _enter_terminal(run, node, NodeStatus.FAILED)
+    _set_status(run, node, NodeStatus.FAILED)
 
 
 def _retry_scheduled(run: RunView, event: RetryScheduled, seq: int) -> None:
@@ -365,8 +518,7 @@ def _retry_released(run: RunView, event: RetryReleased, seq: int) -> None:
         raise _corrupt(seq, event, f"retry released at {event.at} before its deadline {deadline}")
     node.retry_deadline = None
     run.set_retry(node.index, None)
-    node.status = NodeStatus.READY
-    run.set_ready(node.index, True)
+    _set_status(run, node, NodeStatus.READY)
     _consume_transition(run, seq, event)
 
 
@@ -420,6 +572,9 @@ _APPLY: dict[type[Any], Callable[[RunView, Any, int], None]] = {
     BudgetExhausted: _budget_exhausted,
     CancellationRequested: _cancellation_requested,
     RunCompleted: _run_completed,
+    EdgeActivated: _edge_activated,
+    ChildStarted: _child_started,
+    ChildCompleted: _child_completed,
 }
 
 

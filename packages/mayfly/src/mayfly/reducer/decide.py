@@ -1,10 +1,19 @@
 """``decide(state, command)``: the events a command produces, or a typed rejection.
 
 A decision is the command's primary facts followed by every consequence the
-ADR requires in the same atomic batch: dependents released or propagated,
-retries scheduled or the node explicitly failed, budgets exhausted, the run's
-terminal result. Consequences are found by applying each proposed event to a
-copy-on-write :class:`Draft`, so the rules live once, in ``_apply``.
+ADR requires in the same atomic batch: conditional edges fired, dependents
+released or propagated, retries scheduled or the node explicitly failed,
+budgets exhausted, parked nodes resolved, the run's terminal result.
+Consequences are found by applying each proposed event to a copy-on-write
+:class:`Draft`, so the rules live once, in ``_apply``.
+
+When an activation ends (its final committed outcome: terminal, or
+ChangesRequested, never an outcome that is then retried) the source's edges
+are evaluated in specification order, then its dependents are settled. When
+every open node is idle (Pending or ChangesRequested) no outcome can ever
+arrive again, so the parked nodes are resolved: a Pending node only edges
+could start is Skipped ("branch not selected"), a ChangesRequested node whose
+correction never came back fails (docs/transitions.md).
 
 Deterministic: the same state and command always give the same events.
 """
@@ -16,6 +25,7 @@ from mayfly.model.commands import (
     CancelRun,
     Command,
     CompleteAttempt,
+    CompleteChild,
     CreateRun,
     Rejection,
     RejectionCode,
@@ -28,6 +38,9 @@ from mayfly.model.events import (
     BudgetKind,
     CancellationRequested,
     CancellationTarget,
+    ChildCompleted,
+    ChildStarted,
+    EdgeActivated,
     Event,
     FailureCause,
     NodeFailed,
@@ -41,6 +54,7 @@ from mayfly.model.events import (
     VirtualTimeAdvanced,
 )
 from mayfly.model.ids import is_uuid
+from mayfly.model.limits import MAX_CHILD_DEPTH
 from mayfly.model.outcomes import (
     Blocked,
     Cancelled,
@@ -51,8 +65,10 @@ from mayfly.model.outcomes import (
     check_reason,
 )
 from mayfly.model.state import NodeState, NodeStatus, RunState, RunStatus
-from mayfly.reducer._apply import Draft, new_state, run_result
+from mayfly.reducer._apply import Draft, can_activate, new_state, run_result
 from mayfly.reducer.backoff import retry_delay
+from mayfly.reducer.children import child_input, child_outcome, nesting_depth, project_fields
+from mayfly.reducer.transitions import matches
 from mayfly.reducer.validate import check_input, validate
 
 __all__ = ["Decision", "decide"]
@@ -75,6 +91,8 @@ def decide(state: RunState | None, command: Command) -> Decision:
         return Rejection(RejectionCode.RUN_NOT_FOUND, "the run does not exist")
     if isinstance(command, CompleteAttempt):
         return _complete_attempt(state, command)
+    if isinstance(command, CompleteChild):
+        return _complete_child(state, command)
     if state.status is not RunStatus.RUNNING:
         return _terminal(state)
     if isinstance(command, StartNodes):
@@ -113,11 +131,17 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
         check_input(command.input, "run input")
     except ValueError as exc:
         return Rejection(RejectionCode.INVALID_INPUT, str(exc))
+    parent = command.parent
+    if parent is not None:
+        problem = _parent_problem(command)
+        if problem is not None:
+            return problem
     created = RunCreated(
         run_id=command.run_id,
         spec=command.spec,
         spec_hash=command.spec.content_hash(),
         input=command.input,
+        parent=parent,
     )
     draft = Draft(new_state(created))
     draft.events.append(created)
@@ -125,11 +149,31 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
     if spec.initial is not None:
         initial = [draft.index[node_id] for node_id in spec.initial]
     else:
-        initial = [i for i, node in enumerate(spec.nodes) if not node.depends_on]
+        initial = [
+            i for i, node in enumerate(spec.nodes) if not node.depends_on and not draft.node(i).in_edges
+        ]
     for i in initial:
         if not _make_ready(draft, i, "initial"):
             break
     return draft.events
+
+
+def _parent_problem(command: CreateRun) -> Rejection | None:
+    parent = command.parent
+    assert parent is not None
+    if not is_uuid(parent.run_id) or not is_uuid(parent.attempt_id) or parent.run_id == command.run_id:
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"child run {command.run_id}: parent run and attempt ids must be UUIDs of another run",
+        )
+    depth = parent.depth + nesting_depth(command.spec)
+    if parent.depth < 1 or depth > MAX_CHILD_DEPTH:
+        return Rejection(
+            RejectionCode.INVALID_SPEC,
+            f"child run {command.run_id} at depth {parent.depth} would nest {depth} child levels; "
+            f"the limit is 1..{MAX_CHILD_DEPTH}",
+        )
+    return None
 
 
 # -- starting attempts ----------------------------------------------------------
@@ -159,8 +203,14 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
                 RejectionCode.ATTEMPT_ID_USED,
                 f"attempt id {start.attempt_id} was already consumed in run {state.run_id}",
             )
+        problem = _child_start_problem(state, node, start.child_run_id)
+        if problem is not None:
+            return problem
     if len({s.attempt_id for s in command.starts}) != len(command.starts):
         return Rejection(RejectionCode.ATTEMPT_ID_USED, "the same attempt id is used twice")
+    children = [s.child_run_id for s in command.starts if s.child_run_id is not None]
+    if len(set(children)) != len(children):
+        return Rejection(RejectionCode.INVALID_INPUT, "the same child run id is used twice")
     draft = Draft(state)
     for start in command.starts:
         if draft.status is not RunStatus.RUNNING:
@@ -176,17 +226,61 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
             _exhaust_run(draft, BudgetKind.RUN_ATTEMPTS, budgets.max_attempts, budgets.max_attempts + 1)
             break
         deadline_ms = node.spec.retry.attempt_deadline_ms
+        deadline = None if deadline_ms is None else draft.now + deadline_ms
+        call = node.spec.child
+        if call is not None:
+            assert start.child_run_id is not None
+            draft.emit(
+                ChildStarted(
+                    node_id=start.node_id,
+                    attempt_id=start.attempt_id,
+                    attempt=node.attempt + 1,
+                    child_run_id=start.child_run_id,
+                    workflow_id=call.workflow_id,
+                    version=call.version,
+                    input=child_input(state.input, node.spec),
+                    at=draft.now,
+                    deadline=deadline,
+                )
+            )
+            continue
         draft.emit(
             NodeStarted(
                 node_id=start.node_id,
                 attempt_id=start.attempt_id,
                 attempt=node.attempt + 1,
                 at=draft.now,
-                deadline=None if deadline_ms is None else draft.now + deadline_ms,
+                deadline=deadline,
             )
         )
     _finish(draft)
     return draft.events
+
+
+def _child_start_problem(state: RunState, node: NodeState, child_run_id: str | None) -> Rejection | None:
+    if node.spec.child is None:
+        if child_run_id is None:
+            return None
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"node {node.node_id!r} runs a handler; it takes no child run id",
+        )
+    if child_run_id is None or not is_uuid(child_run_id):
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"node {node.node_id!r} calls a child workflow; its start needs a fresh child run id (a UUID), "
+            f"got {child_run_id!r}",
+        )
+    if child_run_id == state.run_id or state.child_attempt(child_run_id) is not None:
+        return Rejection(
+            RejectionCode.ATTEMPT_ID_USED,
+            f"child run id {child_run_id} was already used by run {state.run_id}",
+        )
+    try:
+        check_input(child_input(state.input, node.spec), f"child input of node {node.node_id!r}")
+    except ValueError as exc:
+        return Rejection(RejectionCode.INVALID_INPUT, str(exc))
+    return None
 
 
 # -- completing attempts --------------------------------------------------------
@@ -204,24 +298,83 @@ def _complete_attempt(state: RunState, command: CompleteAttempt) -> Decision:
             RejectionCode.ATTEMPT_NOT_ACTIVE,
             f"attempt {command.attempt_id} belongs to node {record.node_id!r}, not {command.node_id!r}",
         )
-    if record.outcome is not None:
-        if record.outcome == command.outcome:
-            return []
-        if _closed_by_run(record.outcome):
-            return Rejection(
-                RejectionCode.ATTEMPT_NOT_ACTIVE,
-                f"attempt {command.attempt_id} of node {command.node_id!r} was closed "
-                f"({record.outcome.kind.value}); the late result is rejected",
-            )
+    if record.child_run_id is not None:
         return Rejection(
-            RejectionCode.CONFLICTING_OUTCOME,
-            f"attempt {command.attempt_id} of node {command.node_id!r} already committed "
-            f"{record.outcome.kind.value}; a different outcome is rejected as corruption",
+            RejectionCode.CHILD_MISMATCH,
+            f"attempt {command.attempt_id} of node {command.node_id!r} is child run "
+            f"{record.child_run_id}; report its result with CompleteChild",
         )
+    if record.outcome is not None:
+        return _redelivery(command.node_id, command.attempt_id, record.outcome, command.outcome)
     if state.status is not RunStatus.RUNNING:
         return _terminal(state)
     draft = Draft(state)
     _commit_outcome(draft, state.index[command.node_id], command.outcome, command.attempt_id)
+    _finish(draft)
+    return draft.events
+
+
+def _redelivery(node_id: str, attempt_id: str, committed: NodeOutcome, outcome: NodeOutcome) -> Decision:
+    if committed == outcome:
+        return []
+    if _closed_by_run(committed):
+        return Rejection(
+            RejectionCode.ATTEMPT_NOT_ACTIVE,
+            f"attempt {attempt_id} of node {node_id!r} was closed "
+            f"({committed.kind.value}); the late result is rejected",
+        )
+    return Rejection(
+        RejectionCode.CONFLICTING_OUTCOME,
+        f"attempt {attempt_id} of node {node_id!r} already committed "
+        f"{committed.kind.value}; a different outcome is rejected as corruption",
+    )
+
+
+# -- completing child calls -----------------------------------------------------
+
+_RUN_RESULTS = frozenset({"succeeded", "failed", "blocked", "cancelled"})
+
+
+def _complete_child(state: RunState, command: CompleteChild) -> Decision:
+    record = state.attempt(command.attempt_id)
+    if record is None or record.node_id != command.node_id:
+        return Rejection(
+            RejectionCode.ATTEMPT_NOT_ACTIVE,
+            f"attempt {command.attempt_id} of node {command.node_id!r} was never started in run "
+            f"{state.run_id}",
+        )
+    if record.child_run_id != command.child_run_id:
+        return Rejection(
+            RejectionCode.CHILD_MISMATCH,
+            f"attempt {command.attempt_id} of node {command.node_id!r} started child run "
+            f"{record.child_run_id}, not {command.child_run_id}",
+        )
+    if command.result not in _RUN_RESULTS:
+        return Rejection(RejectionCode.INVALID_INPUT, f"unknown child result {command.result!r}")
+    node = state.node(state.index[command.node_id])
+    call = node.spec.child
+    assert call is not None
+    try:
+        outcome = child_outcome(call, command.child_run_id, command.result, command.output)
+    except (LimitExceeded, ValueError) as exc:
+        return Rejection(RejectionCode.INVALID_INPUT, f"child run {command.child_run_id} output: {exc}")
+    if record.outcome is not None:
+        return _redelivery(command.node_id, command.attempt_id, record.outcome, outcome)
+    if state.status is not RunStatus.RUNNING:
+        return _terminal(state)
+    draft = Draft(state)
+    output = project_fields(command.output, call.outputs) if command.result == "succeeded" else None
+    draft.emit(
+        ChildCompleted(
+            node_id=command.node_id,
+            attempt_id=command.attempt_id,
+            child_run_id=command.child_run_id,
+            result=command.result,
+            output=output,
+            at=draft.now,
+        )
+    )
+    _commit_outcome(draft, node.index, outcome, command.attempt_id)
     _finish(draft)
     return draft.events
 
@@ -240,14 +393,54 @@ def _commit_outcome(draft: Draft, i: int, outcome: NodeOutcome, attempt_id: str 
     if node.status is NodeStatus.RETRY_PENDING:
         _decide_retry(draft, node)
     elif node.status is NodeStatus.CHANGES_REQUESTED:
-        draft.emit(
-            NodeFailed(
-                node_id=node.node_id,
-                cause=FailureCause.NO_CORRECTION_EDGE,
-                detail="changes requested, no correction edge matched",
+        if not _fire_edges(draft, i):
+            draft.emit(
+                NodeFailed(
+                    node_id=node.node_id,
+                    cause=FailureCause.NO_CORRECTION_EDGE,
+                    detail="changes requested, no correction edge matched",
+                )
             )
-        )
+        _settle(draft, i)
+        return
+    if draft.node(i).status.is_terminal:
+        # The activation ended (an outcome that is retried never gets here).
+        _fire_edges(draft, i)
     _settle(draft, i)
+
+
+def _fire_edges(draft: Draft, i: int) -> bool:
+    """Fire the edges that the final outcome of node ``i``'s activation selects; whether any matched.
+
+    Parallel edges fire in specification order; in an exclusive group at most
+    one fires (validation proved at most one can match). A matching edge whose
+    target is already active, or still awaits its dependency release, adds no
+    activation: the target's own activation is in flight or to come.
+    """
+    node = draft.node(i)
+    outcome = node.last_outcome
+    if not node.out_edges or outcome is None or draft.status is not RunStatus.RUNNING:
+        return False
+    edges = draft.spec.edges
+    matched = False
+    groups: set[str] = set()
+    for k in node.out_edges:
+        edge = edges[k]
+        if edge.exclusive is not None and edge.exclusive in groups:
+            continue
+        if not matches(edge.when, outcome):
+            continue
+        matched = True
+        if edge.exclusive is not None:
+            groups.add(edge.exclusive)
+        if not can_activate(draft.node(draft.index[edge.target])):
+            continue
+        if not _transition_available(draft):
+            break
+        draft.emit(
+            EdgeActivated(edge=k, source=node.node_id, target=edge.target, source_sequence=node.outcome_seq)
+        )
+    return matched
 
 
 def _decide_retry(draft: Draft, node: NodeState) -> None:
@@ -274,7 +467,7 @@ def _decide_retry(draft: Draft, node: NodeState) -> None:
         return
     limit = node.spec.max_attempts
     if limit is not None and node.total_attempts >= limit:
-        _exhaust_node(draft, node, limit)
+        _exhaust_node(draft, node, limit, settle=False)
         return
     next_attempt = node.attempt + 1
     delay = retry_delay(
@@ -298,7 +491,7 @@ def _decide_retry(draft: Draft, node: NodeState) -> None:
         draft.emit(RetryReleased(node_id=node.node_id, next_attempt=next_attempt, at=draft.now))
 
 
-def _exhaust_node(draft: Draft, node: NodeState, limit: int) -> None:
+def _exhaust_node(draft: Draft, node: NodeState, limit: int, *, settle: bool = True) -> None:
     draft.emit(
         BudgetExhausted(
             kind=BudgetKind.NODE_ATTEMPTS,
@@ -315,7 +508,8 @@ def _exhaust_node(draft: Draft, node: NodeState, limit: int) -> None:
             detail=f"node attempt budget of {limit} exhausted",
         )
     )
-    _settle(draft, node.index)
+    if settle:
+        _settle(draft, node.index)
 
 
 # -- releasing and propagating --------------------------------------------------
@@ -437,7 +631,8 @@ def _cancel_run(state: RunState, command: CancelRun) -> Decision:
         return Rejection(RejectionCode.INVALID_INPUT, f"requester must be 1..{_MAX_REQUESTER} characters")
     draft = Draft(state)
     targets = tuple(
-        CancellationTarget(state.node(i).node_id, attempt_id) for attempt_id, i in state.active_attempts()
+        CancellationTarget(state.node(i).node_id, attempt_id, state.node(i).child_run_id)
+        for attempt_id, i in state.active_attempts()
     )
     draft.emit(
         CancellationRequested(
@@ -470,6 +665,34 @@ def _exhaust_run(draft: Draft, kind: BudgetKind, limit: int, observed: int) -> N
 
 
 def _finish(draft: Draft) -> None:
-    """Record the run's terminal result once every node is terminal."""
+    """Resolve parked nodes once the run is quiescent; record the terminal result once all are terminal.
+
+    Quiescent means every open node is idle (Pending or ChangesRequested):
+    nothing is Ready, Running, Waiting or awaiting a retry, so no outcome can
+    ever arrive and no edge can ever fire again. That is exact, needs no
+    graph search, and costs O(parked nodes) once per quiescence.
+    """
+    while draft.status is RunStatus.RUNNING and draft.open_nodes and draft.n_idle == draft.open_nodes:
+        parked = draft.parked_nodes()
+        if not parked:
+            raise AssertionError(f"run {draft.run_id} is idle with open nodes but nothing parked")
+        for i in parked:
+            node = draft.node(i)
+            if node.status is NodeStatus.CHANGES_REQUESTED:
+                draft.emit(
+                    NodeFailed(
+                        node_id=node.node_id,
+                        cause=FailureCause.CORRECTION_UNRESOLVED,
+                        detail="changes requested, but no correction re-activated the node",
+                    )
+                )
+            else:
+                draft.emit(
+                    NodeOutcomeCommitted(
+                        node_id=node.node_id, outcome=Skipped(reason="branch not selected"), at=draft.now
+                    )
+                )
+        for i in parked:
+            _settle(draft, i)
     if draft.status is RunStatus.RUNNING and draft.open_nodes == 0:
         draft.emit(RunCompleted(result=run_result(draft), at=draft.now))

@@ -1,5 +1,11 @@
 """Specification validation: every problem at once, each located by its path.
 
+Edges must name known nodes; exclusive groups must share a source and be
+provably disjoint (:func:`mayfly.reducer.transitions.overlap_reason`); a
+graph whose dependencies plus edges form a cycle must declare ``initial``.
+Child calls must name a catalog entry and only fields it declares; the call
+graph must not recurse or nest more than eight levels.
+
 Paths name nodes by id where the id is usable (``nodes[review].depends_on[2]``)
 and by position otherwise (``nodes[3].id``), so an author can find the
 problem in the JSON or the Python that produced it.
@@ -22,14 +28,20 @@ from mayfly.model.limits import MAX_EVIDENCE_REFS, MAX_INLINE_INPUT_BYTES, MAX_N
 from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.spec import (
     SUPPORTED_SPEC_SCHEMA_VERSIONS,
+    ChildCall,
+    ChildDefinition,
+    Edge,
     ExponentialBackoff,
     FixedBackoff,
     Node,
+    OnField,
     RetryPolicy,
     RunBudgets,
     WorkflowSpec,
     parse_handler_ref,
 )
+from mayfly.reducer.children import call_graph_issues
+from mayfly.reducer.transitions import describe_predicate, overlap_reason
 
 __all__ = ["check_input", "ensure_valid", "validate"]
 
@@ -59,7 +71,13 @@ def ensure_valid(spec: WorkflowSpec) -> WorkflowSpec:
 
 
 def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
-    """Every problem in ``spec``, in a stable order; an empty list means valid."""
+    """Every problem in ``spec``, in a stable order; an empty list means valid.
+
+    Catalog definitions are checked like the root (paths start with
+    ``catalog[id@version].``), and so are the child calls that reference
+    them: an unknown reference, recursion or nesting deeper than eight
+    levels is reported before any run exists.
+    """
     # Python-built structs skip msgspec's type checks; a JSON round trip applies them
     # with located messages ("Expected `int`, got `str` - at `$.nodes[0].retry`").
     try:
@@ -84,21 +102,110 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
     if spec.version < 1:
         add(ValidationIssue("version", f"must be >= 1, got {spec.version}"))
     _check_budgets(spec.budgets, "budgets", add)
-    if not spec.nodes:
-        add(ValidationIssue("nodes", "a workflow needs at least one node"))
-        return issues
-    if len(spec.nodes) > MAX_NODES:
-        add(ValidationIssue("nodes", f"{len(spec.nodes)} nodes, over the limit of {MAX_NODES}"))
-        return issues
-    if spec.edges:
-        add(ValidationIssue("edges", "conditional edges are not supported by this Mayfly version"))
-    if spec.catalog:
-        add(ValidationIssue("catalog", "child workflows are not supported by this Mayfly version"))
+    catalog = _check_catalog(spec, add)
+    before = len(issues)
+    _check_body("", spec.nodes, edges=spec.edges, initial=spec.initial, catalog=catalog, add=add)
+    root = (spec.workflow_id, spec.version)
+    for position, entry in enumerate(spec.catalog):
+        key = (entry.workflow_id, entry.version)
+        prefix = (
+            f"catalog[{entry.workflow_id}@{entry.version}]." if key in catalog else f"catalog[{position}]."
+        )
+        _check_interface(entry, prefix, add)
+        if key == root:
+            if (entry.nodes, entry.edges, entry.initial, entry.budgets) != (
+                spec.nodes,
+                spec.edges,
+                spec.initial,
+                spec.budgets,
+            ):
+                add(
+                    ValidationIssue(
+                        prefix.rstrip("."),
+                        "has this workflow's own id and version but a different definition",
+                    )
+                )
+            continue
+        _check_budgets(entry.budgets, f"{prefix}budgets", add)
+        _check_body(prefix, entry.nodes, edges=entry.edges, initial=entry.initial, catalog=catalog, add=add)
+    if len(issues) == before and len(catalog) == len(spec.catalog):
+        # The call graph is meaningful only once every reference resolves.
+        issues.extend(call_graph_issues(spec))
+    return issues
+
+
+_Key = tuple[str, int]
+
+
+def _check_catalog(spec: WorkflowSpec, add: _Add) -> dict[_Key, ChildDefinition]:
+    catalog: dict[_Key, ChildDefinition] = {}
+    for position, entry in enumerate(spec.catalog):
+        path = f"catalog[{position}]"
+        try:
+            parse_workflow_id(entry.workflow_id)
+        except InvalidIdentifier as exc:
+            add(ValidationIssue(f"{path}.workflow_id", str(exc)))
+            continue
+        if entry.version < 1:
+            add(ValidationIssue(f"{path}.version", f"must be >= 1, got {entry.version}"))
+            continue
+        key = (entry.workflow_id, entry.version)
+        if key in catalog:
+            add(
+                ValidationIssue(
+                    path,
+                    f"duplicate catalog entry {entry.workflow_id}@{entry.version}; versions are immutable",
+                )
+            )
+            continue
+        catalog[key] = entry
+    return catalog
+
+
+def _check_names(names: tuple[str, ...], path: str, what: str, add: _Add) -> None:
+    seen: set[str] = set()
+    for j, name in enumerate(names):
+        if not name or len(name) > _MAX_OUTPUT_NAME or not name.isascii() or not name.isprintable():
+            add(ValidationIssue(f"{path}[{j}]", f"invalid {what} name {name!r}"))
+        elif name in seen:
+            add(ValidationIssue(f"{path}[{j}]", f"duplicate {what} name {name!r}"))
+        seen.add(name)
+
+
+def _check_interface(entry: ChildDefinition, prefix: str, add: _Add) -> None:
+    _check_names(entry.inputs, f"{prefix}inputs", "input", add)
+    _check_names(entry.outputs, f"{prefix}outputs", "output", add)
+    declared = {name for node in entry.nodes for name in node.outputs}
+    for j, name in enumerate(entry.outputs):
+        if name not in declared:
+            add(
+                ValidationIssue(
+                    f"{prefix}outputs[{j}]", f"output {name!r} is not declared in the outputs of any node"
+                )
+            )
+
+
+def _check_body(
+    prefix: str,
+    nodes: tuple[Node, ...],
+    *,
+    edges: tuple[Edge, ...],
+    initial: tuple[str, ...] | None,
+    catalog: dict[_Key, ChildDefinition],
+    add: _Add,
+) -> None:
+    """Nodes, dependencies, edges, initial set and graph shape of the root or one catalog entry."""
+    if not nodes:
+        add(ValidationIssue(f"{prefix}nodes", "a workflow needs at least one node"))
+        return
+    if len(nodes) > MAX_NODES:
+        add(ValidationIssue(f"{prefix}nodes", f"{len(nodes)} nodes, over the limit of {MAX_NODES}"))
+        return
 
     ids: dict[str, int] = {}
-    for position, node in enumerate(spec.nodes):
+    for position, node in enumerate(nodes):
         label = node.id if is_node_id(node.id) else str(position)
-        path = f"nodes[{label}]"
+        path = f"{prefix}nodes[{label}]"
         if not is_node_id(node.id):
             add(ValidationIssue(f"{path}.id", f"invalid node id {node.id!r}: expected {NODE_ID_GRAMMAR}"))
         elif node.id in ids:
@@ -109,10 +216,10 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
             )
         else:
             ids[node.id] = position
-        _check_node(node, path, add)
+        _check_node(node, path, catalog, add)
 
-    for node in spec.nodes:
-        path = f"nodes[{node.id}]" if is_node_id(node.id) else "nodes[?]"
+    for node in nodes:
+        path = f"{prefix}nodes[{node.id}]" if is_node_id(node.id) else f"{prefix}nodes[?]"
         seen: set[str] = set()
         for j, prereq in enumerate(node.depends_on):
             where = f"{path}.depends_on[{j}]"
@@ -124,23 +231,90 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
                 add(ValidationIssue(where, f"duplicate dependency {prereq!r}"))
             seen.add(prereq)
 
-    if spec.initial is not None:
-        if not spec.initial:
-            add(ValidationIssue("initial", "when given, initial must name at least one node"))
+    if initial is not None:
+        if not initial:
+            add(ValidationIssue(f"{prefix}initial", "when given, initial must name at least one node"))
         seen_initial: set[str] = set()
-        for j, node_id in enumerate(spec.initial):
+        for j, node_id in enumerate(initial):
             if node_id not in ids:
-                add(ValidationIssue(f"initial[{j}]", f"unknown node {node_id!r}"))
+                add(ValidationIssue(f"{prefix}initial[{j}]", f"unknown node {node_id!r}"))
             elif node_id in seen_initial:
-                add(ValidationIssue(f"initial[{j}]", f"duplicate initial node {node_id!r}"))
+                add(ValidationIssue(f"{prefix}initial[{j}]", f"duplicate initial node {node_id!r}"))
             seen_initial.add(node_id)
 
+    edges_ok = _check_edges(prefix, nodes, edges, ids, add)
+
     # Cycle and reachability analysis needs well-formed ids and references.
-    if len(ids) == len(spec.nodes) and all(
-        prereq in ids and prereq != node.id for node in spec.nodes for prereq in node.depends_on
+    if (
+        edges_ok
+        and len(ids) == len(nodes)
+        and all(prereq in ids and prereq != node.id for node in nodes for prereq in node.depends_on)
     ):
-        issues.extend(_graph_issues(spec, ids))
-    return issues
+        for issue in _graph_issues(prefix, nodes, edges, initial, ids):
+            add(issue)
+
+
+def _check_edges(
+    prefix: str, nodes: tuple[Node, ...], edges: tuple[Edge, ...], ids: dict[str, int], add: _Add
+) -> bool:
+    """Edge references, field names and exclusive-group disjointness; whether every reference resolves."""
+    ok = True
+    groups: dict[str, list[int]] = {}
+    for k, edge in enumerate(edges):
+        path = f"{prefix}edges[{k}]"
+        for end in ("source", "target"):
+            node_id = getattr(edge, end)
+            if node_id not in ids:
+                add(ValidationIssue(f"{path}.{end}", f"unknown node {node_id!r}"))
+                ok = False
+        when = edge.when
+        if isinstance(when, OnField):
+            name = when.field
+            if not name or len(name) > _MAX_OUTPUT_NAME or not name.isascii() or not name.isprintable():
+                add(ValidationIssue(f"{path}.when.field", f"invalid field name {name!r}"))
+            elif edge.source in ids:
+                declared = nodes[ids[edge.source]].outputs
+                if declared and name not in declared:
+                    add(
+                        ValidationIssue(
+                            f"{path}.when.field",
+                            f"node {edge.source!r} does not declare output {name!r} "
+                            f"(declared: {', '.join(declared)})",
+                        )
+                    )
+        if edge.exclusive is not None:
+            if not edge.exclusive:
+                add(ValidationIssue(f"{path}.exclusive", "an exclusive group name must not be empty"))
+            else:
+                groups.setdefault(edge.exclusive, []).append(k)
+    for group, members in groups.items():
+        first = edges[members[0]]
+        for k in members[1:]:
+            if edges[k].source != first.source:
+                add(
+                    ValidationIssue(
+                        f"{prefix}edges[{k}].exclusive",
+                        f"exclusive group {group!r} mixes sources {first.source!r} "
+                        f"(edges[{members[0]}]) and {edges[k].source!r}; a group belongs to one source",
+                    )
+                )
+        for a, j in enumerate(members):
+            for k in members[a + 1 :]:
+                reason = overlap_reason(edges[j].when, edges[k].when)
+                if reason is not None:
+                    add(
+                        ValidationIssue(
+                            f"{prefix}edges[{k}]",
+                            f"overlaps edges[{j}] in exclusive group {group!r}: "
+                            f"edges[{j}] ({_describe(edges[j])}) and edges[{k}] ({_describe(edges[k])}) "
+                            f"can both match because {reason}",
+                        )
+                    )
+    return ok
+
+
+def _describe(edge: Edge) -> str:
+    return f"{edge.source} -> {edge.target} on {describe_predicate(edge.when)}"
 
 
 def _check_budgets(budgets: RunBudgets, path: str, add: _Add) -> None:
@@ -152,12 +326,14 @@ def _check_budgets(budgets: RunBudgets, path: str, add: _Add) -> None:
         add(ValidationIssue(f"{path}.max_elapsed_ms", f"must be >= 1, got {budgets.max_elapsed_ms}"))
 
 
-def _check_node(node: Node, path: str, add: _Add) -> None:
+def _check_node(node: Node, path: str, catalog: dict[_Key, ChildDefinition], add: _Add) -> None:
     if node.child is not None:
-        add(ValidationIssue(f"{path}.child", "child workflows are not supported by this Mayfly version"))
-    if node.handler is None:
+        if node.handler is not None:
+            add(ValidationIssue(path, "a node has a handler or a child call, not both"))
+        _check_child_call(node, node.child, f"{path}.child", catalog, add)
+    elif node.handler is None:
         add(ValidationIssue(f"{path}.handler", "a node needs a handler ('name@version')"))
-    else:
+    if node.handler is not None:
         try:
             parse_handler_ref(node.handler)
         except InvalidIdentifier as exc:
@@ -173,16 +349,55 @@ def _check_node(node: Node, path: str, add: _Add) -> None:
                 f"{len(node.artifacts)} references, over the limit of {MAX_EVIDENCE_REFS}",
             )
         )
-    names: set[str] = set()
-    for j, name in enumerate(node.outputs):
-        if not name or len(name) > _MAX_OUTPUT_NAME or not name.isascii() or not name.isprintable():
-            add(ValidationIssue(f"{path}.outputs[{j}]", f"invalid output name {name!r}"))
-        elif name in names:
-            add(ValidationIssue(f"{path}.outputs[{j}]", f"duplicate output name {name!r}"))
-        names.add(name)
+    _check_names(node.outputs, f"{path}.outputs", "output", add)
     if node.max_attempts is not None and node.max_attempts < 1:
         add(ValidationIssue(f"{path}.max_attempts", f"must be >= 1, got {node.max_attempts}"))
     _check_retry(node.retry, f"{path}.retry", add)
+
+
+def _check_child_call(
+    node: Node, call: ChildCall, path: str, catalog: dict[_Key, ChildDefinition], add: _Add
+) -> None:
+    try:
+        parse_workflow_id(call.workflow_id)
+    except InvalidIdentifier as exc:
+        add(ValidationIssue(f"{path}.workflow_id", str(exc)))
+        return
+    _check_names(call.inputs, f"{path}.inputs", "input", add)
+    _check_names(call.outputs, f"{path}.outputs", "output", add)
+    entry = catalog.get((call.workflow_id, call.version))
+    if entry is None:
+        known = ", ".join(f"{w}@{v}" for w, v in catalog) or "none"
+        add(
+            ValidationIssue(
+                path,
+                f"calls {call.workflow_id}@{call.version}, which is not in the catalog (known: {known})",
+            )
+        )
+        return
+    for j, name in enumerate(call.inputs):
+        if name not in entry.inputs:
+            add(
+                ValidationIssue(
+                    f"{path}.inputs[{j}]",
+                    f"{call.workflow_id}@{call.version} does not declare input {name!r}",
+                )
+            )
+    for j, name in enumerate(call.outputs):
+        if name not in entry.outputs:
+            add(
+                ValidationIssue(
+                    f"{path}.outputs[{j}]",
+                    f"{call.workflow_id}@{call.version} does not declare output {name!r}",
+                )
+            )
+        elif node.outputs and name not in node.outputs:
+            add(
+                ValidationIssue(
+                    f"{path}.outputs[{j}]",
+                    f"node {node.id!r} does not declare output {name!r} in its own outputs",
+                )
+            )
 
 
 def _check_retry(retry: RetryPolicy, path: str, add: _Add) -> None:
@@ -226,9 +441,14 @@ def _check_retry(retry: RetryPolicy, path: str, add: _Add) -> None:
         add(ValidationIssue(f"{path}.attempt_deadline_ms", f"must be >= 1, got {retry.attempt_deadline_ms}"))
 
 
-def _graph_issues(spec: WorkflowSpec, ids: dict[str, int]) -> Iterable[ValidationIssue]:
-    """Cycles among unconditional dependencies, and nodes that could never become ready."""
-    nodes = spec.nodes
+def _graph_issues(
+    prefix: str,
+    nodes: tuple[Node, ...],
+    edges: tuple[Edge, ...],
+    initial: tuple[str, ...] | None,
+    ids: dict[str, int],
+) -> Iterable[ValidationIssue]:
+    """Cycles among unconditional dependencies, undeclared conditional cycles, unreachable nodes."""
     indegree = [len(node.depends_on) for node in nodes]
     dependents: list[list[int]] = [[] for _ in nodes]
     for i, node in enumerate(nodes):
@@ -247,13 +467,50 @@ def _graph_issues(spec: WorkflowSpec, ids: dict[str, int]) -> Iterable[Validatio
         stuck = [nodes[i].id for i, degree in enumerate(indegree) if degree > 0]
         shown = ", ".join(stuck[:10]) + (", ..." if len(stuck) > 10 else "")
         yield ValidationIssue(
-            "nodes", f"dependency cycle among unconditional depends_on edges through: {shown}"
+            f"{prefix}nodes", f"dependency cycle among unconditional depends_on edges through: {shown}"
         )
         return
-    initial = set(spec.initial) if spec.initial is not None else None
-    for node in nodes:
-        if not node.depends_on and initial is not None and node.id not in initial:
+    targets = {edge.target for edge in edges}
+    if initial is None:
+        cyclic = _conditional_cycle(nodes, edges, ids, dependents)
+        if cyclic:
+            shown = ", ".join(cyclic[:10]) + (", ..." if len(cyclic) > 10 else "")
             yield ValidationIssue(
-                f"nodes[{node.id}]",
+                f"{prefix}initial",
+                f"the graph has a conditional cycle through: {shown}; declare the initial nodes explicitly",
+            )
+        return
+    starts = set(initial)
+    for node in nodes:
+        if not node.depends_on and node.id not in starts and node.id not in targets:
+            yield ValidationIssue(
+                f"{prefix}nodes[{node.id}]",
                 "can never become ready: not in initial, no depends_on and no incoming edge",
             )
+
+
+def _conditional_cycle(
+    nodes: tuple[Node, ...], edges: tuple[Edge, ...], ids: dict[str, int], dependents: list[list[int]]
+) -> list[str]:
+    """Nodes on (or between) cycles of dependencies plus edges, in specification order; empty if acyclic."""
+    forward: list[list[int]] = [list(d) for d in dependents]
+    for edge in edges:
+        forward[ids[edge.source]].append(ids[edge.target])
+    backward: list[list[int]] = [[] for _ in nodes]
+    for i, outs in enumerate(forward):
+        for j in outs:
+            backward[j].append(i)
+
+    def residue(graph: list[list[int]], reverse: list[list[int]]) -> set[int]:
+        indegree = [len(ins) for ins in reverse]
+        queue = [i for i, degree in enumerate(indegree) if degree == 0]
+        while queue:
+            i = queue.pop()
+            for j in graph[i]:
+                indegree[j] -= 1
+                if indegree[j] == 0:
+                    queue.append(j)
+        return {i for i, degree in enumerate(indegree) if degree > 0}
+
+    on_cycles = residue(forward, backward) & residue(backward, forward)
+    return [nodes[i].id for i in sorted(on_cycles)]
