@@ -1,0 +1,142 @@
+"""The handler registry: implementations registered by stable name and contract version.
+
+Workflow data can only *name* a handler; code is registered explicitly by the
+application (ADR-0032 "Security and safety"). An implementation declares the
+contract version it implements and, optionally, older versions it can still
+serve, so an unfinished run pinned to ``review@1`` resumes on a ``review@2``
+implementation only when that implementation says it is compatible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, final
+
+from mayfly.model.errors import HandlerUnavailable
+from mayfly.model.outcomes import NodeOutcome
+from mayfly.model.spec import HandlerRef, WorkflowSpec, parse_handler_ref
+
+__all__ = ["HandlerEntry", "HandlerFunction", "HandlerRegistry"]
+
+HandlerFunction = Callable[[Any], NodeOutcome]
+"""A handler: ``handler(request: HandlerRequest) -> NodeOutcome`` (or a wait/child request)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@final
+class HandlerEntry:
+    """One registered implementation."""
+
+    __slots__ = ("compatible", "cooperative", "fn", "name", "version")
+
+    def __init__(
+        self, name: str, version: int, fn: HandlerFunction, compatible: frozenset[int], cooperative: bool
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.fn = fn
+        self.compatible = compatible
+        self.cooperative = cooperative
+
+    @property
+    def ref(self) -> str:
+        """``name@version`` of the contract this implements."""
+        return f"{self.name}@{self.version}"
+
+    def __repr__(self) -> str:
+        return f"<HandlerEntry {self.ref} cooperative={self.cooperative}>"
+
+
+class HandlerRegistry:
+    """Maps ``name@version`` to handler implementations; duplicates are errors, never last-wins.
+
+    Handlers run through the substrate's ``offload`` boundary by default, so
+    a blocking handler cannot freeze timers, deadlines or cancellation. A
+    handler written against substrate primitives (``mayfly.substrate.sleep``...)
+    may declare ``cooperative=True`` to run directly on a hub greenlet.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, int], HandlerEntry] = {}
+        self._serves: dict[tuple[str, int], HandlerEntry] = {}
+
+    def register(
+        self,
+        name: str,
+        version: int,
+        fn: HandlerFunction,
+        *,
+        compatible_with: Iterable[int] = (),
+        cooperative: bool = False,
+    ) -> HandlerEntry:
+        """Register ``fn`` as contract ``name@version`` (and the older versions it is compatible with)."""
+        parse_handler_ref(f"{name}@{version}")  # same grammar as specifications
+        versions = frozenset({version, *compatible_with})
+        if any(v < 1 or v > version for v in versions):
+            raise ValueError(
+                f"handler {name}@{version}: compatible versions must be between 1 and {version}, "
+                f"got {sorted(versions)}"
+            )
+        entry = HandlerEntry(name, version, fn, versions, cooperative)
+        for served in versions:
+            existing = self._serves.get((name, served))
+            if existing is not None:
+                raise ValueError(
+                    f"handler contract {name}@{served} is already served by {existing.ref}; "
+                    "register each contract version once"
+                )
+        self._entries[(name, version)] = entry
+        for served in versions:
+            self._serves[(name, served)] = entry
+        return entry
+
+    def handler(
+        self, name: str, version: int = 1, *, compatible_with: Iterable[int] = (), cooperative: bool = False
+    ) -> Callable[[F], F]:
+        """Decorator form of :meth:`register`: ``@registry.handler("review", version=1)``."""
+
+        def decorate(fn: F) -> F:
+            self.register(name, version, fn, compatible_with=compatible_with, cooperative=cooperative)
+            return fn
+
+        return decorate
+
+    def resolve(self, ref: str | HandlerRef) -> HandlerEntry | None:
+        """The implementation serving ``name@version``, or ``None``."""
+        parsed = parse_handler_ref(ref) if isinstance(ref, str) else ref
+        return self._serves.get((parsed.name, parsed.version))
+
+    def is_available(self, ref: str) -> bool:
+        """Whether some registered implementation serves contract ``ref``."""
+        try:
+            return self.resolve(ref) is not None
+        except ValueError:
+            return False
+
+    def missing(self, spec: WorkflowSpec) -> list[str]:
+        """Handler contracts named by ``spec`` (and its child catalog) that nothing serves."""
+        wanted: dict[str, None] = {}
+        for node in spec.nodes:
+            if node.handler is not None:
+                wanted[node.handler] = None
+        for child in spec.catalog:
+            for node in child.nodes:
+                if node.handler is not None:
+                    wanted[node.handler] = None
+        return [ref for ref in wanted if not self.is_available(ref)]
+
+    def check(self, spec: WorkflowSpec) -> None:
+        """Raise :class:`HandlerUnavailable` naming every contract of ``spec`` nothing serves."""
+        missing = self.missing(spec)
+        if missing:
+            raise HandlerUnavailable(
+                f"workflow {spec.workflow_id}@{spec.version} needs handler(s) that are not registered: "
+                f"{', '.join(missing)}; register them on the HandlerRegistry before executing"
+            )
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, ref: object) -> bool:
+        return isinstance(ref, str) and self.is_available(ref)

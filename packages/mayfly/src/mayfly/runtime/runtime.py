@@ -1,0 +1,262 @@
+"""``WorkflowRuntime``: run a specification durably with one call, or resume one after a crash.
+
+Two ownership modes, as ADR-0032 Story 1.9 defines them:
+
+- :meth:`WorkflowRuntime.execute` / :meth:`~WorkflowRuntime.resume` create and
+  drive their own hub (the standalone adapter). Independent branches run
+  concurrently; attempt deadlines are enforced.
+- :meth:`WorkflowRuntime.execute_in_current_task` /
+  :meth:`~WorkflowRuntime.resume_in_current_task` run inside a task of a hub
+  the application already drives. They never start a second hub: ready
+  handlers run serially in specification order, and specifications with
+  attempt deadlines are rejected, because enforcing a concurrent timeout needs
+  the standalone mode.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any, final
+
+import msgspec
+
+from mayfly.commit import commit_command
+from mayfly.identity import Uuid7IdSource
+from mayfly.journal import WorkflowJournal
+from mayfly.lease import RecoveryLeaseStore
+from mayfly.model.commands import CreateRun
+from mayfly.model.errors import MayflyError, SpecValidationError
+from mayfly.model.ids import IdSource
+from mayfly.model.json import JsonValue
+from mayfly.model.outcomes import NodeOutcomeKind, Succeeded
+from mayfly.model.spec import WorkflowSpec
+from mayfly.model.state import NodeStatus, RunState, RunStatus
+from mayfly.recovery import resume_run
+from mayfly.reducer import check_input, validate
+from mayfly.runtime._driver import RunDriver
+from mayfly.runtime.registry import HandlerRegistry
+from mayfly.substrate import Clock, Hub, current_hub
+
+__all__ = [
+    "NodeSummary",
+    "RunResult",
+    "UnsupportedInCurrentTask",
+    "WorkflowRuntime",
+    "set_backend_resolver",
+]
+
+BackendResolver = Callable[[str], tuple[WorkflowJournal, RecoveryLeaseStore]]
+_resolver: BackendResolver | None = None
+
+
+def set_backend_resolver(resolver: BackendResolver) -> None:
+    """Install how journal URLs are opened (``import mayfly`` installs the plugin manager's)."""
+    global _resolver  # noqa: PLW0603  # one process-wide hook, installed once by the package root
+    _resolver = resolver
+
+
+class UnsupportedInCurrentTask(MayflyError):
+    """The current-task mode cannot honour this specification (attempt deadlines need the standalone hub)."""
+
+
+class NodeSummary(msgspec.Struct, frozen=True):
+    """A node's final (or current) status, outcome class, attempts and non-success reason."""
+
+    status: NodeStatus
+    outcome: NodeOutcomeKind | None
+    attempts: int
+    reason: str = ""
+
+
+@final
+class RunResult(msgspec.Struct, frozen=True):
+    """A run's result: its status, each node's summary and the outputs of succeeded nodes."""
+
+    run_id: str
+    status: RunStatus
+    sequence: int
+    nodes: dict[str, NodeSummary]
+    outputs: dict[str, JsonValue]
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the run's terminal result is success."""
+        return self.status is RunStatus.SUCCEEDED
+
+    @classmethod
+    def of(cls, state: RunState) -> RunResult:
+        """Summarize ``state``."""
+        nodes: dict[str, NodeSummary] = {}
+        outputs: dict[str, JsonValue] = {}
+        for node in state.nodes:
+            outcome = node.last_outcome
+            nodes[node.node_id] = NodeSummary(
+                status=node.status,
+                outcome=None if outcome is None else outcome.kind,
+                attempts=node.total_attempts,
+                reason="" if outcome is None else getattr(outcome, "reason", ""),
+            )
+            if isinstance(outcome, Succeeded) and node.status is NodeStatus.SUCCEEDED:
+                outputs[node.node_id] = outcome.output
+        return cls(state.run_id, state.status, state.sequence, nodes, outputs)
+
+
+def _default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class WorkflowRuntime:
+    """Executes and resumes workflow runs on one journal with registered handlers.
+
+    ``journal`` is a :class:`~mayfly.journal.WorkflowJournal` or a URL such as
+    ``"file://./.mayfly"`` (resolved through the installed backends);
+    ``leases`` defaults to the store at the same URL. ``clock`` chooses the
+    hub clock for standalone runs: pass a :class:`~mayfly.substrate.VirtualClock`
+    to run hour-long backoffs in milliseconds.
+    """
+
+    def __init__(
+        self,
+        journal: WorkflowJournal | str,
+        registry: HandlerRegistry,
+        *,
+        leases: RecoveryLeaseStore | None = None,
+        ids: IdSource | None = None,
+        clock: Callable[[], Clock] | None = None,
+        owner: str | None = None,
+        lease_ttl_ms: int = 30_000,
+        snapshot_every: int = 1_000,
+        validators: Callable[[WorkflowSpec], list[Any]] | None = None,
+    ) -> None:
+        if isinstance(journal, str):
+            if _resolver is None:
+                raise TypeError("journal URLs need `import mayfly`; or pass a WorkflowJournal object")
+            journal, resolved_leases = _resolver(journal)
+            leases = leases if leases is not None else resolved_leases
+        if leases is None:
+            raise TypeError("pass leases= (a RecoveryLeaseStore) when journal is an object")
+        if ids is None:
+            ids = Uuid7IdSource()
+        self.journal = journal
+        self.leases = leases
+        self.registry = registry
+        self.ids = ids
+        self._clock = clock
+        self.owner = owner if owner is not None else _default_owner()
+        self.lease_ttl_ms = lease_ttl_ms
+        self.snapshot_every = snapshot_every
+        self._validators = validators
+        self._drivers: dict[str, RunDriver] = {}
+
+    # -- public entry points --------------------------------------------------------
+
+    def execute(self, spec: WorkflowSpec, input: JsonValue = None, *, run_id: str | None = None) -> RunResult:
+        """Create a run of ``spec`` and drive it to its terminal result on a new hub."""
+        run_id = self._prepare(spec, input, run_id)
+        return self._hub().run(self._create_and_drive, spec, input, run_id, True)
+
+    def execute_in_current_task(
+        self, spec: WorkflowSpec, input: JsonValue = None, *, run_id: str | None = None
+    ) -> RunResult:
+        """Like :meth:`execute`, inside the calling hub task (serial handlers, no attempt deadlines)."""
+        current_hub()  # raises HubNotRunning outside a hub task
+        self._reject_deadlines(spec)
+        run_id = self._prepare(spec, input, run_id)
+        return self._create_and_drive(spec, input, run_id, False)
+
+    def resume(self, run_id: str) -> RunResult:
+        """Take over a run (non-blocking lease) and drive it to its end on a new hub."""
+        return self._hub().run(self._resume_and_drive, run_id, True)
+
+    def resume_in_current_task(self, run_id: str) -> RunResult:
+        """Like :meth:`resume`, inside the calling hub task."""
+        current_hub()
+        return self._resume_and_drive(run_id, False)
+
+    def cancel(self, run_id: str, *, reason: str, requester: str = "runtime") -> None:
+        """Cancel a run this runtime is driving on the current hub (from another task)."""
+        driver = self._drivers.get(run_id)
+        if driver is None:
+            raise MayflyError(
+                f"run {run_id} is not being driven by this runtime; cancel it with its owner, "
+                "or with `mayfly cancel` once no process owns it"
+            )
+        driver.request_cancel(requester, reason)
+
+    # -- internals ------------------------------------------------------------------
+
+    def _hub(self) -> Hub:
+        return Hub(self._clock() if self._clock is not None else None)
+
+    def _prepare(self, spec: WorkflowSpec, input: JsonValue, run_id: str | None) -> str:
+        issues = validate(spec)
+        if self._validators is not None and not issues:
+            issues = list(self._validators(spec))
+        if issues:
+            raise SpecValidationError(issues)
+        check_input(input, "run input")
+        self.registry.check(spec)
+        return run_id if run_id is not None else self.ids.new_id()
+
+    @staticmethod
+    def _reject_deadlines(spec: WorkflowSpec) -> None:
+        with_deadlines = [n.id for n in spec.nodes if n.retry.attempt_deadline_ms is not None]
+        if with_deadlines:
+            raise UnsupportedInCurrentTask(
+                f"attempt deadlines need the standalone runtime (WorkflowRuntime.execute); "
+                f"nodes with deadlines: {', '.join(with_deadlines)}"
+            )
+
+    def _create_and_drive(
+        self, spec: WorkflowSpec, input: JsonValue, run_id: str, concurrent: bool
+    ) -> RunResult:
+        lease = self.leases.acquire(run_id, self.owner, self.lease_ttl_ms)
+        try:
+            commit = commit_command(
+                self.journal,
+                None,
+                CreateRun(run_id=run_id, spec=spec, input=input),
+                ids=self.ids,
+                fence=lease.fencing_token,
+            )
+            driver = self._driver(commit.state, lease, concurrent)
+            return self._drive(driver, ())
+        finally:
+            lease.release()
+
+    def _resume_and_drive(self, run_id: str, concurrent: bool) -> RunResult:
+        session = resume_run(
+            self.journal,
+            self.leases,
+            run_id,
+            owner=self.owner,
+            ttl_ms=self.lease_ttl_ms,
+            handler_available=self.registry.is_available,
+        )
+        with session:
+            if not concurrent:
+                self._reject_deadlines(session.state.spec)
+            driver = self._driver(session.state, session.lease, concurrent)
+            return self._drive(driver, session.effects)
+
+    def _driver(self, state: RunState, lease: Any, concurrent: bool) -> RunDriver:
+        return RunDriver(
+            journal=self.journal,
+            registry=self.registry,
+            ids=self.ids,
+            state=state,
+            lease=lease,
+            concurrent=concurrent,
+            snapshot_every=self.snapshot_every,
+            lease_ttl_ms=self.lease_ttl_ms,
+        )
+
+    def _drive(self, driver: RunDriver, effects: tuple[Any, ...]) -> RunResult:
+        run_id = driver.state.run_id
+        self._drivers[run_id] = driver
+        try:
+            return RunResult.of(driver.drive(effects))
+        finally:
+            del self._drivers[run_id]
