@@ -908,6 +908,37 @@ def test_nested_hub_run_is_rejected() -> None:
     assert Hub().run(main) == "outer still fine"
 
 
+def test_hubs_on_different_threads_run_independently() -> None:
+    """A second hub may run on another thread (here an offload worker) at the same time."""
+
+    def inner() -> tuple[str, int]:
+        sleep(10)
+        return threading.current_thread().name, now_ms()
+
+    def main() -> tuple[tuple[str, int], int]:
+        inner_result = offload(Hub(VirtualClock()).run, inner)
+        return inner_result, now_ms()
+
+    (thread_name, inner_now), outer_now = Hub(VirtualClock()).run(main)
+    assert thread_name == "mayfly-offload-1"
+    assert inner_now == 10_000
+    assert outer_now == 0
+
+
+def test_one_hub_cannot_run_on_two_threads_at_once() -> None:
+    """Running a Hub that is already running elsewhere raises HubAlreadyRunning."""
+    hub = Hub()
+
+    def main() -> str:
+        try:
+            offload(hub.run, lambda: None)
+        except HubAlreadyRunning as exc:
+            return str(exc)
+        return "no error"
+
+    assert "already running on another thread" in hub.run(main)
+
+
 def test_hub_spawn_outside_a_run_is_rejected() -> None:
     """Hub.spawn on a hub that is not running raises HubNotRunning."""
     with pytest.raises(HubNotRunning):

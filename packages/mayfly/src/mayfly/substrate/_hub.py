@@ -337,6 +337,11 @@ class Hub:
 
     ``Hub(clock, offload_workers=8)`` is driven by :meth:`run`; a hub can be run
     again after a run ends, but only one hub runs per thread at a time.
+
+    With a :class:`VirtualClock`, time jumps to the next timer only when every
+    task is parked and no offloaded call or fd wait is in flight; while one is,
+    the hub waits for it in real time, so the timeout of an offload or fd wait
+    cannot fire before the call or fd itself completes.
     """
 
     def __init__(
@@ -417,9 +422,13 @@ class Hub:
         """Run ``fn`` as the main task on this thread until it ends; return its result or re-raise.
 
         When the main task ends, every other task is cancelled and joined, and
-        the offload pool is stopped. Raises ``Deadlock`` if every task parks
-        with nothing left to wake it, ``HubAlreadyRunning`` if this thread (or
-        this hub) is already running a hub.
+        the offload pool is stopped. A thread cannot be killed: an offloaded
+        call still blocking then keeps its daemon thread until it returns (its
+        result is dropped); the hub waits ``shutdown_timeout`` seconds for such
+        threads and names those still alive in :attr:`leaked_threads`.
+
+        Raises ``Deadlock`` if every task parks with nothing left to wake it,
+        ``HubAlreadyRunning`` if this thread (or this hub) already runs a hub.
         """
         if getattr(_local, "hub", None) is not None:
             raise HubAlreadyRunning(
@@ -435,15 +444,15 @@ class Hub:
         _local.hub = self
         try:
             self._hub_glet = greenlet.getcurrent()
-            self._selector = selectors.DefaultSelector()
-            self._wake_r, self._wake_w = socket.socketpair()
-            self._wake_r.setblocking(False)
-            self._wake_w.setblocking(False)
-            self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-            self._pool = OffloadPool(self._offload_workers, self._notify_from_thread)
-            call: Callable[[], T] = functools.partial(fn, *args, **kwargs)
-            main = self._spawn(call, "main", None)
             try:
+                self._selector = selectors.DefaultSelector()
+                self._wake_r, self._wake_w = socket.socketpair()
+                self._wake_r.setblocking(False)
+                self._wake_w.setblocking(False)
+                self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+                self._pool = OffloadPool(self._offload_workers, self._notify_from_thread)
+                call: Callable[[], T] = functools.partial(fn, *args, **kwargs)
+                main = self._spawn(call, "main", None)
                 self._loop(main)
             finally:
                 self._shutdown()
@@ -520,7 +529,7 @@ class Hub:
         return self._clock.now_ms() + math.ceil(timeout * 1000)
 
     def _arm(self, task: Task[Any]) -> int:
-        """Begin a park: fail fast if cancelled, else hand out the token wakers must present."""
+        """Begin a park: hand out the token wakers must present, or raise if the task is cancelled."""
         reason = task._cancellation._reason
         if reason is not None:
             # Yield once before raising, so a task that swallows cancellation in
