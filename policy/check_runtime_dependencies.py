@@ -1268,16 +1268,26 @@ def scan_sources(root: Path, policy: Policy) -> tuple[list[SourceFinding], int]:
 # ---------------------------------------------------------------------------
 
 
-def repo_fingerprint(repo: Repo) -> list[str]:
-    """The repository's declared third-party requirements, as the lock records them."""
-    out = set()
-    for root in repo.roots:
-        for req in root.requirements:
-            out.add(f"{root.label}: {req.describe()}")
-    return sorted(out)
+def repo_fingerprint(repo: Repo, policy: Policy) -> list[str]:
+    """The repository's declared third-party requirements, as the lock records them.
+
+    Where a requirement is declared does not matter to the lock (the same
+    requirement resolves the same way from any root), so a new tox env or nox
+    session that reuses known requirements needs no refresh; first-party
+    requirements are read from the repository and never need one either.
+    """
+    first_party = set(repo.dists) | policy.first_party
+    return sorted(
+        {
+            req.describe()
+            for root in repo.roots
+            for req in root.requirements
+            if req.name not in first_party
+        }
+    )
 
 
-def load_lock(path: Path, repo: Repo) -> LockProvider:
+def load_lock(path: Path, repo: Repo, policy: Policy) -> LockProvider:
     """Read the lock and prove it matches the repository; raise StaleLock otherwise."""
     if not path.is_file():
         raise StaleLock(f"no lock at {path}; {REFRESH_HINT}")
@@ -1288,7 +1298,7 @@ def load_lock(path: Path, repo: Repo) -> LockProvider:
     if data.get("format") != LOCK_FORMAT:
         raise StaleLock(f"{path} has format {data.get('format')!r}, expected {LOCK_FORMAT}; {REFRESH_HINT}")
     locked = set(data.get("repository_requirements", []))
-    current = set(repo_fingerprint(repo))
+    current = set(repo_fingerprint(repo, policy))
     if locked != current:
         added = sorted(current - locked)
         removed = sorted(locked - current)
@@ -1307,7 +1317,7 @@ def write_lock(path: Path, repo: Repo, policy: Policy, provider: PyPIProvider) -
         "format": LOCK_FORMAT,
         "generated_by": "python3 policy/check_runtime_dependencies.py --refresh",
         "python_versions": list(policy.pythons),
-        "repository_requirements": repo_fingerprint(repo),
+        "repository_requirements": repo_fingerprint(repo, policy),
         "resolutions": provider.resolutions,
         "distributions": provider.distributions,
     }
@@ -1347,7 +1357,7 @@ def audit(root: Path, policy_path: Path | None = None, lock_path: Path | None = 
     """Run the full offline audit of the repository at ``root``."""
     policy = Policy.load(policy_path or root / POLICY_FILE)
     repo = load_repo(root, policy)
-    provider = load_lock(lock_path or root / LOCK_FILE, repo)
+    provider = load_lock(lock_path or root / LOCK_FILE, repo, policy)
     walked = walk(repo, policy, provider, policy.targets)
     forbidden: list[Finding] = []
     ledgered: list[Finding] = []
