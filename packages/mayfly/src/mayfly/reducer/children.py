@@ -185,12 +185,10 @@ def _calls(nodes: tuple[Node, ...]) -> Iterator[_Key]:
 
 def _graph(spec: WorkflowSpec) -> tuple[_Key, dict[_Key, list[_Key]]]:
     root: _Key = (spec.workflow_id, spec.version)
-    graph: dict[_Key, list[_Key]] = {}
+    # The root first, so that a cycle through it is reported starting from it.
+    graph: dict[_Key, list[_Key]] = {root: list(_calls(spec.nodes))}
     for entry in spec.catalog:
-        key = (entry.workflow_id, entry.version)
-        if key != root:
-            graph.setdefault(key, list(_calls(entry.nodes)))
-    graph[root] = list(_calls(spec.nodes))
+        graph.setdefault((entry.workflow_id, entry.version), list(_calls(entry.nodes)))
     # References outside the closed catalog are reported elsewhere; they have no body to follow.
     for key, calls in graph.items():
         graph[key] = [k for k in calls if k in graph]
