@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import gc
+import selectors
 import socket
 import threading
 import time
@@ -38,6 +39,7 @@ from mayfly.substrate import (
     sleep,
     sleep_until,
     spawn,
+    wait_fd,
     wait_readable,
     wait_writable,
 )
@@ -706,6 +708,43 @@ def test_wait_writable_and_readable_on_one_fd_from_two_tasks() -> None:
         right.close()
 
 
+def test_wait_fd_reports_which_of_read_and_write_is_ready() -> None:
+    """wait_fd(fd, READ|WRITE) returns the ready subset, with psycopg's Wait/Ready bit values."""
+    left, right = socket.socketpair()
+    try:
+
+        def main() -> list[int]:
+            both = selectors.EVENT_READ | selectors.EVENT_WRITE
+            seen = [wait_fd(left, both, timeout=5)]  # nothing to read yet: writable only
+            right.send(b"x")
+            wait_fd(left, selectors.EVENT_READ, timeout=5)
+            seen.append(wait_fd(left, both, timeout=5))  # now readable and writable
+            seen.append(wait_fd(left, selectors.EVENT_READ, timeout=5))
+            return seen
+
+        assert Hub().run(main) == [2, 3, 1]
+    finally:
+        left.close()
+        right.close()
+
+
+def test_wait_fd_rejects_an_empty_or_unknown_event_mask() -> None:
+    """wait_fd refuses events other than 1, 2 or 3 without parking."""
+    left, right = socket.socketpair()
+    try:
+
+        def main() -> int:
+            for bad in (0, 4, 7):
+                with pytest.raises(ValueError, match="events must be EVENT_READ, EVENT_WRITE or both"):
+                    wait_fd(left, bad)
+            return wait_fd(left, selectors.EVENT_WRITE, timeout=5)
+
+        assert Hub().run(main) == 2
+    finally:
+        left.close()
+        right.close()
+
+
 def test_two_readers_on_one_fd_are_refused() -> None:
     """A second task waiting to read the same fd gets a SubstrateError."""
     left, right = socket.socketpair()
@@ -885,6 +924,7 @@ def _interrupt() -> None:
         ("offload", lambda: offload(print)),
         ("wait_readable", lambda: wait_readable(0)),
         ("wait_writable", lambda: wait_writable(0)),
+        ("wait_fd", lambda: wait_fd(0, selectors.EVENT_READ)),
         ("checkpoint", checkpoint),
         ("Event.wait", lambda: Event().wait()),
         ("Channel.receive", lambda: Channel[int]().receive()),

@@ -35,6 +35,7 @@ from mayfly.substrate._hub import (
     sleep,
     sleep_until,
     spawn,
+    wait_fd,
     wait_readable,
     wait_writable,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "sleep",
     "sleep_until",
     "spawn",
+    "wait_fd",
     "wait_readable",
     "wait_writable",
 ]

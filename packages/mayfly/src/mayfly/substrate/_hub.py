@@ -65,6 +65,7 @@ __all__ = [
     "sleep",
     "sleep_until",
     "spawn",
+    "wait_fd",
     "wait_readable",
     "wait_writable",
 ]
@@ -95,7 +96,8 @@ class _Marker:
 # Private wake values: user code cannot send these, so they never collide with an item.
 _TIMED_OUT: Any = _Marker("TIMED_OUT")
 _CANCELLED: Any = _Marker("CANCELLED")
-_READY: Any = _Marker("READY")
+_READ = selectors.EVENT_READ
+_WRITE = selectors.EVENT_WRITE
 
 _NEW, _LIVE, _OK, _FAILED, _CANCELLED_STATE = range(5)
 
@@ -662,10 +664,14 @@ class Hub:
             if wait is None:
                 self._drain_offloads()
                 continue
-            if mask & selectors.EVENT_READ and wait.reader is not None:
-                self._wake(wait.reader, wait.reader_token, _READY)
-            if mask & selectors.EVENT_WRITE and wait.writer is not None:
-                self._wake(wait.writer, wait.writer_token, _READY)
+            reader, writer = wait.reader, wait.writer
+            if reader is not None and reader is writer and wait.reader_token == wait.writer_token:
+                self._wake(reader, wait.reader_token, mask & (_READ | _WRITE))  # one task, both ways
+                continue
+            if mask & _READ and reader is not None:
+                self._wake(reader, wait.reader_token, _READ)
+            if mask & _WRITE and writer is not None:
+                self._wake(writer, wait.writer_token, _WRITE)
         self._fire_timers()
 
     def _drain_offloads(self) -> None:
@@ -775,43 +781,51 @@ class Hub:
         job.result = None
         return result
 
-    def _wait_fd(self, fileobj: int | HasFileno, write: bool, timeout: float | None) -> None:
-        operation = "wait_writable" if write else "wait_readable"
+    def _wait_fd(self, operation: str, fileobj: int | HasFileno, events: int, timeout: float | None) -> int:
         task = self._caller(operation)
+        if events not in (_READ, _WRITE, _READ | _WRITE):
+            raise ValueError(
+                f"{operation}: events must be EVENT_READ, EVENT_WRITE or both (1, 2 or 3), got {events!r}"
+            )
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
         deadline = self._deadline(timeout)
         selector = self._selector
         assert selector is not None
         wait = self._fd_waits.get(fd)
-        holder = None if wait is None else (wait.writer if write else wait.reader)
-        if holder is not None:
-            raise SubstrateError(
-                f"{operation}: fd {fd} is already awaited by task {holder._name!r}; "
-                "use one connection per task"
-            )
+        if wait is not None:
+            for direction, holder in ((_READ, wait.reader), (_WRITE, wait.writer)):
+                if events & direction and holder is not None:
+                    raise SubstrateError(
+                        f"{operation}: fd {fd} is already awaited by task {holder._name!r}; "
+                        "use one connection per task"
+                    )
         token = self._arm(task)
+        fresh = wait is None
+        if wait is None:
+            wait = _FdWait()
+        self._set_waiters(wait, events, task, token)
         try:
-            if wait is None:
-                wait = _FdWait()
-                self._set_waiter(wait, write, task, token)
+            if fresh:
                 selector.register(fd, wait.mask(), wait)
                 self._fd_waits[fd] = wait
             else:
-                self._set_waiter(wait, write, task, token)
                 selector.modify(fd, wait.mask(), wait)
         except BaseException:
-            task._parked = False
-            if wait is not None:
-                self._set_waiter(wait, write, None, 0)
+            task._parked = False  # never suspended: leave no park behind
+            self._set_waiters(wait, events, None, 0)
+            if not fresh:
+                self._refresh_fd(fd, wait)
             raise
         try:
             value = self._suspend(task, token, deadline)
         finally:
-            self._set_waiter(wait, write, None, 0)
+            self._set_waiters(wait, events, None, 0)
             self._refresh_fd(fd, wait)
         if value is _TIMED_OUT:
-            what = "writable" if write else "readable"
+            what = {_READ: "readable", _WRITE: "writable"}.get(events, "readable or writable")
             raise WaitTimeout(f"fd {fd} did not become {what} within {timeout} s (task {task._name!r})")
+        ready: int = value
+        return ready
 
     def _refresh_fd(self, fd: int, wait: _FdWait) -> None:
         selector = self._selector
@@ -829,11 +843,11 @@ class Hub:
             selector.unregister(fd)
 
     @staticmethod
-    def _set_waiter(wait: _FdWait, write: bool, task: Task[Any] | None, token: int) -> None:
-        if write:
-            wait.writer, wait.writer_token = task, token
-        else:
+    def _set_waiters(wait: _FdWait, events: int, task: Task[Any] | None, token: int) -> None:
+        if events & _READ:
             wait.reader, wait.reader_token = task, token
+        if events & _WRITE:
+            wait.writer, wait.writer_token = task, token
 
 
 def _local_hub() -> Hub | None:
@@ -906,9 +920,18 @@ def offload(fn: Callable[..., T], *args: object, timeout: float | None = None) -
 
 def wait_readable(fileno: int | HasFileno, timeout: float | None = None) -> None:
     """Park the calling task until ``fileno`` is readable; ``WaitTimeout`` after ``timeout`` s."""
-    _running("wait_readable")._wait_fd(fileno, False, timeout)
+    _running("wait_readable")._wait_fd("wait_readable", fileno, _READ, timeout)
 
 
 def wait_writable(fileno: int | HasFileno, timeout: float | None = None) -> None:
     """Park the calling task until ``fileno`` is writable; ``WaitTimeout`` after ``timeout`` s."""
-    _running("wait_writable")._wait_fd(fileno, True, timeout)
+    _running("wait_writable")._wait_fd("wait_writable", fileno, _WRITE, timeout)
+
+
+def wait_fd(fileno: int | HasFileno, events: int, timeout: float | None = None) -> int:
+    """Park until ``fileno`` is ready for any of ``events``; return the ready subset of them.
+
+    ``events`` is ``selectors.EVENT_READ`` (1), ``EVENT_WRITE`` (2) or both (3),
+    the same bits as psycopg's ``Wait``/``Ready``; ``WaitTimeout`` after ``timeout`` s.
+    """
+    return _running("wait_fd")._wait_fd("wait_fd", fileno, events, timeout)
