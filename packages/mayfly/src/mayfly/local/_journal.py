@@ -123,13 +123,15 @@ class LocalWorkflowJournal:
 
     # -- locking and the index ------------------------------------------------------------
 
-    @contextmanager
-    def _run(self, run_id: str) -> Iterator[None]:
+    def _run_lock(self, run_id: str) -> threading.Lock:
         if self._closed:
             raise JournalUnavailable(f"local journal {self._url} is closed")
         with self._guard:
-            lock = self._run_locks.setdefault(run_id, threading.Lock())
-        with lock:
+            return self._run_locks.setdefault(run_id, threading.Lock())
+
+    @contextmanager
+    def _run(self, run_id: str) -> Iterator[None]:
+        with self._run_lock(run_id):
             yield
 
     def _index(self, run_id: str, fd: int, *, exclusive: bool) -> _frames.RunIndex:
@@ -178,27 +180,30 @@ class LocalWorkflowJournal:
     ) -> AppendResult:
         """Compare-and-append an atomic batch; see :meth:`mayfly.journal.WorkflowJournal.append`."""
         batch = validate_batch(run_id, expected_next, records, fence)
-        with self._run(run_id):
+        # Explicit lock/try blocks instead of context managers: this is the hot path.
+        lock = self._run_lock(run_id)
+        with lock:
             fd = open_run_file(self._layout, run_id, create=True)
             assert fd is not None  # created when absent
             try:
-                with locked(fd, fcntl.LOCK_EX):
-                    index = self._index(run_id, fd, exclusive=True)
-                    current = read_fence(self._layout, run_id)
-                    if (fence is None and current != 0) or (fence is not None and fence != current):
-                        raise FencingRejected(run_id, 0 if fence is None else fence, current)
-                    actual_next = index.next_sequence
-                    if expected_next != actual_next:
-                        return self._replayed(run_id, batch, index, expected_next)
-                    for record in batch:
-                        used = index.event_ids.get(record.event_id)
-                        if used is not None:
-                            raise ConflictingRecord(
-                                f"append rejected: run {run_id} event id {record.event_id} is "
-                                f"already committed at sequence {used}"
-                            )
-                    self._write(run_id, fd, index, batch)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                index = self._index(run_id, fd, exclusive=True)
+                current = read_fence(self._layout, run_id)
+                if (fence is None and current != 0) or (fence is not None and fence != current):
+                    raise FencingRejected(run_id, 0 if fence is None else fence, current)
+                if expected_next != index.next_sequence:
+                    return self._replayed(run_id, batch, index, expected_next)
+                for record in batch:
+                    used = index.event_ids.get(record.event_id)
+                    if used is not None:
+                        raise ConflictingRecord(
+                            f"append rejected: run {run_id} event id {record.event_id} is "
+                            f"already committed at sequence {used}"
+                        )
+                self._write(run_id, fd, index, batch)
             finally:
+                # Unlock explicitly: a child forked meanwhile may share the descriptor.
+                fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
         return AppendResult(run_id=run_id, last_sequence=batch[-1].sequence, records=batch)
 
