@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import mayfly.substrate as substrate
+from mayfly import substrate
 from mayfly.model import errors
 
 
