@@ -1278,12 +1278,7 @@ def repo_fingerprint(repo: Repo, policy: Policy) -> list[str]:
     """
     first_party = set(repo.dists) | policy.first_party
     return sorted(
-        {
-            req.describe()
-            for root in repo.roots
-            for req in root.requirements
-            if req.name not in first_party
-        }
+        {req.describe() for root in repo.roots for req in root.requirements if req.name not in first_party}
     )
 
 

@@ -1,0 +1,143 @@
+"""``--refresh`` against a real HTTP index on loopback serving a synthetic PEP 691 project set."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import check_runtime_dependencies as audit
+import pytest
+
+REAL_POLICY = Path(audit.__file__).resolve().parent / "runtime-dependency-policy.toml"
+
+
+def wheel(name: str, version: str, requires: list[str]) -> bytes:
+    """Build a minimal wheel whose METADATA lists ``requires``."""
+    buf = io.BytesIO()
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", meta)
+    return buf.getvalue()
+
+
+class Index:
+    """Routes of a tiny package index: simple JSON pages, wheel files and .metadata files."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, bytes] = {}
+        self.projects: dict[str, list[dict[str, object]]] = {}
+        self.base = ""
+
+    def add(
+        self,
+        name: str,
+        version: str,
+        requires: list[str],
+        *,
+        requires_python: str | None = None,
+        yanked: bool = False,
+        core_metadata: bool = False,
+    ) -> None:
+        """Publish one release as a py3-none-any wheel."""
+        filename = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+        data = wheel(name, version, requires)
+        self.routes[f"/files/{filename}"] = data
+        entry: dict[str, object] = {
+            "filename": filename,
+            "url": f"{self.base}/files/{filename}",
+            "hashes": {"sha256": hashlib.sha256(data).hexdigest()},
+            "requires-python": requires_python,
+            "yanked": yanked,
+        }
+        if core_metadata:
+            entry["core-metadata"] = True
+            meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+            self.routes[f"/files/{filename}.metadata"] = meta.encode()
+            self.routes[f"/files/{filename}"] = b"not a zip: the .metadata file must be used"
+        self.projects.setdefault(name, []).append(entry)
+        self.routes[f"/simple/{name}/"] = json.dumps(
+            {"meta": {"api-version": "1.1"}, "name": name, "files": self.projects[name]}
+        ).encode()
+
+
+@pytest.fixture
+def index() -> Iterator[Index]:
+    """A real HTTP server on 127.0.0.1 serving an Index; stopped after the test."""
+    idx = Index()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = idx.routes.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            if body is not None:
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    idx.base = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield idx
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def make_repo(root: Path, deps: list[str]) -> None:
+    """A repository with one distribution and the real policy (minus the tooling list)."""
+    (root / "policy").mkdir()
+    text = REAL_POLICY.read_text(encoding="utf-8")
+    text = text.replace('requirements = ["tox>=4.20", "nox>=2024.4"]', "requirements = []")
+    (root / audit.POLICY_FILE).write_text(text, encoding="utf-8")
+    (root / "packages" / "mayfly").mkdir(parents=True)
+    (root / "packages" / "mayfly" / "pyproject.toml").write_text(
+        f'[project]\nname = "mayfly"\nversion = "1.0"\nrequires-python = ">=3.11"\n'
+        f"dependencies = {json.dumps(deps)}\n",
+        encoding="utf-8",
+    )
+
+
+def test_refresh_resolves_per_python_and_the_audit_uses_the_lock(
+    index: Index, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refresh picks, per Python, the newest non-yanked final release that installs there, then audits it."""
+    index.add("foo", "1.0", ["trio>=0.20"])
+    index.add("foo", "2.0", ["msgspec"], requires_python=">=3.12")
+    index.add("foo", "3.0", ["curio"], yanked=True)
+    index.add("foo", "4.0rc1", ["curio"])
+    index.add("trio", "0.27.0", [])
+    index.add("msgspec", "0.23.0", ['tomli; python_version < "3.11"'], core_metadata=True)
+    make_repo(tmp_path, ["foo>=1"])
+    code = audit.main(["--root", str(tmp_path), "--refresh", "--index", index.base])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "lock refreshed: 4 third-party distribution versions" in out
+    line = next(x for x in out.splitlines() if x.startswith("FORBIDDEN"))
+    assert line.startswith("FORBIDDEN mayfly 1.0 -> foo 1.0 -> trio 0.27.0  (on py3.11:")
+    lock = json.loads((tmp_path / audit.LOCK_FILE).read_text(encoding="utf-8"))
+    assert lock["resolutions"]["foo"][">=1"] == {"3.11": "1.0", "3.12": "2.0", "3.13": "2.0", "3.14": "2.0"}
+    assert lock["distributions"]["msgspec"]["0.23.0"]["requires_dist"] == ['tomli; python_version < "3.11"']
+    assert "tomli" not in lock["distributions"]
+    # The normal run reads only the lock and reaches the same verdict offline.
+    assert audit.main(["--root", str(tmp_path)]) == 1
+
+
+def test_refresh_fails_closed_on_an_unknown_project(index: Index, tmp_path: Path) -> None:
+    """A requirement the index does not know is a usage error naming the URL, and no lock is written."""
+    make_repo(tmp_path, ["does-not-exist"])
+    code = audit.main(["--root", str(tmp_path), "--refresh", "--index", index.base])
+    assert code == 2
+    assert not (tmp_path / audit.LOCK_FILE).exists()
