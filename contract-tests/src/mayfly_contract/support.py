@@ -104,10 +104,11 @@ class Child:
         assert self.process.returncode == 0, f"child exited {self.process.returncode}: {err.strip()}"
         return out.splitlines()
 
-    def kill(self) -> None:
-        """SIGKILL the child (no cleanup runs in it) and reap it."""
+    def kill(self) -> list[str]:
+        """SIGKILL the child (no cleanup runs in it), reap it and return what it printed unread."""
         self.process.kill()
-        self.process.communicate(timeout=30)
+        out, _ = self.process.communicate(timeout=30)
+        return out.splitlines()
 
     def close(self) -> None:
         """Make sure the child is gone."""

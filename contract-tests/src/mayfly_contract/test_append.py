@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from mayfly.journal import WorkflowJournal
+from mayfly.journal import Durability, JournalCapabilities, WorkflowJournal
 from mayfly.model.errors import AppendConflict, ChecksumMismatch, ConflictingRecord
 from mayfly_contract.support import Records, sequences
 
@@ -142,3 +142,16 @@ def test_runs_have_independent_sequences(mayfly_journal: WorkflowJournal, record
     mayfly_journal.append(one, 1, records.batch(one, 1, 2))
     mayfly_journal.append(two, 1, records.batch(two, 1, 1))
     assert (mayfly_journal.next_sequence(one), mayfly_journal.next_sequence(two)) == (3, 2)
+
+
+@pytest.mark.clause("journal.capabilities.consistent")
+def test_declared_capabilities_are_consistent(mayfly_journal: WorkflowJournal) -> None:
+    """One declared durability, repeated in the capabilities; crash durability implies at least write."""
+    capabilities = mayfly_journal.capabilities
+    assert isinstance(capabilities, JournalCapabilities)
+    assert isinstance(mayfly_journal.durability, Durability)
+    assert capabilities.durability is mayfly_journal.durability
+    if capabilities.crash_durable:
+        assert mayfly_journal.durability.meets(Durability.WRITE)
+    assert isinstance(mayfly_journal.url, str)
+    assert mayfly_journal.url

@@ -118,20 +118,10 @@ class RecoveryLeaseStore(Protocol):
 def validate_acquire(run_id: object, owner: object, ttl_ms: object) -> tuple[RunId, str, int]:
     """Check ``acquire`` arguments; return them typed or raise a typed input error."""
     run = parse_run_id(run_id)
-    if (
-        not isinstance(owner, str)
-        or len(owner) > MAX_OWNER_LENGTH
-        or _OWNER.fullmatch(owner) is None
-    ):
+    if not isinstance(owner, str) or len(owner) > MAX_OWNER_LENGTH or _OWNER.fullmatch(owner) is None:
         raise InvalidRecord(
             f"lease owner {owner!r} must be 1 to {MAX_OWNER_LENGTH} printable ASCII characters"
         )
-    if (
-        isinstance(ttl_ms, bool)
-        or not isinstance(ttl_ms, int)
-        or not 1 <= ttl_ms <= MAX_LEASE_TTL_MS
-    ):
-        raise InvalidRecord(
-            f"lease ttl_ms must be an int in [1, {MAX_LEASE_TTL_MS}], got {ttl_ms!r}"
-        )
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or not 1 <= ttl_ms <= MAX_LEASE_TTL_MS:
+        raise InvalidRecord(f"lease ttl_ms must be an int in [1, {MAX_LEASE_TTL_MS}], got {ttl_ms!r}")
     return run, owner, ttl_ms
