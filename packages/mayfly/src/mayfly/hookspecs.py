@@ -36,6 +36,7 @@ __all__ = [
     "mayfly_event_upcasters",
     "mayfly_journal_backends",
     "mayfly_lease_backends",
+    "mayfly_publish_metrics",
     "mayfly_register_handlers",
     "mayfly_validate_spec",
 ]
@@ -117,4 +118,17 @@ def mayfly_event_upcasters() -> Mapping[tuple[str, int], Callable[[object], obje
     the next version. All plugins' mappings are merged (``firstresult=False``);
     two plugins registering the same key is an error. The reducer stays pure
     and total, and an event version with no upcaster still fails closed.
+    """
+
+
+@hookspec(firstresult=False)
+def mayfly_publish_metrics(snapshot: object) -> None:
+    """Receive one complete metrics projection (a ``mayfly.telemetry.MetricsSnapshot``) to export.
+
+    Every plugin is called (``firstresult=False``) with the same immutable
+    snapshot, so an exporter sees a whole projection or none, never a partial
+    update. Its labels are closed enums (run state, node state, failure class,
+    outcome class, recovery mode, latency bucket); run, node, attempt,
+    workflow and handler ids never appear. Return values are ignored, and
+    metrics never feed back into a run: losing them changes no replay.
     """

@@ -338,6 +338,11 @@ class PluginManager:
                 owners[key] = plugin
         return merged
 
+    def publish_metrics(self, snapshot: object) -> None:
+        """Hand one complete, immutable metrics snapshot to every ``mayfly_publish_metrics`` plugin."""
+        self.load()
+        self._pm.hook.mayfly_publish_metrics(snapshot=snapshot)
+
 
 _default: PluginManager | None = None
 _default_lock = threading.Lock()
