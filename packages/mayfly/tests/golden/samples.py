@@ -29,9 +29,14 @@ from mayfly.model.events import (
     RetryScheduled,
     RunCompleted,
     RunCreated,
+    SignalAccepted,
+    SignalExpired,
+    SignalRejected,
+    SignalWaitOpened,
     VirtualTimeAdvanced,
 )
 from mayfly.model.outcomes import ArtifactRef, NodeOutcomeKind, RetryableFailure, Succeeded
+from mayfly.model.signals import SignalRejection
 from mayfly.model.spec import (
     ExponentialBackoff,
     FixedBackoff,
@@ -43,6 +48,7 @@ from mayfly.model.spec import (
 
 RUN = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a5b"
 ATTEMPT = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a60"
+SIGNAL = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a62"
 ARTIFACT = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a61"
 CHILD_RUN = "0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a62"
 
@@ -129,6 +135,28 @@ SAMPLE_EVENTS: dict[str, Event] = {
         result="succeeded",
         output={"warnings": 0},
         at=9000,
+    ),
+    "SignalWaitOpened": SignalWaitOpened(
+        node_id="approval",
+        attempt_id=ATTEMPT,
+        name="approval",
+        token_sha256="sha256:" + "5" * 64,
+        at=20_000,
+        deadline=86_420_000,
+    ),
+    "SignalAccepted": SignalAccepted(
+        signal_id=SIGNAL,
+        node_id="approval",
+        attempt_id=ATTEMPT,
+        name="approval",
+        at=30_000,
+        decision={"verdict": "approve", "by": "alice"},
+    ),
+    "SignalRejected": SignalRejected(
+        signal_id=SIGNAL, node_id="approval", reason=SignalRejection.TOKEN_MISMATCH, at=25_000
+    ),
+    "SignalExpired": SignalExpired(
+        node_id="approval", attempt_id=ATTEMPT, name="approval", deadline=86_420_000
     ),
 }
 

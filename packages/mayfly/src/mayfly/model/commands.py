@@ -15,6 +15,7 @@ import msgspec
 from mayfly.model.events import ParentLink, RunResult
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome
+from mayfly.model.signals import SignalToken
 from mayfly.model.spec import WorkflowSpec
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "CompleteAttempt",
     "CompleteChild",
     "CreateRun",
+    "DeliverSignal",
+    "OpenSignalWait",
     "Rejection",
     "RejectionCode",
     "StartNodes",
@@ -97,7 +100,44 @@ class CancelRun(_Command, frozen=True):
     reason: str
 
 
-Command: TypeAlias = CreateRun | StartNodes | CompleteAttempt | CompleteChild | AdvanceTime | CancelRun
+class OpenSignalWait(_Command, frozen=True, kw_only=True):
+    """A running attempt asks to wait durably for signal ``name`` (the handler returned a wait).
+
+    Only ``token_sha256`` — the token's digest — is passed in; ``timeout_ms``
+    (when given) sets the wait's deadline relative to the current virtual time.
+    """
+
+    node_id: str
+    attempt_id: str
+    name: str
+    token_sha256: str
+    timeout_ms: int | None = None
+
+
+class DeliverSignal(_Command, frozen=True, kw_only=True):
+    """Deliver signal ``signal_id`` to the waiting node, presenting the expected opaque token.
+
+    The raw token never leaves this command: ``decide`` compares its digest.
+    ``name``, when given, must match the name the node waits for.
+    """
+
+    node_id: str
+    signal_id: str
+    token: SignalToken
+    decision: JsonValue = None
+    name: str | None = None
+
+
+Command: TypeAlias = (
+    CreateRun
+    | StartNodes
+    | CompleteAttempt
+    | CompleteChild
+    | AdvanceTime
+    | CancelRun
+    | OpenSignalWait
+    | DeliverSignal
+)
 """Every command ``decide`` accepts."""
 
 
@@ -118,6 +158,10 @@ class RejectionCode(enum.Enum):
     TIME_WENT_BACKWARDS = "time_went_backwards"
     CHILD_MISMATCH = "child_mismatch"
     """A child result names a child run, node or attempt that does not match the call."""
+    NOT_RUNNING = "not_running"
+    """A wait was requested for an attempt that is not running."""
+    SIGNAL_ALREADY_CONSUMED = "signal_already_consumed"
+    """The signal id was already accepted or rejected; nothing changes (the duplicate is idempotent)."""
 
 
 class Rejection(msgspec.Struct, frozen=True):

@@ -19,6 +19,7 @@ import msgspec
 
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome, NodeOutcomeKind
+from mayfly.model.signals import SignalRejection
 from mayfly.model.spec import WorkflowSpec
 
 __all__ = [
@@ -45,6 +46,10 @@ __all__ = [
     "RunCompleted",
     "RunCreated",
     "RunResult",
+    "SignalAccepted",
+    "SignalExpired",
+    "SignalRejected",
+    "SignalWaitOpened",
     "VirtualTimeAdvanced",
     "event_type",
 ]
@@ -277,6 +282,50 @@ class CancellationRequested(_Event, frozen=True):
     targets: tuple[CancellationTarget, ...] = ()
 
 
+class SignalWaitOpened(_Event, frozen=True):
+    """A running attempt now waits durably for signal ``name``; only the token's digest is kept.
+
+    ``deadline`` is the absolute virtual time at which the wait expires (none:
+    it may wait forever). The attempt's own deadline is paused meanwhile.
+    """
+
+    node_id: str
+    attempt_id: str
+    name: str
+    token_sha256: str
+    at: int
+    deadline: int | None = None
+
+
+class SignalAccepted(_Event, frozen=True):
+    """A delivered signal matched the wait: the signal id is consumed and the attempt resumes."""
+
+    signal_id: str
+    node_id: str
+    attempt_id: str
+    name: str
+    at: int
+    decision: JsonValue = None
+
+
+class SignalRejected(_Event, frozen=True):
+    """A delivered signal could not advance the run; its id is consumed all the same."""
+
+    signal_id: str
+    node_id: str
+    reason: SignalRejection
+    at: int
+
+
+class SignalExpired(_Event, frozen=True):
+    """A wait reached its deadline (recorded after the VirtualTimeAdvanced that reached it)."""
+
+    node_id: str
+    attempt_id: str
+    name: str
+    deadline: int
+
+
 class RunCompleted(_Event, frozen=True):
     """The run reached its terminal result; every later mutating command is rejected."""
 
@@ -300,6 +349,10 @@ Event: TypeAlias = (
     | EdgeActivated
     | ChildStarted
     | ChildCompleted
+    | SignalWaitOpened
+    | SignalAccepted
+    | SignalRejected
+    | SignalExpired
 )
 """Every event type this code reads and writes."""
 
@@ -321,6 +374,10 @@ EVENT_TYPES: dict[str, type[Event]] = {
         EdgeActivated,
         ChildStarted,
         ChildCompleted,
+        SignalWaitOpened,
+        SignalAccepted,
+        SignalRejected,
+        SignalExpired,
     )
 }
 """Event classes by type name (the ``"type"`` tag)."""

@@ -27,6 +27,7 @@ from mayfly.model.events import (
 )
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome
+from mayfly.model.signals import AcceptedSignal, ConsumedSignal, SignalWait
 from mayfly.model.spec import Node, WorkflowSpec
 
 __all__ = [
@@ -121,12 +122,16 @@ class NodeState:
         "last_outcome",
         "out_edges",
         "outcome_seq",
+        "paused_deadline",
         "prereqs",
         "retry_deadline",
+        "signal",
         "spec",
         "status",
         "succeeded_prereqs",
         "total_attempts",
+        "wait",
+        "wait_expired",
     )
 
     def __init__(
@@ -164,6 +169,14 @@ class NodeState:
         """Sequence of the outcome that ended this node's last activation (tracked for edge sources)."""
         self.child_run_id: str | None = None
         """The child run of the active attempt, until its completion is recorded."""
+        self.wait: SignalWait | None = None
+        """The open durable wait of the active attempt (status Waiting)."""
+        self.signal: AcceptedSignal | None = None
+        """The signal the active attempt accepted; the resumed handler receives it."""
+        self.paused_deadline: int | None = None
+        """Milliseconds left on the attempt deadline, paused while the node waits."""
+        self.wait_expired = False
+        """Whether this node's last wait ended by expiring (a later delivery is rejected as expired)."""
 
     @property
     def node_id(self) -> str:
@@ -204,6 +217,10 @@ class NodeRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     failure: FailureCause | None = None
     outcome_seq: int = 0
     child_run_id: str | None = None
+    wait: SignalWait | None = None
+    signal: AcceptedSignal | None = None
+    paused_deadline: int | None = None
+    wait_expired: bool = False
 
 
 class RunStateRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -227,6 +244,7 @@ class RunStateRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     cancellation: CancellationRequested | None = None
     edges_fired: tuple[int, ...] = ()
     parent: ParentLink | None = None
+    signals: tuple[ConsumedSignal, ...] = ()
 
 
 class RunState:
@@ -243,6 +261,7 @@ class RunState:
         "_parked",
         "_ready",
         "_retries",
+        "_signals",
         "attempts_used",
         "cancellation",
         "exhausted",
@@ -320,6 +339,7 @@ class RunState:
         self._parked: dict[int, None] = {n.index: None for n in self.nodes if is_parked(n, n.status)}
         self._edges_fired = [0] * len(spec.edges)
         self._children: dict[str, str] = {}
+        self._signals: dict[str, ConsumedSignal] = {}
 
     # -- reads -------------------------------------------------------------
 
@@ -360,6 +380,14 @@ class RunState:
         """The attempt that started child run ``child_run_id``, or ``None`` if this run never did."""
         return self._children.get(child_run_id)
 
+    def consumed_signal(self, signal_id: str) -> ConsumedSignal | None:
+        """How signal ``signal_id`` was consumed, or ``None`` if this run never saw it."""
+        return self._signals.get(signal_id)
+
+    def waiting_nodes(self) -> list[NodeState]:
+        """Nodes parked on an open durable wait, in specification order."""
+        return [n for n in self.nodes if n.wait is not None]
+
     @property
     def depth(self) -> int:
         """Child nesting depth: 0 for a root run."""
@@ -388,6 +416,10 @@ class RunState:
         record = self._attempts[attempt_id]
         self._attempts[attempt_id] = msgspec.structs.replace(record, outcome=outcome)
         del self._active[attempt_id]
+
+    def consume_signal(self, record: ConsumedSignal) -> None:
+        """Consume a signal id, once and for all."""
+        self._signals[record.signal_id] = record
 
     def set_parked(self, index: int, parked: bool) -> None:
         """Add ``index`` to, or remove it from, the parked index."""
@@ -441,6 +473,10 @@ class RunState:
                     failure=n.failure,
                     outcome_seq=n.outcome_seq,
                     child_run_id=n.child_run_id,
+                    wait=n.wait,
+                    signal=n.signal,
+                    paused_deadline=n.paused_deadline,
+                    wait_expired=n.wait_expired,
                 )
                 for n in self.nodes
             ),
@@ -452,6 +488,7 @@ class RunState:
             cancellation=self.cancellation,
             edges_fired=tuple(self._edges_fired) if any(self._edges_fired) else (),
             parent=self.parent,
+            signals=tuple(self._signals.values()),
         )
 
     @classmethod
@@ -481,14 +518,27 @@ class RunState:
             node.failure = saved.failure
             node.outcome_seq = saved.outcome_seq
             node.child_run_id = saved.child_run_id
+            node.wait = saved.wait
+            node.signal = saved.signal
+            node.paused_deadline = saved.paused_deadline
+            node.wait_expired = saved.wait_expired
         if record.edges_fired:
             if len(record.edges_fired) != len(state._edges_fired):
                 raise ValueError("state record edge activations do not match its specification's edges")
             state._edges_fired = list(record.edges_fired)
+        for consumed in record.signals:
+            state._signals[consumed.signal_id] = consumed
         for attempt in record.attempts:
             state._attempts[attempt.attempt_id] = attempt
             if attempt.child_run_id is not None:
                 state._children[attempt.child_run_id] = attempt.attempt_id
+            if attempt.outcome is None:
+                # Attempts are stored in start order; active attempts (cancellation targets)
+                # must keep that order, not specification order, or a restored state decides differently.
+                i = state.index.get(attempt.node_id)
+                if i is None or state.nodes[i].attempt_id != attempt.attempt_id:
+                    raise ValueError(f"state record attempt {attempt.attempt_id} is not active on its node")
+                state._active[attempt.attempt_id] = i
         state._parked = {}
         state.n_idle = 0
         for node in state.nodes:
@@ -496,8 +546,8 @@ class RunState:
                 state.n_idle += 1
             if is_parked(node, node.status):
                 state._parked[node.index] = None
-            if node.attempt_id is not None:
-                state._active[node.attempt_id] = node.index
+            if node.attempt_id is not None and node.attempt_id not in state._active:
+                raise ValueError(f"state record node {node.node_id!r} has no open attempt {node.attempt_id}")
             if node.retry_deadline is not None:
                 state._retries[node.index] = node.retry_deadline
             if node.status is NodeStatus.READY:

@@ -43,9 +43,14 @@ from mayfly.model.events import (
     RunCompleted,
     RunCreated,
     RunResult,
+    SignalAccepted,
+    SignalExpired,
+    SignalRejected,
+    SignalWaitOpened,
     VirtualTimeAdvanced,
 )
 from mayfly.model.outcomes import NodeOutcome, NodeOutcomeKind
+from mayfly.model.signals import AcceptedSignal, ConsumedSignal, SignalWait
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import (
     AttemptRecord,
@@ -96,6 +101,8 @@ class RunView(Protocol):
     def edge_fired(self, edge: int) -> int: ...
     def set_edge_fired(self, edge: int, source_sequence: int) -> None: ...
     def child_attempt(self, child_run_id: str) -> str | None: ...
+    def consumed_signal(self, signal_id: str) -> ConsumedSignal | None: ...
+    def consume_signal(self, record: ConsumedSignal) -> None: ...
 
 
 _SCALARS = (
@@ -154,6 +161,7 @@ class Draft:
         self._parked: dict[int, bool] = {}
         self._edges_fired: dict[int, int] = {}
         self._children: dict[str, str] = {}
+        self._signals: dict[str, ConsumedSignal] = {}
 
     def emit(self, event: Event) -> None:
         """Propose ``event``: apply it to the draft and queue it for the batch."""
@@ -238,6 +246,15 @@ class Draft:
         """The attempt that started ``child_run_id``, as the draft sees it."""
         attempt = self._children.get(child_run_id)
         return attempt if attempt is not None else self.base.child_attempt(child_run_id)
+
+    def consumed_signal(self, signal_id: str) -> ConsumedSignal | None:
+        """How ``signal_id`` was consumed, as the draft sees it."""
+        record = self._signals.get(signal_id)
+        return record if record is not None else self.base.consumed_signal(signal_id)
+
+    def consume_signal(self, record: ConsumedSignal) -> None:
+        """Consume a signal id in the draft."""
+        self._signals[record.signal_id] = record
 
 
 def new_state(event: RunCreated) -> RunState:
@@ -473,6 +490,9 @@ def _outcome_committed(run: RunView, event: NodeOutcomeCommitted, seq: int) -> N
         node.attempt_id = None
         node.attempt_deadline = None
         node.child_run_id = None
+        node.wait = None
+        node.signal = None
+        node.paused_deadline = None
         if node.out_edges:
             # The activation fingerprint's source half; only edge sources need it.
             node.outcome_seq = seq
@@ -560,7 +580,72 @@ def _run_completed(run: RunView, event: RunCompleted, seq: int) -> None:
     run.status = _RESULT_STATUS[event.result]
 
 
+def _active_attempt(run: RunView, event: Event, seq: int, node_id: str, attempt_id: str) -> NodeState:
+    node = _node(run, seq, event, node_id)
+    if node.attempt_id != attempt_id:
+        raise _corrupt(seq, event, f"attempt {attempt_id} is not the active attempt of {node_id!r}")
+    return node
+
+
+def _signal_wait_opened(run: RunView, event: SignalWaitOpened, seq: int) -> None:
+    node = _active_attempt(run, event, seq, event.node_id, event.attempt_id)
+    if node.status is not NodeStatus.RUNNING or node.child_run_id is not None:
+        raise _corrupt(
+            seq, event, f"node {node.node_id!r} is {node.status.value}; only running handlers wait"
+        )
+    if event.deadline is not None and event.deadline <= run.now:
+        raise _corrupt(seq, event, f"wait deadline {event.deadline} is not after the current time {run.now}")
+    node.wait = SignalWait(event.name, event.token_sha256, event.deadline)
+    node.signal = None
+    node.wait_expired = False
+    if node.attempt_deadline is not None:
+        # The attempt deadline is paused while waiting; the wait's own deadline applies.
+        node.paused_deadline = max(node.attempt_deadline - run.now, 0)
+        node.attempt_deadline = None
+    _set_status(run, node, NodeStatus.WAITING)
+
+
+def _consume(run: RunView, event: SignalAccepted | SignalRejected, seq: int, record: ConsumedSignal) -> None:
+    if run.consumed_signal(event.signal_id) is not None:
+        raise _corrupt(seq, event, f"signal {event.signal_id} was already consumed")
+    run.consume_signal(record)
+
+
+def _signal_accepted(run: RunView, event: SignalAccepted, seq: int) -> None:
+    node = _active_attempt(run, event, seq, event.node_id, event.attempt_id)
+    wait = node.wait
+    if node.status is not NodeStatus.WAITING or wait is None or wait.name != event.name:
+        raise _corrupt(seq, event, f"node {node.node_id!r} is not waiting for signal {event.name!r}")
+    _consume(run, event, seq, ConsumedSignal(event.signal_id, node.node_id, accepted=True))
+    node.wait = None
+    node.signal = AcceptedSignal(event.signal_id, event.name, event.decision)
+    if node.paused_deadline is not None:
+        node.attempt_deadline = run.now + node.paused_deadline
+        node.paused_deadline = None
+    _set_status(run, node, NodeStatus.RUNNING)
+
+
+def _signal_rejected(run: RunView, event: SignalRejected, seq: int) -> None:
+    _node(run, seq, event, event.node_id)
+    _consume(run, event, seq, ConsumedSignal(event.signal_id, event.node_id, False, event.reason))
+
+
+def _signal_expired(run: RunView, event: SignalExpired, seq: int) -> None:
+    node = _active_attempt(run, event, seq, event.node_id, event.attempt_id)
+    wait = node.wait
+    if wait is None or wait.name != event.name or wait.deadline != event.deadline:
+        raise _corrupt(seq, event, f"node {node.node_id!r} has no wait {event.name!r} until {event.deadline}")
+    if event.deadline > run.now:
+        raise _corrupt(seq, event, f"wait deadline {event.deadline} is after the current time {run.now}")
+    node.wait = None
+    node.wait_expired = True
+
+
 _APPLY: dict[type[Any], Callable[[RunView, Any, int], None]] = {
+    SignalWaitOpened: _signal_wait_opened,
+    SignalAccepted: _signal_accepted,
+    SignalRejected: _signal_rejected,
+    SignalExpired: _signal_expired,
     NodeReady: _node_ready,
     NodeStarted: _node_started,
     NodeOutcomeCommitted: _outcome_committed,

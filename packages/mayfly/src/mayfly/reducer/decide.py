@@ -27,6 +27,8 @@ from mayfly.model.commands import (
     CompleteAttempt,
     CompleteChild,
     CreateRun,
+    DeliverSignal,
+    OpenSignalWait,
     Rejection,
     RejectionCode,
     StartNodes,
@@ -51,6 +53,7 @@ from mayfly.model.events import (
     RetryScheduled,
     RunCompleted,
     RunCreated,
+    SignalExpired,
     VirtualTimeAdvanced,
 )
 from mayfly.model.ids import is_uuid
@@ -68,6 +71,7 @@ from mayfly.model.state import NodeState, NodeStatus, RunState, RunStatus
 from mayfly.reducer._apply import Draft, can_activate, new_state, run_result
 from mayfly.reducer.backoff import retry_delay
 from mayfly.reducer.children import child_input, child_outcome, nesting_depth, project_fields
+from mayfly.reducer.signals import deliver_signal, open_signal_wait
 from mayfly.reducer.transitions import matches
 from mayfly.reducer.validate import check_input, validate
 
@@ -93,6 +97,8 @@ def decide(state: RunState | None, command: Command) -> Decision:
         return _complete_attempt(state, command)
     if isinstance(command, CompleteChild):
         return _complete_child(state, command)
+    if isinstance(command, DeliverSignal):
+        return deliver_signal(state, command)
     if state.status is not RunStatus.RUNNING:
         return _terminal(state)
     if isinstance(command, StartNodes):
@@ -101,6 +107,8 @@ def decide(state: RunState | None, command: Command) -> Decision:
         return _advance_time(state, command)
     if isinstance(command, CancelRun):
         return _cancel_run(state, command)
+    if isinstance(command, OpenSignalWait):
+        return open_signal_wait(state, command)
     raise TypeError(f"decide: unsupported command {type(command).__name__}")
 
 
@@ -597,22 +605,36 @@ def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
     if elapsed is not None and command.to >= elapsed:
         _exhaust_run(draft, BudgetKind.RUN_ELAPSED, elapsed, command.to)
         return draft.events
-    due: list[tuple[int, int, str]] = []
+    # (deadline, node, kind, attempt): kind 0 = attempt deadline, 1 = signal wait, 2 = retry release.
+    due: list[tuple[int, int, int, str]] = []
     for attempt_id, i in state.active_attempts():
-        deadline = state.node(i).attempt_deadline
+        node = state.node(i)
+        deadline = node.attempt_deadline
         if deadline is not None and deadline <= command.to:
-            due.append((deadline, i, attempt_id))
+            due.append((deadline, i, 0, attempt_id))
+        if node.wait is not None and node.wait.deadline is not None and node.wait.deadline <= command.to:
+            due.append((node.wait.deadline, i, 1, attempt_id))
     for i, deadline in state.pending_retries():
         if deadline <= command.to:
-            due.append((deadline, i, ""))
-    for deadline, i, attempt_id in sorted(due):
+            due.append((deadline, i, 2, ""))
+    for deadline, i, kind, attempt_id in sorted(due):
         if draft.status is not RunStatus.RUNNING:
             break
         node = draft.node(i)
-        if attempt_id:
+        if kind == 0:
             draft.emit(AttemptDeadlineExpired(node_id=node.node_id, attempt_id=attempt_id, deadline=deadline))
             timeout = RetryableFailure(reason=f"attempt deadline {deadline} ms expired", timeout=True)
             _commit_outcome(draft, i, timeout, attempt_id)
+        elif kind == 1:
+            wait = node.wait
+            assert wait is not None
+            draft.emit(
+                SignalExpired(node_id=node.node_id, attempt_id=attempt_id, name=wait.name, deadline=deadline)
+            )
+            expired = RetryableFailure(
+                reason=f"signal wait {wait.name!r} expired at {deadline} ms", timeout=True
+            )
+            _commit_outcome(draft, i, expired, attempt_id)
         elif node.status is NodeStatus.RETRY_PENDING and _transition_available(draft):
             draft.emit(RetryReleased(node_id=node.node_id, next_attempt=node.attempt + 1, at=draft.now))
     _finish(draft)
