@@ -850,11 +850,15 @@ class PyPIProvider:
         return tuple(known["requires_dist"])
 
     def _metadata(self, name: str, version: str) -> tuple[list[str], str]:
-        """Read metadata from the cheapest trustworthy source, falling back to the wheel itself.
+        """Read the metadata a wheel of this release actually carries.
 
-        Order: a wheel's PEP 658 ``.metadata`` file; the JSON API for that
-        version; the JSON API's latest release when it is this version; the
-        METADATA inside the smallest wheel. An sdist-only release fails closed.
+        Order: a wheel's PEP 658 ``.metadata`` file; else the METADATA inside a
+        wheel (pure wheel first, then the smallest), read with HTTP range
+        requests when the index gives sizes. The JSON API is used only for a
+        release without wheels: its ``requires_dist`` comes from whichever file
+        was uploaded first and can disagree with the wheels (psycopg 3.3.9's
+        JSON names psycopg-binary==3.3.6 while its wheels require ==3.3.9).
+        A release whose dependencies cannot be read fails closed.
         """
         files = self._releases(name).get(version, [])
         wheels = sorted(
@@ -864,24 +868,99 @@ class PyPIProvider:
         for f in wheels:
             if f.get("core-metadata") or f.get("data-dist-info-metadata"):
                 return _parse_metadata(self._get(f["url"] + ".metadata").decode("utf-8", "replace"))
-        for url in (f"{self.index}/pypi/{name}/{version}/json", f"{self.index}/pypi/{name}/json"):
-            try:
-                info = json.loads(self._get(url))["info"]
-            except AuditError:
-                continue
-            if info.get("version") == version and (info.get("requires_dist") is not None or wheels):
-                return list(info.get("requires_dist") or []), str(info.get("requires_python") or "")
         if wheels:
-            with zipfile.ZipFile(io.BytesIO(self._get(wheels[0]["url"]))) as wheel:
+            f = wheels[0]
+            size = f.get("size")
+            source: Any = _RangeFile(self, f["url"], int(size)) if size else io.BytesIO(self._get(f["url"]))
+            with zipfile.ZipFile(source) as wheel:
                 meta = [
                     n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
                 ]
-                if len(meta) == 1:
-                    return _parse_metadata(wheel.read(meta[0]).decode("utf-8", "replace"))
+                if len(meta) != 1:
+                    raise AuditError(
+                        f"{f['filename']} has {len(meta)} METADATA files; cannot read its dependencies"
+                    )
+                return _parse_metadata(wheel.read(meta[0]).decode("utf-8", "replace"))
+        try:
+            info = json.loads(self._get(f"{self.index}/pypi/{name}/{version}/json"))["info"]
+        except AuditError:
+            info = {}
+        if info.get("version") == version and info.get("requires_dist") is not None:
+            return list(info["requires_dist"]), str(info.get("requires_python") or "")
         raise AuditError(
-            f"{name} {version} ships no wheel with readable metadata; the audit cannot see its "
-            "dependencies, so it cannot be admitted as is"
+            f"{name} {version} ships no wheel and the index does not state its dependencies; the audit "
+            "cannot see its graph, so it cannot be admitted as is"
         )
+
+    def get_range(self, url: str, start: int, end: int) -> tuple[bytes, bool]:
+        """Fetch bytes ``start..end`` (inclusive); the flag is False when the server sent the whole file."""
+        req = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end}"})
+        last: Exception | None = None
+        for _ in range(3):
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    return resp.read(), resp.status == 206
+            except OSError as exc:
+                last = exc
+        raise AuditError(f"cannot fetch {url} bytes {start}-{end}: {last}")
+
+
+class _RangeFile:
+    """A read-only, seekable view of a remote file that fetches only the byte ranges read.
+
+    zipfile reads the end-of-central-directory record and the central
+    directory from the tail, then one member; for a wheel that is two or three
+    small requests instead of the whole file (ruff's and mypy's wheels are
+    over 10 MB). A server that ignores Range gets the whole body once.
+    """
+
+    _TAIL = 1 << 16
+
+    def __init__(self, provider: PyPIProvider, url: str, size: int) -> None:
+        """Prepare a view of ``size`` bytes at ``url``; nothing is fetched yet."""
+        self._provider = provider
+        self._url = url
+        self._size = size
+        self._pos = 0
+        self._chunks: dict[int, bytes] = {}
+
+    def seekable(self) -> bool:
+        """Always seekable."""
+        return True
+
+    def tell(self) -> int:
+        """Current offset."""
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Move like a file object."""
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, min(self._size, base + offset))
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        """Read ``n`` bytes (or to the end) from the current offset."""
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        data = self._cached(self._pos, end)
+        if data is None:
+            start = min(self._pos, max(0, self._size - self._TAIL)) if end == self._size else self._pos
+            body, partial = self._provider.get_range(self._url, start, end - 1)
+            if not partial:
+                start, self._chunks = 0, {}
+            self._chunks[start] = body
+            data = self._cached(self._pos, end)
+            if data is None:
+                raise AuditError(f"{self._url}: short read at {self._pos}-{end}")
+        self._pos = end
+        return data
+
+    def _cached(self, start: int, end: int) -> bytes | None:
+        for offset, body in self._chunks.items():
+            if offset <= start and end <= offset + len(body):
+                return body[start - offset : end - offset]
+        return None
 
 
 def _parse_metadata(text: str) -> tuple[list[str], str]:

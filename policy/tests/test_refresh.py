@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -17,12 +18,14 @@ import pytest
 REAL_POLICY = Path(audit.__file__).resolve().parent / "runtime-dependency-policy.toml"
 
 
-def wheel(name: str, version: str, requires: list[str]) -> bytes:
-    """Build a minimal wheel whose METADATA lists ``requires``."""
+def wheel(name: str, version: str, requires: list[str], padding: int = 0) -> bytes:
+    """Build a wheel whose METADATA lists ``requires``, after ``padding`` bytes of incompressible code."""
     buf = io.BytesIO()
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(buf, "w") as zf:
+        if padding:
+            zf.writestr(f"{name.replace('-', '_')}/_blob.bin", os.urandom(padding))
         zf.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", meta)
     return buf.getvalue()
 
@@ -34,6 +37,8 @@ class Index:
         self.routes: dict[str, bytes] = {}
         self.projects: dict[str, list[dict[str, object]]] = {}
         self.base = ""
+        self.sizes = True  # publish file sizes (PEP 700), which enables range reads
+        self.bytes_served: dict[str, int] = {}
 
     def add(
         self,
@@ -44,10 +49,11 @@ class Index:
         requires_python: str | None = None,
         yanked: bool = False,
         core_metadata: bool = False,
+        padding: int = 0,
     ) -> None:
         """Publish one release as a py3-none-any wheel."""
         filename = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
-        data = wheel(name, version, requires)
+        data = wheel(name, version, requires, padding)
         self.routes[f"/files/{filename}"] = data
         entry: dict[str, object] = {
             "filename": filename,
@@ -56,6 +62,8 @@ class Index:
             "requires-python": requires_python,
             "yanked": yanked,
         }
+        if self.sizes:
+            entry["size"] = len(data)
         if core_metadata:
             entry["core-metadata"] = True
             meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
@@ -76,10 +84,21 @@ def index() -> Iterator[Index]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = idx.routes.get(self.path)
-            self.send_response(200 if body is not None else 404)
+            if body is None:
+                self.send_response(404)
+                self.end_headers()
+                return
+            wanted = self.headers.get("Range")
+            if wanted:
+                first, last = (int(x) for x in wanted.removeprefix("bytes=").split("-"))
+                body = body[first : last + 1]
+                self.send_response(206)
+            else:
+                self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if body is not None:
-                self.wfile.write(body)
+            self.wfile.write(body)
+            idx.bytes_served[self.path] = idx.bytes_served.get(self.path, 0) + len(body)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -141,3 +160,32 @@ def test_refresh_fails_closed_on_an_unknown_project(index: Index, tmp_path: Path
     code = audit.main(["--root", str(tmp_path), "--refresh", "--index", index.base])
     assert code == 2
     assert not (tmp_path / audit.LOCK_FILE).exists()
+
+
+def test_refresh_reads_wheel_metadata_with_range_requests(
+    index: Index, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A large wheel's METADATA is read by fetching its tail and one member, not the whole file."""
+    index.add("big", "1.0", ["gevent"], padding=400_000)
+    index.add("gevent", "24.2.1", [])
+    make_repo(tmp_path, ["big"])
+    code = audit.main(["--root", str(tmp_path), "--refresh", "--index", index.base])
+    assert code == 1
+    assert "FORBIDDEN mayfly 1.0 -> big 1.0 -> gevent 24.2.1" in capsys.readouterr().out
+    path = "/files/big-1.0-py3-none-any.whl"
+    assert 0 < index.bytes_served[path] < len(index.routes[path]) // 4
+
+
+def test_refresh_downloads_the_wheel_when_the_index_gives_no_size(
+    index: Index, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without file sizes the whole wheel is fetched once and its METADATA read."""
+    index.sizes = False
+    index.add("big", "1.0", ["eventlet"], padding=50_000)
+    index.add("eventlet", "0.36.1", [])
+    make_repo(tmp_path, ["big"])
+    code = audit.main(["--root", str(tmp_path), "--refresh", "--index", index.base])
+    assert code == 1
+    assert "FORBIDDEN mayfly 1.0 -> big 1.0 -> eventlet 0.36.1" in capsys.readouterr().out
+    path = "/files/big-1.0-py3-none-any.whl"
+    assert index.bytes_served[path] == len(index.routes[path])
