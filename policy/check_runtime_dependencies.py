@@ -1361,8 +1361,14 @@ def repo_fingerprint(repo: Repo, policy: Policy) -> list[str]:
     )
 
 
-def load_lock(path: Path, repo: Repo, policy: Policy) -> LockProvider:
-    """Read the lock and prove it matches the repository; raise StaleLock otherwise."""
+def load_lock(path: Path, repo: Repo, policy: Policy) -> tuple[LockProvider, list[str]]:
+    """Read the lock and prove it covers the repository; raise StaleLock otherwise.
+
+    A requirement the lock does not know fails (exit 2, refresh). A lock that
+    also knows requirements the repository no longer declares still covers
+    it, so that is only a note: a lock refreshed while a colleague's new
+    distribution was on disk must not fail everyone else's checkout.
+    """
     if not path.is_file():
         raise StaleLock(f"no lock at {path}; {REFRESH_HINT}")
     try:
@@ -1373,16 +1379,21 @@ def load_lock(path: Path, repo: Repo, policy: Policy) -> LockProvider:
         raise StaleLock(f"{path} has format {data.get('format')!r}, expected {LOCK_FORMAT}; {REFRESH_HINT}")
     locked = set(data.get("repository_requirements", []))
     current = set(repo_fingerprint(repo, policy))
-    if locked != current:
-        added = sorted(current - locked)
-        removed = sorted(locked - current)
-        detail = "; ".join([*(f"new: {a}" for a in added[:5]), *(f"gone: {r}" for r in removed[:5])])
-        more = len(added) + len(removed) - min(len(added), 5) - min(len(removed), 5)
+    added = sorted(current - locked)
+    if added:
+        shown = "; ".join(f"new: {a}" for a in added[:5])
+        more = f"; and {len(added) - 5} more" if len(added) > 5 else ""
         raise StaleLock(
-            f"the lock does not match the repository's requirements ({detail}"
-            f"{f'; and {more} more' if more > 0 else ''}); {REFRESH_HINT}"
+            f"the lock does not cover the repository's requirements ({shown}{more}); {REFRESH_HINT}"
         )
-    return LockProvider(data)
+    removed = sorted(locked - current)
+    notes = []
+    if removed:
+        notes.append(
+            f"the lock also covers {len(removed)} requirement(s) the repository no longer declares "
+            f"(e.g. {removed[0]}); --refresh prunes them"
+        )
+    return LockProvider(data), notes
 
 
 def write_lock(path: Path, repo: Repo, policy: Policy, provider: PyPIProvider) -> None:
@@ -1431,7 +1442,7 @@ def audit(root: Path, policy_path: Path | None = None, lock_path: Path | None = 
     """Run the full offline audit of the repository at ``root``."""
     policy = Policy.load(policy_path or root / POLICY_FILE)
     repo = load_repo(root, policy)
-    provider = load_lock(lock_path or root / LOCK_FILE, repo, policy)
+    provider, lock_notes = load_lock(lock_path or root / LOCK_FILE, repo, policy)
     walked = walk(repo, policy, provider, policy.targets)
     forbidden: list[Finding] = []
     ledgered: list[Finding] = []
@@ -1453,7 +1464,7 @@ def audit(root: Path, policy_path: Path | None = None, lock_path: Path | None = 
         stale,
         sorted(set(walked.problems)),
         source,
-        sorted(walked.notes | set(repo.notes)),
+        sorted(walked.notes | set(repo.notes) | set(lock_notes)),
         stats,
     )
 
