@@ -26,6 +26,7 @@ from mayfly.journal import JournalRecord, WorkflowJournal
 from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
 from mayfly.model.errors import CorruptionError, RunNotFound, SnapshotCorrupt
 from mayfly.model.ids import idempotency_key
+from mayfly.model.signals import AcceptedSignal
 from mayfly.model.state import NodeStatus, RunState
 from mayfly.reducer import Upcaster, decode_event, reduce
 from mayfly.snapshot import restore_snapshot
@@ -37,6 +38,7 @@ __all__ = [
     "RecoveredRun",
     "RecoveryEffect",
     "RestoreRetryTimer",
+    "RestoreSignalWait",
     "ResumeSession",
     "inspect_run",
     "load_run",
@@ -54,6 +56,16 @@ class ReconcileAttempt(msgspec.Struct, frozen=True, tag=True):
     attempt_id: str
     attempt: int
     idempotency_key: str
+    deadline: int | None
+    signal: AcceptedSignal | None = None
+
+
+class RestoreSignalWait(msgspec.Struct, frozen=True, tag=True):
+    """An attempt is parked on a durable wait: keep waiting for the signal or its deadline."""
+
+    node_id: str
+    attempt_id: str
+    name: str
     deadline: int | None
 
 
@@ -80,7 +92,9 @@ class BlockUnavailable(msgspec.Struct, frozen=True, tag=True):
     reason: str = "handler unavailable"
 
 
-RecoveryEffect: TypeAlias = ReconcileAttempt | RestoreRetryTimer | DispatchReady | BlockUnavailable
+RecoveryEffect: TypeAlias = (
+    ReconcileAttempt | RestoreSignalWait | RestoreRetryTimer | DispatchReady | BlockUnavailable
+)
 """Everything :func:`resume_run` may ask the runtime to do, in the order given."""
 
 
@@ -177,7 +191,7 @@ def recovery_effects(
 ) -> tuple[RecoveryEffect, ...]:
     """The ordered effects that restore a run's in-flight work; none for a terminal run.
 
-    Order: reconcile started attempts (in start order), block ready or
+    Order: reconcile started attempts or restore their waits (in start order), block ready or
     running nodes whose handler is unavailable, restore retry timers (by
     deadline), then dispatch the remaining ready nodes (in spec order).
     """
@@ -191,6 +205,9 @@ def recovery_effects(
     for attempt_id, index in state.active_attempts():
         node = state.node(index)
         handler = node.spec.handler or ""
+        if node.wait is not None:
+            effects.append(RestoreSignalWait(node.node_id, attempt_id, node.wait.name, node.wait.deadline))
+            continue
         if not available(node.spec.handler):
             effects.append(BlockUnavailable(node.node_id, handler, attempt_id))
             continue
@@ -202,6 +219,7 @@ def recovery_effects(
                 attempt=node.attempt,
                 idempotency_key=idempotency_key(state.run_id, node.node_id, attempt_id),
                 deadline=node.attempt_deadline,
+                signal=node.signal,
             )
         )
     ready: list[str] = []

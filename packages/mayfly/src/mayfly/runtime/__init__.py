@@ -6,10 +6,12 @@ from mayfly.runtime.request import DependencyResult, HandlerRequest
 from mayfly.runtime.runtime import (
     NodeSummary,
     RunResult,
+    SignalDisposition,
     UnsupportedInCurrentTask,
     WorkflowRuntime,
     set_backend_resolver,
 )
+from mayfly.runtime.signals import WaitForSignal, new_signal_token
 
 __all__ = [
     "DependencyResult",
@@ -20,7 +22,10 @@ __all__ = [
     "NodeSummary",
     "RunDriver",
     "RunResult",
+    "SignalDisposition",
     "UnsupportedInCurrentTask",
+    "WaitForSignal",
     "WorkflowRuntime",
+    "new_signal_token",
     "set_backend_resolver",
 ]

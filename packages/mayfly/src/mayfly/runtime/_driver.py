@@ -22,6 +22,8 @@ from mayfly.model.commands import (
     CancelRun,
     Command,
     CompleteAttempt,
+    DeliverSignal,
+    OpenSignalWait,
     Rejection,
     RejectionCode,
     StartNodes,
@@ -39,23 +41,25 @@ from mayfly.model.outcomes import (
     Skipped,
     Succeeded,
 )
+from mayfly.model.signals import AcceptedSignal, SignalToken
 from mayfly.model.state import NodeStatus, RunState
 from mayfly.recovery import BlockUnavailable, ReconcileAttempt, RecoveryEffect
 from mayfly.runtime.registry import HandlerEntry, HandlerRegistry
 from mayfly.runtime.request import DependencyResult, HandlerRequest, clone_json
+from mayfly.runtime.signals import WaitForSignal
 from mayfly.snapshot import make_snapshot
 from mayfly.substrate import (
     CancellationHandle,
     Channel,
+    Event,
     Task,
     WaitTimeout,
     current_hub,
     current_task,
     offload,
-    sleep_until,
 )
 
-__all__ = ["RunDriver", "invoke_handler"]
+__all__ = ["HandlerResult", "RunDriver", "SignalRequest", "invoke_handler"]
 
 _OUTCOME_TYPES = (
     Succeeded,
@@ -77,15 +81,20 @@ def _bounded(text: str) -> str:
     return raw[: MAX_REASON_BYTES - 16].decode("utf-8", "ignore") + " [...truncated]"
 
 
-def invoke_handler(entry: HandlerEntry, request: HandlerRequest) -> NodeOutcome:
-    """Call the handler (offloaded unless cooperative) and return a valid outcome.
+HandlerResult = NodeOutcome | WaitForSignal
+"""What a handler may return: an outcome, or a request to wait for a signal."""
+
+
+def invoke_handler(entry: HandlerEntry, request: HandlerRequest) -> HandlerResult:
+    """Call the handler (offloaded unless cooperative) and return a valid outcome or wait.
 
     A return value that is not an outcome becomes a PermanentFailure naming
     what was returned; exceptions propagate to the caller's task.
     """
     result: Any = entry.fn(request) if entry.cooperative else offload(entry.fn, request)
-    if isinstance(result, _OUTCOME_TYPES):
-        return result
+    if isinstance(result, (*_OUTCOME_TYPES, WaitForSignal)):
+        checked: HandlerResult = result
+        return checked
     return PermanentFailure(
         reason=_bounded(
             f"handler {entry.ref} returned {type(result).__name__}, expected an outcome such as "
@@ -108,6 +117,7 @@ class RunDriver:
     def __init__(
         self,
         *,
+        detach_on_wait: bool = False,
         journal: WorkflowJournal,
         registry: HandlerRegistry,
         ids: IdSource,
@@ -125,17 +135,20 @@ class RunDriver:
         self.concurrent = concurrent
         self.snapshot_every = snapshot_every
         self.lease_ttl_ms = lease_ttl_ms
+        self.detach_on_wait = detach_on_wait
         self.hub = current_hub()
         # Virtual time continues from the recorded time; downtime is not counted, so
         # a restored deadline is never reached early.
         self._epoch = self.hub.now_ms() - state.now
         self._renewed_at = self.hub.now_ms()
         self._since_snapshot = 0
-        self._done: Channel[Task[NodeOutcome]] = Channel()
-        self._tasks: dict[str, Task[NodeOutcome]] = {}
-        self._task_attempt: dict[Task[NodeOutcome], tuple[str, str]] = {}
+        self._done: Channel[Task[HandlerResult]] = Channel()
+        self._tasks: dict[str, Task[HandlerResult]] = {}
+        self._task_attempt: dict[Task[HandlerResult], tuple[str, str]] = {}
         self._cancel_requests: list[tuple[str, str]] = []
+        self._signal_requests: list[SignalRequest] = []
         self.rejected_results = 0
+        self.detached = False
 
     # -- committing ---------------------------------------------------------------
 
@@ -183,6 +196,11 @@ class RunDriver:
         # Wake the driver if it is waiting for handler results.
         self._done.send(_WAKE)
 
+    def request_signal(self, request: SignalRequest) -> None:
+        """Queue a signal delivery for the driver (from another task); ``request.done`` is set after."""
+        self._signal_requests.append(request)
+        self._done.send(_WAKE)
+
     # -- the loop -----------------------------------------------------------------
 
     def drive(self, effects: tuple[RecoveryEffect, ...] = ()) -> RunState:
@@ -194,11 +212,14 @@ class RunDriver:
                 self._launch(node.index, effect.attempt_id)
             elif isinstance(effect, BlockUnavailable):
                 self._block_unavailable(effect.node_id, effect.attempt_id)
-        # Retry timers and ready nodes are derived from state by the loop itself.
+        # Retry timers, waits and ready nodes are derived from state by the loop itself.
         while not self.state.status.is_terminal:
             if self._cancel_requests:
                 requester, reason = self._cancel_requests.pop(0)
                 self.commit(CancelRun(requester, reason))
+                continue
+            if self._signal_requests:
+                self._deliver(self._signal_requests.pop(0))
                 continue
             if self._due():
                 self.advance_time()
@@ -207,7 +228,11 @@ class RunDriver:
             if ready:
                 self._start(ready)
                 continue
-            self._wait()
+            if self._resume_accepted():
+                continue
+            if not self._wait():
+                self.detached = True
+                break
         self._cancel_closed_attempts()
         return self.state
 
@@ -215,14 +240,16 @@ class RunDriver:
         deadline = self._next_deadline()
         return deadline is not None and deadline <= self.run_now()
 
-    def _next_deadline(self) -> int | None:
-        """The earliest virtual time at which something is due: a retry, an attempt deadline, the budget."""
+    def _next_deadline(self, *, waits: bool = True) -> int | None:
+        """The earliest virtual time something is due: a retry, an attempt or wait deadline, the budget."""
         state = self.state
         deadlines = [deadline for _, deadline in state.pending_retries()]
         for _, index in state.active_attempts():
-            deadline = state.node(index).attempt_deadline
-            if deadline is not None:
-                deadlines.append(deadline)
+            node = state.node(index)
+            if node.attempt_deadline is not None:
+                deadlines.append(node.attempt_deadline)
+            if waits and node.wait is not None and node.wait.deadline is not None:
+                deadlines.append(node.wait.deadline)
         elapsed = state.spec.budgets.max_elapsed_ms
         if elapsed is not None:
             deadlines.append(elapsed)
@@ -255,18 +282,20 @@ class RunDriver:
             return
         # Current-task mode: the started attempts run serially, in specification order.
         for index, attempt_id in sorted(launched):
-            if self.state.node(index).attempt_id != attempt_id:
-                continue
-            entry, request = self._request(index, attempt_id, current_task().cancellation)
-            try:
-                outcome = invoke_handler(entry, request)
-            except TaskCancelled:
-                raise
-            except Exception as exc:  # the handler's failure becomes a typed outcome
-                failed = TaskFailed(entry.ref, type(exc).__qualname__, str(exc))
-                failed.__cause__ = exc
-                outcome = failure_outcome(failed)
-            self._complete(index, attempt_id, outcome)
+            if self.state.node(index).attempt_id == attempt_id:
+                self._run_inline(index, attempt_id)
+
+    def _run_inline(self, index: int, attempt_id: str) -> None:
+        entry, request = self._request(index, attempt_id, current_task().cancellation)
+        try:
+            result = invoke_handler(entry, request)
+        except TaskCancelled:
+            raise
+        except Exception as exc:  # the handler's failure becomes a typed outcome
+            failed = TaskFailed(entry.ref, type(exc).__qualname__, str(exc))
+            failed.__cause__ = exc
+            result = failure_outcome(failed)
+        self._complete(index, attempt_id, result)
 
     def _block_unavailable(self, node_id: str, attempt_id: str | None) -> None:
         """Record a node whose handler is missing as Blocked (ARCHITECTURE section 11)."""
@@ -302,6 +331,9 @@ class RunDriver:
             run_input=clone_json(state.input),
             dependencies=dependencies,
             cancellation=cancellation,
+            signal=None
+            if node.signal is None
+            else AcceptedSignal(node.signal.signal_id, node.signal.name, clone_json(node.signal.decision)),
         )
         return entry, request
 
@@ -311,24 +343,30 @@ class RunDriver:
         # The task's own cancellation handle is the one the handler sees.
         holder: dict[str, HandlerRequest] = {}
 
-        def attempt() -> NodeOutcome:
+        def attempt() -> HandlerResult:
             return invoke_handler(entry, holder["request"])
 
-        task: Task[NodeOutcome] = self.hub.spawn(attempt, name=name, notify=self._done)
+        task: Task[HandlerResult] = self.hub.spawn(attempt, name=name, notify=self._done)
         entry, request = self._request(index, attempt_id, task.cancellation)
         holder["request"] = request
         self._tasks[attempt_id] = task
         self._task_attempt[task] = (node.node_id, attempt_id)
 
-    def _wait(self) -> None:
+    def _wait(self) -> bool:
+        """Park until a handler finishes, a request arrives or something falls due.
+
+        Returns False when the run can only progress through an external
+        signal and this driver detaches (``detach_on_wait``): the run stays
+        durably parked for whoever delivers the signal and resumes it.
+        """
         if not self._tasks:
-            deadline = self._next_deadline()
-            if deadline is None:
+            waiting = bool(self.state.waiting_nodes())
+            if waiting and self.detach_on_wait and self._next_deadline(waits=False) is None:
+                return False
+            if not waiting and self._next_deadline() is None:
                 raise RuntimeError(
                     f"run {self.state.run_id} cannot make progress: nothing ready, running or scheduled"
                 )
-            sleep_until(self._epoch + deadline)
-            return
         deadline = self._next_deadline()
         renew_at = self._renewed_at + self.lease_ttl_ms // 3 if self.lease is not None else None
         wake_at = min(
@@ -340,11 +378,41 @@ class RunDriver:
             task = self._done.receive(timeout=timeout)
         except WaitTimeout:
             self._renew_if_due()
-            return
+            return True
         self._renew_if_due()
-        if task is _WAKE:
-            return
-        self._finished(task)
+        if task is not _WAKE:
+            self._finished(task)
+        return True
+
+    def _resume_accepted(self) -> bool:
+        """Re-invoke attempts whose wait accepted a signal (same attempt id, signal attached)."""
+        resumed = False
+        for attempt_id, index in self.state.active_attempts():
+            node = self.state.node(index)
+            if (
+                node.status is NodeStatus.RUNNING
+                and node.signal is not None
+                and attempt_id not in self._tasks
+            ):
+                if not self.concurrent:
+                    self._run_inline(index, attempt_id)
+                else:
+                    self._launch(index, attempt_id)
+                resumed = True
+        return resumed
+
+    def _deliver(self, request: SignalRequest) -> None:
+        result = self.commit(
+            DeliverSignal(
+                node_id=request.node_id,
+                signal_id=request.signal_id,
+                token=request.token,
+                decision=request.decision,
+                name=request.name,
+            )
+        )
+        request.result = result if isinstance(result, Rejection) else result.events
+        request.done.set()
 
     def _renew_if_due(self) -> None:
         if self.lease is None:
@@ -354,21 +422,24 @@ class RunDriver:
             self.lease.renew(self.lease_ttl_ms)
             self._renewed_at = now
 
-    def _finished(self, task: Task[NodeOutcome]) -> None:
+    def _finished(self, task: Task[HandlerResult]) -> None:
         node_id, attempt_id = self._task_attempt.pop(task)
         self._tasks.pop(attempt_id, None)
         try:
-            outcome = task.result()
+            result = task.result()
         except TaskCancelled:
             return  # the run closed this attempt; its outcome is already committed
         except TaskFailed as failed:
-            outcome = failure_outcome(failed)
-        self._complete(self.state.index[node_id], attempt_id, outcome)
+            result = failure_outcome(failed)
+        self._complete(self.state.index[node_id], attempt_id, result)
 
-    def _complete(self, index: int, attempt_id: str, outcome: NodeOutcome) -> None:
+    def _complete(self, index: int, attempt_id: str, outcome: HandlerResult) -> None:
         node = self.state.node(index)
         if node.attempt_id != attempt_id:
             self.rejected_results += 1
+            return
+        if isinstance(outcome, WaitForSignal):
+            self._open_wait(index, attempt_id, outcome)
             return
         if isinstance(outcome, RetryableFailure | PermanentFailure):
             self.advance_time()  # a retry's delay is added to the time its outcome is committed
@@ -381,6 +452,23 @@ class RunDriver:
                 self.rejected_results += 1  # a late result for an attempt the run already closed
                 return
             raise CommandRejected(result, f"result of attempt {attempt_id} rejected: {result}")
+
+    def _open_wait(self, index: int, attempt_id: str, wait: WaitForSignal) -> None:
+        if wait.timeout_ms is not None:
+            self.advance_time()  # the wait's deadline counts from the time it is opened
+        node = self.state.node(index)
+        if node.attempt_id != attempt_id:
+            self.rejected_results += 1
+            return
+        self.commit_or_raise(
+            OpenSignalWait(
+                node_id=node.node_id,
+                attempt_id=attempt_id,
+                name=wait.name,
+                token_sha256=wait.token.digest,
+                timeout_ms=wait.timeout_ms,
+            )
+        )
 
     def _cancel_closed_attempts(self) -> None:
         for attempt_id, task in list(self._tasks.items()):
@@ -397,3 +485,20 @@ class RunDriver:
 
 
 _WAKE: Any = object()
+
+
+class SignalRequest:
+    """A signal delivery queued for the driver by another task, and its result once processed."""
+
+    __slots__ = ("decision", "done", "name", "node_id", "result", "signal_id", "token")
+
+    def __init__(
+        self, node_id: str, signal_id: str, token: SignalToken, decision: Any, name: str | None
+    ) -> None:
+        self.node_id = node_id
+        self.signal_id = signal_id
+        self.token = token
+        self.decision = decision
+        self.name = name
+        self.done = Event()
+        self.result: Any = None

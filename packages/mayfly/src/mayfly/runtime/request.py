@@ -15,6 +15,7 @@ import msgspec
 
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome, NodeOutcomeKind, Succeeded
+from mayfly.model.signals import AcceptedSignal
 from mayfly.substrate import CancellationHandle
 
 __all__ = ["DependencyResult", "HandlerRequest", "clone_json"]
@@ -72,6 +73,7 @@ class HandlerRequest:
         "node_id",
         "run_id",
         "run_input",
+        "signal",
     )
 
     def __init__(
@@ -88,6 +90,7 @@ class HandlerRequest:
         run_input: JsonValue,
         dependencies: Mapping[str, DependencyResult],
         cancellation: CancellationHandle,
+        signal: AcceptedSignal | None = None,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
@@ -100,6 +103,8 @@ class HandlerRequest:
         self.run_input = run_input
         self.dependencies: Mapping[str, DependencyResult] = MappingProxyType(dict(dependencies))
         self.cancellation = cancellation
+        self.signal = signal
+        """The accepted signal when this invocation resumes an attempt after its wait."""
 
     @property
     def cancelled(self) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from typing import Any, final
+from typing import Any, Literal, final
 
 import msgspec
 
@@ -26,22 +26,25 @@ from mayfly.commit import commit_command
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import WorkflowJournal
 from mayfly.lease import RecoveryLeaseStore
-from mayfly.model.commands import CreateRun
-from mayfly.model.errors import MayflyError, SpecValidationError
+from mayfly.model.commands import CreateRun, DeliverSignal, Rejection, RejectionCode
+from mayfly.model.errors import CommandRejected, MayflyError, SpecValidationError
+from mayfly.model.events import Event, SignalRejected
 from mayfly.model.ids import IdSource
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcomeKind, Succeeded
+from mayfly.model.signals import SignalToken
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
-from mayfly.recovery import resume_run
+from mayfly.recovery import inspect_run, resume_run
 from mayfly.reducer import check_input, validate
-from mayfly.runtime._driver import RunDriver
+from mayfly.runtime._driver import RunDriver, SignalRequest
 from mayfly.runtime.registry import HandlerRegistry
 from mayfly.substrate import Clock, Hub, current_hub
 
 __all__ = [
     "NodeSummary",
     "RunResult",
+    "SignalDisposition",
     "UnsupportedInCurrentTask",
     "WorkflowRuntime",
     "set_backend_resolver",
@@ -59,6 +62,26 @@ def set_backend_resolver(resolver: BackendResolver) -> None:
 
 class UnsupportedInCurrentTask(MayflyError):
     """The current-task mode cannot honour this specification (attempt deadlines need the standalone hub)."""
+
+
+class SignalDisposition(msgspec.Struct, frozen=True):
+    """What happened to a delivered signal: ``accepted``, ``rejected`` (with why) or ``already_consumed``."""
+
+    signal_id: str
+    status: Literal["accepted", "rejected", "already_consumed"]
+    reason: str = ""
+
+    @classmethod
+    def of(cls, signal_id: str, result: list[Event] | Rejection) -> SignalDisposition:
+        """Interpret ``decide``'s answer to a DeliverSignal command."""
+        if isinstance(result, Rejection):
+            if result.code is RejectionCode.SIGNAL_ALREADY_CONSUMED:
+                return cls(signal_id, "already_consumed", result.message)
+            raise CommandRejected(result, f"signal {signal_id} rejected: {result}")
+        for event in result:
+            if isinstance(event, SignalRejected):
+                return cls(signal_id, "rejected", event.reason.value)
+        return cls(signal_id, "accepted")
 
 
 class NodeSummary(msgspec.Struct, frozen=True):
@@ -79,6 +102,8 @@ class RunResult(msgspec.Struct, frozen=True):
     sequence: int
     nodes: dict[str, NodeSummary]
     outputs: dict[str, JsonValue]
+    waiting: dict[str, str] = {}
+    """Nodes parked on a durable wait, with the signal name each waits for."""
 
     @property
     def succeeded(self) -> bool:
@@ -100,7 +125,8 @@ class RunResult(msgspec.Struct, frozen=True):
             )
             if isinstance(outcome, Succeeded) and node.status is NodeStatus.SUCCEEDED:
                 outputs[node.node_id] = outcome.output
-        return cls(state.run_id, state.status, state.sequence, nodes, outputs)
+        waiting = {node.node_id: node.wait.name for node in state.nodes if node.wait is not None}
+        return cls(state.run_id, state.status, state.sequence, nodes, outputs, waiting)
 
 
 def _default_owner() -> str:
@@ -152,10 +178,24 @@ class WorkflowRuntime:
 
     # -- public entry points --------------------------------------------------------
 
-    def execute(self, spec: WorkflowSpec, input: JsonValue = None, *, run_id: str | None = None) -> RunResult:
-        """Create a run of ``spec`` and drive it to its terminal result on a new hub."""
+    def execute(
+        self,
+        spec: WorkflowSpec,
+        input: JsonValue = None,
+        *,
+        run_id: str | None = None,
+        detach_on_wait: bool = True,
+    ) -> RunResult:
+        """Create a run of ``spec`` and drive it on a new hub until it ends or parks on a signal.
+
+        With ``detach_on_wait`` (the default) the call returns as soon as the
+        run can only progress through an external signal: the run stays
+        durably parked (``result.waiting`` names the waits) until someone
+        delivers the signal and resumes it. Otherwise the hub keeps waiting
+        until the wait's deadline.
+        """
         run_id = self._prepare(spec, input, run_id)
-        return self._hub().run(self._create_and_drive, spec, input, run_id, True)
+        return self._hub().run(self._create_and_drive, spec, input, run_id, True, detach_on_wait)
 
     def execute_in_current_task(
         self, spec: WorkflowSpec, input: JsonValue = None, *, run_id: str | None = None
@@ -164,16 +204,53 @@ class WorkflowRuntime:
         current_hub()  # raises HubNotRunning outside a hub task
         self._reject_deadlines(spec)
         run_id = self._prepare(spec, input, run_id)
-        return self._create_and_drive(spec, input, run_id, False)
+        return self._create_and_drive(spec, input, run_id, False, False)
 
-    def resume(self, run_id: str) -> RunResult:
-        """Take over a run (non-blocking lease) and drive it to its end on a new hub."""
-        return self._hub().run(self._resume_and_drive, run_id, True)
+    def resume(self, run_id: str, *, detach_on_wait: bool = True) -> RunResult:
+        """Take over a run (non-blocking lease) and drive it on a new hub until it ends or parks."""
+        return self._hub().run(self._resume_and_drive, run_id, True, detach_on_wait)
 
     def resume_in_current_task(self, run_id: str) -> RunResult:
         """Like :meth:`resume`, inside the calling hub task."""
         current_hub()
-        return self._resume_and_drive(run_id, False)
+        return self._resume_and_drive(run_id, False, False)
+
+    def signal(
+        self,
+        run_id: str,
+        node_id: str,
+        token: SignalToken | str,
+        decision: JsonValue = None,
+        *,
+        signal_id: str | None = None,
+        name: str | None = None,
+    ) -> SignalDisposition:
+        """Deliver a signal to a waiting node; returns its disposition.
+
+        If this runtime is driving the run (called from another task of the
+        same hub), the driver records it; otherwise the run's lease is taken
+        for the delivery (``LeaseHeld`` if another process owns the run) and
+        the run stays parked until it is resumed.
+        """
+        raw = token if isinstance(token, SignalToken) else SignalToken(token)
+        signal_id = signal_id if signal_id is not None else self.ids.new_id()
+        driver = self._drivers.get(run_id)
+        if driver is not None:
+            request = SignalRequest(node_id, signal_id, raw, decision, name)
+            driver.request_signal(request)
+            request.done.wait()
+            return SignalDisposition.of(signal_id, request.result)
+        with self.leases.acquire(run_id, self.owner, self.lease_ttl_ms) as lease:
+            state = inspect_run(self.journal, run_id).state
+            command = DeliverSignal(
+                node_id=node_id, signal_id=signal_id, token=raw, decision=decision, name=name
+            )
+            try:
+                commit = commit_command(self.journal, state, command, ids=self.ids, fence=lease.fencing_token)
+            except CommandRejected as rejected:
+                assert isinstance(rejected.rejection, Rejection)
+                return SignalDisposition.of(signal_id, rejected.rejection)
+            return SignalDisposition.of(signal_id, list(commit.events))
 
     def cancel(self, run_id: str, *, reason: str, requester: str = "runtime") -> None:
         """Cancel a run this runtime is driving on the current hub (from another task)."""
@@ -210,7 +287,7 @@ class WorkflowRuntime:
             )
 
     def _create_and_drive(
-        self, spec: WorkflowSpec, input: JsonValue, run_id: str, concurrent: bool
+        self, spec: WorkflowSpec, input: JsonValue, run_id: str, concurrent: bool, detach: bool
     ) -> RunResult:
         lease = self.leases.acquire(run_id, self.owner, self.lease_ttl_ms)
         try:
@@ -221,12 +298,12 @@ class WorkflowRuntime:
                 ids=self.ids,
                 fence=lease.fencing_token,
             )
-            driver = self._driver(commit.state, lease, concurrent)
+            driver = self._driver(commit.state, lease, concurrent, detach)
             return self._drive(driver, ())
         finally:
             lease.release()
 
-    def _resume_and_drive(self, run_id: str, concurrent: bool) -> RunResult:
+    def _resume_and_drive(self, run_id: str, concurrent: bool, detach: bool) -> RunResult:
         session = resume_run(
             self.journal,
             self.leases,
@@ -238,11 +315,12 @@ class WorkflowRuntime:
         with session:
             if not concurrent:
                 self._reject_deadlines(session.state.spec)
-            driver = self._driver(session.state, session.lease, concurrent)
+            driver = self._driver(session.state, session.lease, concurrent, detach)
             return self._drive(driver, session.effects)
 
-    def _driver(self, state: RunState, lease: Any, concurrent: bool) -> RunDriver:
+    def _driver(self, state: RunState, lease: Any, concurrent: bool, detach: bool) -> RunDriver:
         return RunDriver(
+            detach_on_wait=detach,
             journal=self.journal,
             registry=self.registry,
             ids=self.ids,
