@@ -1,0 +1,211 @@
+"""One Redis deployment behind a backend URL: the client, its errors, its scripts and its durability check.
+
+Every driver exception is mapped here into Mayfly's hierarchy, so the journal
+and the lease store never let a ``redis.exceptions`` error reach a user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, Final, final
+
+import redis
+import redis.exceptions as driver
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from mayfly.model.errors import DurabilityUnavailable, JournalUnavailable
+from mayfly_redis._connection import HubConnection, HubSSLConnection
+from mayfly_redis._url import RedisDurability, RedisTarget, parse_url
+
+__all__ = ["RedisStore", "open_store"]
+
+# Policies that may evict keys without a TTL, i.e. journal records.
+_EVICTING: Final = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _config(node: Any, name: str) -> str | None:
+    """Return one CONFIG value of ``node`` (a standalone client), ``None`` if it is not reported."""
+    reply = node.execute_command("CONFIG", "GET", name)
+    if isinstance(reply, dict):
+        pairs = [(_text(key), _text(value)) for key, value in reply.items()]
+    else:
+        items = [_text(item) for item in reply]
+        pairs = list(zip(items[0::2], items[1::2], strict=True))
+    return dict(pairs).get(name)
+
+
+@final
+class RedisStore:
+    """A connection pool to a standalone Redis or a Redis Cluster, with mapped errors and cached scripts."""
+
+    def __init__(self, target: RedisTarget) -> None:
+        self.target = target
+        self.cluster = False
+        self._shas: dict[str, str] = {}
+        self._closed = False
+        self._client: Any = self._standalone()
+        try:
+            with self.errors("open"):
+                self._client.ping()
+                info = self._client.info("server")
+                self.server_version = _text(info.get("redis_version", "?"))
+                cluster_info = self._client.info("cluster")
+                if int(cluster_info.get("cluster_enabled", 0)) == 1:
+                    self._client.close()
+                    self._client = self._cluster()
+                    self.cluster = True
+                self.persistence = self._check_durability()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def _options(self) -> dict[str, Any]:
+        target = self.target
+        return {
+            "username": target.username,
+            "password": target.password,
+            "socket_timeout": target.timeout_s,
+            "socket_connect_timeout": target.timeout_s,
+            # RESP2 with the pure-Python parser (see _connection); RESP3 would switch on
+            # push-notification handling that needs hiredis or the RESP3 parser.
+            "protocol": 2,
+            # One immediate retry covers a pooled connection the server closed; never a
+            # sleeping backoff, which would block the hub.
+            "retry": Retry(NoBackoff(), 1),
+        }
+
+    def _standalone(self) -> redis.Redis:
+        target = self.target
+        pool = redis.ConnectionPool(
+            connection_class=HubSSLConnection if target.tls else HubConnection,
+            host=target.host,
+            port=target.port,
+            db=target.db,
+            **self._options(),
+        )
+        return redis.Redis(connection_pool=pool)
+
+    def _cluster(self) -> RedisCluster:
+        if self.target.db != 0:
+            raise JournalUnavailable(
+                f"redis {self.target.address} is a Redis Cluster, which has only database 0; "
+                "drop the /db part of the URL"
+            )
+        return RedisCluster(
+            host=self.target.host,
+            port=self.target.port,
+            connection_class=HubSSLConnection if self.target.tls else HubConnection,
+            **self._options(),
+        )
+
+    def _nodes(self) -> list[Any]:
+        """Standalone clients for every server that stores data (each Cluster primary)."""
+        if not self.cluster:
+            return [self._client]
+        return [node.redis_connection for node in self._client.get_primaries()]
+
+    def _check_durability(self) -> str:
+        """Verify the servers can honour the URL's durability; return what was found, for reports."""
+        target = self.target
+        found: list[str] = []
+        for node in self._nodes():
+            where = f"{node.get_connection_kwargs().get('host')}:{node.get_connection_kwargs().get('port')}"
+            try:
+                appendonly = _config(node, "appendonly")
+                appendfsync = _config(node, "appendfsync")
+                policy = _config(node, "maxmemory-policy")
+            except driver.ResponseError as error:
+                if target.durability is RedisDurability.MEMORY:
+                    found.append(f"{where}: persistence unknown (CONFIG refused)")
+                    continue
+                raise DurabilityUnavailable(
+                    f"redis {where} refused CONFIG GET ({error}), so durability=aof cannot be "
+                    "verified; allow CONFIG for this user, or open with ?durability=memory"
+                ) from None
+            if policy in _EVICTING:
+                raise DurabilityUnavailable(
+                    f"redis {where} has maxmemory-policy {policy}, which can evict journal records; "
+                    "set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction)"
+                )
+            if target.durability is RedisDurability.AOF and (appendonly != "yes" or appendfsync != "always"):
+                raise DurabilityUnavailable(
+                    f"redis {where} has appendonly {appendonly} and appendfsync {appendfsync}, so "
+                    "acknowledged records could be lost in a crash; durability=aof needs "
+                    "'appendonly yes' and 'appendfsync always' in redis.conf (or CONFIG SET "
+                    "appendonly yes; CONFIG SET appendfsync always), or open with ?durability=memory "
+                    "to accept that risk"
+                )
+            found.append(f"{where}: appendonly {appendonly}, appendfsync {appendfsync}")
+        return "; ".join(found)
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def errors(self, operation: str) -> Iterator[None]:
+        """Map every redis-py error raised in the block to ``JournalUnavailable`` naming ``operation``."""
+        if self._closed:
+            raise JournalUnavailable(f"{operation}: the Redis backend {self.target.url} is closed")
+        try:
+            yield
+        except driver.AuthenticationError as error:
+            raise JournalUnavailable(
+                f"{operation}: redis {self.target.address} rejected the credentials ({error}); "
+                "check the user and password in the URL"
+            ) from None
+        except (driver.ConnectionError, driver.TimeoutError) as error:
+            raise JournalUnavailable(
+                f"{operation}: redis {self.target.address} unreachable ({error}); check the server "
+                "is running and reachable, then retry"
+            ) from None
+        except driver.RedisError as error:
+            raise JournalUnavailable(
+                f"{operation}: redis {self.target.address} refused the command ({error})"
+            ) from None
+
+    def call(self, operation: str, *args: Any) -> Any:
+        """Run one command (routed by its first key on a Cluster) and return the raw reply."""
+        with self.errors(operation):
+            return self._client.execute_command(*args)
+
+    def script(self, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a Lua script by SHA, loading it once and again after a ``NOSCRIPT`` reply."""
+        sha = self._shas.get(source)
+        if sha is None:
+            sha = self._shas[source] = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        with self.errors(operation):
+            try:
+                return self._client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            except driver.NoScriptError:
+                self._load(source, keys)
+                return self._client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+    def _load(self, source: str, keys: Sequence[str]) -> None:
+        if self.cluster:
+            # Load on every primary: the slot may move to any of them.
+            for node in self._nodes():
+                node.script_load(source)
+        else:
+            self._client.script_load(source)
+
+    def close(self) -> None:
+        """Close every pooled connection; later calls raise ``JournalUnavailable``."""
+        if self._closed:
+            return
+        self._closed = True
+        with suppress(driver.RedisError):  # closing a broken pool still leaves nothing open
+            self._client.close()
+
+
+def open_store(url: str) -> RedisStore:
+    """Parse ``url``, connect and verify durability; raise a typed error if any step fails."""
+    return RedisStore(parse_url(url))

@@ -1,0 +1,107 @@
+"""The server-side Lua scripts: compare-and-append and the lease operations.
+
+Each script runs atomically on the server and touches only keys of one run
+(one hash tag), so it works unchanged on Redis Cluster. Scripts are loaded once
+per connection pool (``SCRIPT LOAD``) and called by SHA; a ``NOSCRIPT`` reply
+(server restarted, failover, ``SCRIPT FLUSH``) reloads them and retries.
+
+Numbers cross the Lua boundary as decimal strings and are compared as strings
+where precision matters: Lua numbers are doubles, fencing tokens are int64.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["ACQUIRE", "APPEND", "RELEASE", "RENEW"]
+
+APPEND: Final = """
+-- KEYS: records list, ids hash, fence string [, runs index zset (standalone only)]
+-- ARGV: fence ('' = none), expected_next, count, run_id,
+--       then per record: event_id, identity ('<seq> <checksum>'), element
+local fence = redis.call('GET', KEYS[3]) or '0'
+if (ARGV[1] == '' and fence ~= '0') or (ARGV[1] ~= '' and ARGV[1] ~= fence) then
+  return {'fence', fence}
+end
+local length = redis.call('LLEN', KEYS[1])
+if length > 0 then
+  local tail = redis.call('LINDEX', KEYS[1], -1)
+  local tail_sequence = string.match(tail, '^(%d+)\\n')
+  if tail_sequence ~= tostring(length) then
+    return {'corrupt', 'last record holds sequence ' .. tostring(tail_sequence) ..
+      ' but the run holds ' .. tostring(length) .. ' records'}
+  end
+end
+local actual = length + 1
+local count = tonumber(ARGV[3])
+local stored = {}
+local replay = true
+for i = 1, count do
+  local base = 4 + (i - 1) * 3
+  stored[i] = redis.call('HGET', KEYS[2], ARGV[base + 1])
+  if stored[i] ~= ARGV[base + 2] then replay = false end
+end
+if tostring(actual) ~= ARGV[2] then
+  if replay then return {'replay'} end
+  for i = 1, count do
+    local base = 4 + (i - 1) * 3
+    if stored[i] and stored[i] ~= ARGV[base + 2] then
+      return {'conflict', ARGV[base + 1], stored[i]}
+    end
+  end
+  return {'cas', tostring(actual)}
+end
+for i = 1, count do
+  local base = 4 + (i - 1) * 3
+  if stored[i] then return {'conflict', ARGV[base + 1], stored[i]} end
+end
+-- unpack() is bounded by Lua's C stack, so large batches are pushed in chunks.
+for first = 1, count, 500 do
+  local last = math.min(first + 499, count)
+  local elements = {}
+  local ids = {}
+  for i = first, last do
+    local base = 4 + (i - 1) * 3
+    elements[#elements + 1] = ARGV[base + 3]
+    ids[#ids + 1] = ARGV[base + 1]
+    ids[#ids + 1] = ARGV[base + 2]
+  end
+  redis.call('RPUSH', KEYS[1], unpack(elements))
+  redis.call('HSET', KEYS[2], unpack(ids))
+end
+if actual == 1 and KEYS[4] then redis.call('ZADD', KEYS[4], 0, ARGV[4]) end
+return {'ok', tostring(length + count)}
+"""
+
+ACQUIRE: Final = """
+-- KEYS: lease string, fence string; ARGV: nonce, owner, ttl_ms
+-- The lease value is '<token> <nonce> <owner>'. A retried acquire whose reply was
+-- lost finds its own nonce and gets its grant back instead of LeaseHeld.
+if redis.call('SET', KEYS[1], 'granting', 'NX', 'PX', ARGV[3]) then
+  redis.call('INCR', KEYS[2])
+  local token = redis.call('GET', KEYS[2])
+  redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1] .. ' ' .. ARGV[2], 'KEEPTTL')
+  return {'granted', token}
+end
+local holder = redis.call('GET', KEYS[1])
+local token, nonce, owner = string.match(holder, '^(%d+) (%S+) (.*)$')
+if nonce == ARGV[1] then return {'granted', token} end
+return {'held', owner or holder}
+"""
+
+RENEW: Final = """
+-- KEYS: lease string; ARGV: the exact lease value, ttl_ms
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+RELEASE: Final = """
+-- KEYS: lease string; ARGV: the exact lease value
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
