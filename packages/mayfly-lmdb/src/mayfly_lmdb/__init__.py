@@ -1,0 +1,80 @@
+"""The ``lmdb://`` backend of Mayfly: an embedded journal and recovery leases on one LMDB environment.
+
+Install with ``pip install "mayfly[lmdb]"`` and open by URL::
+
+    lmdb:///var/lib/app/mayfly?durability=sync&map_size=1GiB&max_map_size=1TiB
+
+Options (all optional):
+
+* ``durability=sync`` (default): an append returns after LMDB's durable
+  commit, so it survives a host crash; ``durability=nosync`` returns once the
+  pages are handed to the OS (survives the process dying, not the host) and
+  must be chosen explicitly. ``mayfly backends`` reports which one is used.
+* ``map_size`` (default ``1GiB``): the initial map; it grows on demand,
+  doubling, up to ``max_map_size`` (default ``1TiB``), after which appends
+  raise :class:`LmdbMapFull` naming the option to raise.
+* ``readonly=true``: an inspector that reads while other processes write.
+
+Several processes of one host may share the environment: appends of any run
+are compare-and-append inside one LMDB write transaction, and recovery
+leases are ``flock`` locks released by the OS when their holder dies, with
+fencing tokens stored in the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from mayfly.hookspecs import BackendDescriptor, hookimpl
+from mayfly_lmdb._env import LmdbMapFull
+from mayfly_lmdb._journal import LmdbJournal
+from mayfly_lmdb._lease import LmdbLeaseGuard, LmdbLeaseStore
+from mayfly_lmdb._url import format_size, parse_url
+
+__all__ = [
+    "DISTRIBUTION",
+    "MAYFLY_PLUGIN_API",
+    "LmdbJournal",
+    "LmdbLeaseGuard",
+    "LmdbLeaseStore",
+    "LmdbMapFull",
+    "describe",
+]
+
+MAYFLY_PLUGIN_API: Final = 1
+"""The Mayfly plugin API this backend was written for (checked when the plugin loads)."""
+
+DISTRIBUTION: Final = "mayfly-lmdb"
+"""The installable distribution, named in error messages."""
+
+_SCHEMES: Final = ("lmdb",)
+
+
+def describe(url: str) -> str:
+    """One line for ``mayfly backends``: where the environment is and what an acknowledgement means."""
+    if url in ("lmdb://", ""):
+        return "LMDB environment journal, durability sync|nosync, map grows on demand, flock leases"
+    target = parse_url(url)
+    if target.sync:
+        durability = "sync (durable: survives a host crash)"
+    else:
+        durability = "nosync (write: survives the process, NOT a host crash)"
+    mode = ", read-only" if target.readonly else ""
+    return (
+        f"LMDB environment at {target.path}, durability {durability}, map_size "
+        f"{format_size(target.map_size)} growing to {format_size(target.max_map_size)}{mode}, "
+        "flock leases"
+    )
+
+
+@hookimpl
+def mayfly_journal_backends() -> Sequence[BackendDescriptor]:
+    """Offer the LMDB journal for ``lmdb://`` URLs."""
+    return [BackendDescriptor(_SCHEMES, DISTRIBUTION, LmdbJournal, describe)]
+
+
+@hookimpl
+def mayfly_lease_backends() -> Sequence[BackendDescriptor]:
+    """Offer LMDB-store recovery leases for ``lmdb://`` URLs."""
+    return [BackendDescriptor(_SCHEMES, DISTRIBUTION, LmdbLeaseStore, describe)]

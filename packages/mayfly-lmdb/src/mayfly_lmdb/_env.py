@@ -1,0 +1,348 @@
+"""One LMDB environment per directory and process, its transactions, map growth and error mapping.
+
+LMDB forbids opening one environment twice in a process (its fcntl locks
+belong to the process, so closing a second handle would drop the first one's
+locks), so every journal and lease store of a directory shares one
+:class:`SharedEnv`, reference-counted, and a forked child opens its own.
+
+Transactions never span a greenlet switch: :meth:`SharedEnv.write` and
+:meth:`SharedEnv.read` run a plain function inside one transaction and end
+it before returning, and that function only calls LMDB. So a hub task can
+never park while it holds LMDB's writer lock, and a second task of the same
+hub can never deadlock waiting for it.
+
+Map size. A write that fills the map is aborted (nothing of it is
+committed), the map is grown and the whole transaction is retried; a record
+is acknowledged only after the commit that holds it. Growing needs every
+transaction of the process to be finished, so transactions pass a gate that
+a resize closes. When another process grew the map beyond this process's
+mapping, LMDB reports ``MAP_RESIZED`` and the new size is adopted the same
+way. Past ``max_map_size`` the write fails with :class:`LmdbMapFull`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, TypeVar, final
+
+import lmdb
+
+from mayfly.model.errors import (
+    CompatibilityError,
+    CorruptionError,
+    DurabilityUnavailable,
+    InvalidBackendURL,
+    JournalUnavailable,
+    LimitExceeded,
+    MayflyError,
+)
+from mayfly_lmdb._codec import FORMAT
+from mayfly_lmdb._url import LmdbTarget, format_size
+
+__all__ = ["LmdbMapFull", "SharedEnv", "acquire_env", "filesystem_type"]
+
+_T = TypeVar("_T")
+_DATABASES: Final = (b"records", b"events", b"heads", b"snapshots", b"runs", b"meta")
+_VOLATILE_FILESYSTEMS: Final = frozenset({"tmpfs", "ramfs"})
+_MAX_READERS: Final = 512
+_MIN_GROWTH: Final = 8 << 20
+_CORRUPT: Final = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.PanicError,
+    lmdb.BadChecksumError,
+)
+_INCOMPATIBLE: Final = (lmdb.VersionMismatchError, lmdb.IncompatibleError, lmdb.InvalidError)
+
+
+class LmdbMapFull(LimitExceeded):
+    """The environment reached ``max_map_size``; nothing of the failed write was committed."""
+
+    def __init__(self, path: str, operation: str, map_size: int, max_map_size: int) -> None:
+        self.what = f"LMDB map of {path}"
+        self.limit = max_map_size
+        self.observed = map_size
+        self.unit = "bytes"
+        self.path = path
+        MayflyError.__init__(
+            self,
+            f"{operation} did not fit: the LMDB map of {path} is full at max_map_size="
+            f"{format_size(max_map_size)}; nothing was written. Raise max_map_size in the journal "
+            "URL (e.g. ?max_map_size=4TiB) or free disk space, then retry",
+        )
+
+
+def map_error(error: lmdb.Error, path: str, operation: str) -> MayflyError:
+    """Translate a driver error into the core hierarchy; the message names path and operation."""
+    detail = f"{type(error).__name__}: {error}"
+    if isinstance(error, _CORRUPT):
+        return CorruptionError(
+            f"{operation}: the LMDB environment {path} is corrupt ({detail}); restore it from a "
+            "backup made with mdb_copy"
+        )
+    if isinstance(error, _INCOMPATIBLE):
+        return CompatibilityError(
+            f"{operation}: {path} is not an LMDB environment this lmdb {lmdb.__version__} can read ({detail})"
+        )
+    if isinstance(error, lmdb.ReadersFullError):
+        return JournalUnavailable(
+            f"{operation}: every reader slot of {path} is taken ({detail}); stop idle processes "
+            "or run `mdb_stat -rr` to clear readers of dead ones, then retry"
+        )
+    return JournalUnavailable(f"{operation} failed on LMDB environment {path}: {detail}; retry")
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem holding ``path`` (``ext4``, ``tmpfs``...), from /proc/self/mountinfo."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            lines = mounts.read().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    for line in lines:
+        fields = line.split(" ")
+        try:
+            separator = fields.index("-")
+            mount_point = fields[4].encode("latin-1").decode("unicode_escape")
+            fstype = fields[separator + 1]
+        except (ValueError, IndexError, UnicodeError):
+            continue
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and (best is None or len(mount_point) >= best[0]):
+            best = (len(mount_point), fstype)
+    return best[1] if best else None
+
+
+@final
+class SharedEnv:
+    """The process's handle on one environment directory: the LMDB env, its databases and its gate."""
+
+    def __init__(self, target: LmdbTarget) -> None:
+        self.path = str(target.path)
+        self.sync = target.sync
+        self.readonly = target.readonly
+        self.max_map_size = target.max_map_size
+        self.pid = os.getpid()
+        self.references = 0
+        self._gate = threading.Condition(threading.Lock())
+        self._active = 0
+        self._resizing = False
+        if target.sync and not target.readonly:
+            fstype = filesystem_type(target.path if target.path.exists() else target.path.parent)
+            if fstype in _VOLATILE_FILESYSTEMS:
+                raise DurabilityUnavailable(
+                    f"lmdb environment {self.path} is on {fstype}, which does not survive a host "
+                    "crash, so durability=sync cannot be met; put it on a disk, or choose "
+                    "?durability=nosync explicitly"
+                )
+        try:
+            if not target.readonly:
+                target.path.mkdir(parents=True, exist_ok=True)
+            self.env = lmdb.open(
+                self.path,
+                map_size=target.map_size,
+                subdir=True,
+                readonly=target.readonly,
+                create=not target.readonly,
+                sync=target.sync,
+                metasync=True,
+                lock=True,
+                max_dbs=len(_DATABASES),
+                max_readers=_MAX_READERS,
+                mode=0o755,
+            )
+        except lmdb.Error as error:
+            raise map_error(error, self.path, "opening the journal") from None
+        except OSError as error:
+            raise JournalUnavailable(f"cannot open lmdb environment {self.path}: {error}") from None
+        try:
+            flags = self.env.flags()
+            if target.sync and not target.readonly and not (flags["sync"] and flags["metasync"]):
+                raise DurabilityUnavailable(
+                    f"lmdb environment {self.path} did not enable synchronous commits; "
+                    "refusing to acknowledge appends as durable"
+                )
+            self._open_databases(target.readonly)
+        except BaseException:
+            self.env.close()
+            raise
+
+    def _open_databases(self, readonly: bool) -> None:
+        try:
+            handles = [self.env.open_db(name, create=not readonly) for name in _DATABASES]
+        except lmdb.NotFoundError:
+            raise JournalUnavailable(
+                f"{self.path} holds no Mayfly journal yet; open it once without readonly=true"
+            ) from None
+        except lmdb.Error as error:
+            raise map_error(error, self.path, "opening the journal databases") from None
+        self.records, self.events, self.heads, self.snapshots, self.runs, self.meta = handles
+        if readonly:
+            stored = self.read(lambda txn: txn.get(b"format", db=self.meta), "reading the format marker")
+        else:
+
+            def mark(txn: lmdb.Transaction[bytes]) -> bytes | None:
+                found = txn.get(b"format", db=self.meta)
+                if found is None:
+                    txn.put(b"format", FORMAT, db=self.meta)
+                    return FORMAT
+                return found
+
+            stored = self.write(mark, "writing the format marker")
+        if stored != FORMAT:
+            raise CompatibilityError(
+                f"{self.path} holds format {stored!r}, not {FORMAT.decode()}; use the Mayfly "
+                "release that wrote it"
+            )
+
+    # -- the gate: transactions in, resizes alone -------------------------------------------
+
+    def _enter(self) -> int:
+        with self._gate:
+            while self._resizing:
+                self._gate.wait()
+            self._active += 1
+            return self.env.info()["map_size"]
+
+    def _leave(self) -> None:
+        with self._gate:
+            self._active -= 1
+            if self._active == 0:
+                self._gate.notify_all()
+
+    def _resize(self, seen: int | None, operation: str) -> None:
+        """Grow the map past ``seen`` (``None``: adopt the size another process set)."""
+        with self._gate:
+            while self._resizing:
+                self._gate.wait()
+            self._resizing = True
+            try:
+                while self._active:
+                    self._gate.wait()
+                current = self.env.info()["map_size"]
+                if seen is None:
+                    self.env.set_mapsize(0)
+                elif current == seen:  # another thread may have grown it meanwhile
+                    if current >= self.max_map_size:
+                        raise LmdbMapFull(self.path, operation, current, self.max_map_size)
+                    self.env.set_mapsize(min(self.max_map_size, max(2 * current, current + _MIN_GROWTH)))
+            except lmdb.Error as error:
+                raise map_error(error, self.path, operation) from None
+            finally:
+                self._resizing = False
+                self._gate.notify_all()
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def write(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
+        """Run ``body`` in one write transaction and commit it; grow the map and retry when full.
+
+        ``body`` must only call LMDB and plain Python (never park the
+        greenlet). If it raises, the transaction is aborted and nothing is
+        written. The result is returned only after the commit (durable in
+        ``sync`` mode).
+        """
+        if self.readonly:
+            raise JournalUnavailable(
+                f"{operation} refused: lmdb environment {self.path} was opened with readonly=true"
+            )
+        while True:
+            seen = self._enter()
+            try:
+                txn = self.env.begin(write=True)
+                try:
+                    result = body(txn)
+                    txn.commit()
+                except BaseException:
+                    txn.abort()
+                    raise
+                return result
+            except lmdb.MapFullError:
+                grow: int | None = seen
+            except lmdb.MapResizedError:
+                grow = None
+            except lmdb.Error as error:
+                raise map_error(error, self.path, operation) from None
+            finally:
+                self._leave()
+            self._resize(grow, operation)
+
+    def read(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
+        """Run ``body`` in one read-only transaction (a consistent snapshot) and end it."""
+        while True:
+            self._enter()
+            try:
+                txn = self.env.begin()
+                try:
+                    return body(txn)
+                finally:
+                    txn.abort()
+            except lmdb.MapResizedError:
+                pass
+            except lmdb.Error as error:
+                raise map_error(error, self.path, operation) from None
+            finally:
+                self._leave()
+            self._resize(None, operation)
+
+    def flush(self, operation: str) -> None:
+        """Force committed pages to stable storage (used for fencing tokens in ``nosync`` mode)."""
+        try:
+            self.env.sync(True)
+        except lmdb.Error as error:
+            raise map_error(error, self.path, operation) from None
+
+    @property
+    def map_size(self) -> int:
+        """The current map size of this process's mapping, in bytes."""
+        return self.env.info()["map_size"]
+
+
+_REGISTRY: dict[str, SharedEnv] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def acquire_env(target: LmdbTarget) -> SharedEnv:
+    """Return the process's shared environment for ``target``, opening it on first use."""
+    key = os.path.realpath(target.path)
+    with _REGISTRY_LOCK:
+        shared = _REGISTRY.get(key)
+        if shared is not None and shared.pid != os.getpid():
+            # Inherited through fork: LMDB handles are not usable in a child; open afresh.
+            del _REGISTRY[key]
+            shared = None
+        if shared is None:
+            shared = SharedEnv(target)
+            _REGISTRY[key] = shared
+        else:
+            if shared.readonly and not target.readonly:
+                raise InvalidBackendURL(
+                    f"lmdb environment {key} is already open read-only in this process; close that "
+                    "journal before opening it for writing"
+                )
+            if not target.readonly and shared.sync != target.sync:
+                raise InvalidBackendURL(
+                    f"lmdb environment {key} is already open in this process with durability="
+                    f"{'sync' if shared.sync else 'nosync'}; open it with the same durability"
+                )
+            shared.max_map_size = max(shared.max_map_size, target.max_map_size)
+        shared.references += 1
+        return shared
+
+
+def release_env(shared: SharedEnv) -> None:
+    """Drop one reference; the last one closes the LMDB environment."""
+    with _REGISTRY_LOCK:
+        shared.references -= 1
+        if shared.references > 0:
+            return
+        key = os.path.realpath(shared.path)
+        if _REGISTRY.get(key) is shared:
+            del _REGISTRY[key]
+    if shared.pid == os.getpid():
+        shared.env.close()
