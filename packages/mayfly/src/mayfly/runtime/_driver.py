@@ -11,6 +11,7 @@ commands, so the reducer never reads a clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mayfly.commit import Commit, commit_command
@@ -29,6 +30,7 @@ from mayfly.model.commands import (
     StartNodes,
 )
 from mayfly.model.errors import CommandRejected, LimitExceeded, TaskCancelled, TaskFailed
+from mayfly.model.events import Event as HistoryEvent
 from mayfly.model.ids import IdSource, idempotency_key
 from mayfly.model.limits import MAX_REASON_BYTES
 from mayfly.model.outcomes import (
@@ -59,7 +61,7 @@ from mayfly.substrate import (
     offload,
 )
 
-__all__ = ["HandlerResult", "RunDriver", "SignalRequest", "invoke_handler"]
+__all__ = ["HandlerResult", "Observer", "RunDriver", "SignalRequest", "invoke_handler"]
 
 _OUTCOME_TYPES = (
     Succeeded,
@@ -118,6 +120,7 @@ class RunDriver:
         self,
         *,
         detach_on_wait: bool = False,
+        observer: Observer | None = None,
         journal: WorkflowJournal,
         registry: HandlerRegistry,
         ids: IdSource,
@@ -136,6 +139,7 @@ class RunDriver:
         self.snapshot_every = snapshot_every
         self.lease_ttl_ms = lease_ttl_ms
         self.detach_on_wait = detach_on_wait
+        self.observer = observer
         self.hub = current_hub()
         # Virtual time continues from the recorded time; downtime is not counted, so
         # a restored deadline is never reached early.
@@ -169,6 +173,8 @@ class RunDriver:
             assert isinstance(rejected.rejection, Rejection)
             return rejected.rejection
         self.state = result.state
+        if self.observer is not None and result.events:
+            self.observer(self.state, result.events)
         if result.records:
             self._since_snapshot += len(result.records)
             if self._since_snapshot >= self.snapshot_every or self.state.status.is_terminal:
@@ -314,11 +320,17 @@ class RunDriver:
         assert node.spec.handler is not None
         entry = self.registry.resolve(node.spec.handler)
         assert entry is not None
+        # Upstream outcomes: the depends_on prerequisites, then the sources of incoming
+        # conditional edges (a correction loop's implement sees its reviewer's verdict).
         dependencies = {}
-        for prereq in node.spec.depends_on:
-            other = state.node_by_id(prereq)
+        upstream = list(node.spec.depends_on)
+        upstream += [
+            e.source for e in state.spec.edges if e.target == node.node_id and e.source not in upstream
+        ]
+        for source in upstream:
+            other = state.node_by_id(source)
             if other is not None and other.last_outcome is not None:
-                dependencies[prereq] = DependencyResult.of(prereq, other.last_outcome)
+                dependencies[source] = DependencyResult.of(source, other.last_outcome)
         request = HandlerRequest(
             run_id=state.run_id,
             node_id=node.node_id,
@@ -331,6 +343,7 @@ class RunDriver:
             run_input=clone_json(state.input),
             dependencies=dependencies,
             cancellation=cancellation,
+            node_attempts=node.total_attempts,
             signal=None
             if node.signal is None
             else AcceptedSignal(node.signal.signal_id, node.signal.name, clone_json(node.signal.decision)),
@@ -485,6 +498,9 @@ class RunDriver:
 
 
 _WAKE: Any = object()
+
+Observer = Callable[[RunState, tuple[HistoryEvent, ...]], None]
+"""Called after every commit with the new state and the committed events (progress, timelines)."""
 
 
 class SignalRequest:

@@ -30,7 +30,7 @@ def clone_json(value: JsonValue) -> JsonValue:
 
 @final
 class DependencyResult(msgspec.Struct, frozen=True):
-    """The committed outcome of a prerequisite: its kind and, when it succeeded, its output."""
+    """The committed outcome of an upstream node: its kind and, when it succeeded, its output."""
 
     node_id: str
     kind: NodeOutcomeKind
@@ -54,7 +54,8 @@ class DependencyResult(msgspec.Struct, frozen=True):
 class HandlerRequest:
     """Everything one handler invocation may see.
 
-    ``attempt`` is one-based within the node's current activation;
+    ``attempt`` is one-based within the node's current activation and
+    ``node_attempts`` counts every attempt of the node, correction loops included;
     ``attempt_id`` and ``idempotency_key`` are identical on every
     re-invocation of the same attempt during recovery, so a handler with
     external effects can deduplicate them. ``deadline`` is the absolute
@@ -70,6 +71,7 @@ class HandlerRequest:
         "handler",
         "idempotency_key",
         "input",
+        "node_attempts",
         "node_id",
         "run_id",
         "run_input",
@@ -91,6 +93,7 @@ class HandlerRequest:
         dependencies: Mapping[str, DependencyResult],
         cancellation: CancellationHandle,
         signal: AcceptedSignal | None = None,
+        node_attempts: int = 1,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
@@ -104,6 +107,8 @@ class HandlerRequest:
         self.dependencies: Mapping[str, DependencyResult] = MappingProxyType(dict(dependencies))
         self.cancellation = cancellation
         self.signal = signal
+        self.node_attempts = node_attempts
+        """Attempts of this node so far across all activations, this one included."""
         """The accepted signal when this invocation resumes an attempt after its wait."""
 
     @property

@@ -37,7 +37,7 @@ from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.recovery import inspect_run, resume_run
 from mayfly.reducer import check_input, validate
-from mayfly.runtime._driver import RunDriver, SignalRequest
+from mayfly.runtime._driver import Observer, RunDriver, SignalRequest
 from mayfly.runtime.registry import HandlerRegistry
 from mayfly.substrate import Clock, Hub, current_hub
 
@@ -155,6 +155,7 @@ class WorkflowRuntime:
         lease_ttl_ms: int = 30_000,
         snapshot_every: int = 1_000,
         validators: Callable[[WorkflowSpec], list[Any]] | None = None,
+        observer: Observer | None = None,
     ) -> None:
         if isinstance(journal, str):
             if _resolver is None:
@@ -174,6 +175,7 @@ class WorkflowRuntime:
         self.lease_ttl_ms = lease_ttl_ms
         self.snapshot_every = snapshot_every
         self._validators = validators
+        self.observer = observer
         self._drivers: dict[str, RunDriver] = {}
 
     # -- public entry points --------------------------------------------------------
@@ -298,6 +300,8 @@ class WorkflowRuntime:
                 ids=self.ids,
                 fence=lease.fencing_token,
             )
+            if self.observer is not None:
+                self.observer(commit.state, commit.events)
             driver = self._driver(commit.state, lease, concurrent, detach)
             return self._drive(driver, ())
         finally:
@@ -321,6 +325,7 @@ class WorkflowRuntime:
     def _driver(self, state: RunState, lease: Any, concurrent: bool, detach: bool) -> RunDriver:
         return RunDriver(
             detach_on_wait=detach,
+            observer=self.observer,
             journal=self.journal,
             registry=self.registry,
             ids=self.ids,
