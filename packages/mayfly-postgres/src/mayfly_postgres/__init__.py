@@ -1,0 +1,66 @@
+"""PostgreSQL journal and recovery leases for Mayfly: many runtime processes on many hosts share runs.
+
+Install with ``pip install "mayfly[postgres]"`` and open ``postgresql://`` URLs
+anywhere Mayfly takes a journal URL::
+
+    postgresql://mayfly@db.internal:5432/app?schema=mayfly&durability=durable
+
+The module is the plugin published in the ``mayfly`` entry-point group: it
+declares :data:`MAYFLY_PLUGIN_API` and offers the ``postgresql`` (and
+``postgres``) scheme for journals and leases. The schema is migrated on first
+open (``?migrate=never`` refuses DDL; run ``python -m mayfly_postgres migrate
+URL`` instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from mayfly.hookspecs import BackendDescriptor, hookimpl
+from mayfly_postgres._journal import PostgresJournal, RunSummary
+from mayfly_postgres._lease import PostgresLeaseGuard, PostgresLeaseStore
+from mayfly_postgres._schema import LATEST_VERSION
+from mayfly_postgres._url import SCHEMES, PostgresSettings, parse_url
+
+__all__ = [
+    "LATEST_VERSION",
+    "MAYFLY_PLUGIN_API",
+    "PostgresJournal",
+    "PostgresLeaseGuard",
+    "PostgresLeaseStore",
+    "PostgresSettings",
+    "RunSummary",
+    "parse_url",
+]
+
+MAYFLY_PLUGIN_API = 1
+"""The Mayfly plugin API this backend was written for (checked when the plugin loads)."""
+
+DISTRIBUTION: Final = "mayfly-postgres"
+
+
+def _describe(url: str) -> str:
+    """One line for ``mayfly backends``: what the journal at ``url`` guarantees."""
+    if url.endswith("://"):
+        return (
+            "PostgreSQL journal and expiring fenced leases across hosts "
+            "(durability durable: synchronous_commit=on | write: off)"
+        )
+    settings = parse_url(url)
+    return (
+        f"PostgreSQL journal at {settings.url}, schema {settings.schema}, durability "
+        f"{settings.durability} (synchronous_commit={settings.synchronous_commit}), expiring fenced leases"
+    )
+
+
+@hookimpl
+def mayfly_journal_backends() -> Sequence[BackendDescriptor]:
+    """Offer the PostgreSQL journal for ``postgresql://`` URLs."""
+    return [BackendDescriptor(SCHEMES, DISTRIBUTION, PostgresJournal, _describe)]
+
+
+@hookimpl
+def mayfly_lease_backends() -> Sequence[BackendDescriptor]:
+    """Offer PostgreSQL recovery leases for ``postgresql://`` URLs."""
+    return [BackendDescriptor(SCHEMES, DISTRIBUTION, PostgresLeaseStore, _describe)]

@@ -1,0 +1,553 @@
+"""``PostgresJournal``: compare-and-append with the fencing check in one statement, ambiguity resolved.
+
+The happy path of an append is one autocommit statement: a data-modifying CTE
+advances ``runs.next_sequence`` only if it equals ``expected_next`` and
+``runs.fence`` equals the presented token, and the records are inserted only
+if that row moved. The row lock on the run serialises racing writers and lease
+grants; under READ COMMITTED the losing statement re-checks the row's newest
+version, so a stale fence or a lost race inserts nothing. When nothing was
+inserted, one read (one snapshot) classifies why, in the order the contract
+gives: fencing, exact re-append, conflicting record, sequence conflict.
+
+When the connection drops while the statement may have committed, the
+journal does not guess: it reads the batch's event ids back on a fresh
+connection. All present and identical means committed (success, proven);
+none present means not committed, and the append is retried through the same
+compare-and-append, which can never write the batch twice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self, final
+
+import psycopg
+from psycopg import sql
+
+from mayfly.journal import (
+    AppendResult,
+    Durability,
+    JournalCapabilities,
+    JournalRecord,
+    SnapshotRecord,
+    validate_batch,
+    validate_read,
+)
+from mayfly.model.errors import (
+    AppendConflict,
+    ConflictingRecord,
+    FencingRejected,
+    InvalidRecord,
+    JournalGap,
+    JournalUnavailable,
+)
+from mayfly.model.ids import parse_run_id
+from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
+from mayfly_postgres._store import Store, open_store
+
+__all__ = ["PostgresJournal", "RunSummary"]
+
+_MAX_LIST_LIMIT: Final = 100_000
+_RETRY_CEILING_S: Final = 1.0
+_COLUMNS: Final = "sequence, event_id::text, event_type, schema_version, payload, checksum"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One row of the run inspection index (for ``mayfly runs``): never used for correctness."""
+
+    run_id: str
+    workflow_id: str | None
+    status: str | None
+    last_sequence: int
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+
+
+def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]:
+    """The workflow id and status a batch sets in the inspection index (best effort, never fatal)."""
+    workflow: str | None = None
+    status: str | None = None
+    for record in batch:
+        if record.event_type not in ("RunCreated", "RunCompleted"):
+            continue
+        try:
+            body = json.loads(record.payload)
+        except ValueError:
+            continue
+        if not isinstance(body, dict):
+            continue
+        if record.event_type == "RunCreated":
+            spec = body.get("spec")
+            found = spec.get("workflow_id") if isinstance(spec, dict) else None
+            workflow = found if isinstance(found, str) else workflow
+            status = "running"
+        else:
+            result = body.get("result")
+            status = result if isinstance(result, str) else status
+    return workflow, status
+
+
+class _Statements:
+    """The journal's SQL, composed once per schema with quoted identifiers."""
+
+    def __init__(self, store: Store) -> None:
+        runs, records, snapshots = store.table("runs"), store.table("records"), store.table("snapshots")
+        insert = sql.SQL(
+            " INSERT INTO {records} (run_id, sequence, event_id, event_type, schema_version, payload, "
+            "checksum) SELECT %(run)s::uuid, v.* FROM unnest(%(sequences)s::bigint[], "
+            "%(event_ids)s::uuid[], %(types)s::text[], %(versions)s::bigint[], %(payloads)s::bytea[], "
+            "%(checksums)s::text[]) AS v WHERE EXISTS (SELECT FROM bump)"
+        ).format(records=records)
+        # A run row may exist before its first record (a lease grant creates it with its fence).
+        self.append_first = (
+            sql.SQL(
+                "WITH bump AS (INSERT INTO {runs} AS r (run_id, next_sequence, workflow_id, status) "
+                "SELECT %(run)s::uuid, %(next)s::bigint, %(workflow)s::text, %(status)s::text "
+                "WHERE %(fence)s::bigint = 0 OR EXISTS (SELECT FROM {runs} WHERE run_id = %(run)s::uuid) "
+                "ON CONFLICT (run_id) DO UPDATE SET next_sequence = EXCLUDED.next_sequence, "
+                "updated_at = now(), workflow_id = COALESCE(EXCLUDED.workflow_id, r.workflow_id), "
+                "status = COALESCE(EXCLUDED.status, r.status) "
+                "WHERE r.next_sequence = 1 AND r.fence = %(fence)s::bigint RETURNING 1)"
+            ).format(runs=runs)
+            + insert
+        )
+        self.append_next = (
+            sql.SQL(
+                "WITH bump AS (UPDATE {runs} SET next_sequence = %(next)s::bigint, updated_at = now(), "
+                "workflow_id = COALESCE(%(workflow)s::text, workflow_id), "
+                "status = COALESCE(%(status)s::text, status) "
+                "WHERE run_id = %(run)s::uuid AND next_sequence = %(expected)s::bigint "
+                "AND fence = %(fence)s::bigint RETURNING 1)"
+            ).format(runs=runs)
+            + insert
+        )
+        # One statement, one snapshot: the run row and the batch's committed event ids.
+        self.diagnose = sql.SQL(
+            "SELECT 0, next_sequence, fence, NULL, NULL FROM {runs} WHERE run_id = %(run)s::uuid "
+            "UNION ALL SELECT 1, sequence, 0, event_id::text, checksum FROM {records} "
+            "WHERE run_id = %(run)s::uuid AND event_id = ANY(%(event_ids)s::uuid[])"
+        ).format(runs=runs, records=records)
+        self.read = sql.SQL(
+            "SELECT " + _COLUMNS + " FROM {records} WHERE run_id = %s::uuid AND sequence > %s::bigint "
+            "ORDER BY sequence LIMIT %s::bigint"
+        ).format(records=records)
+        self.next_sequence = sql.SQL("SELECT next_sequence FROM {runs} WHERE run_id = %s::uuid").format(
+            runs=runs
+        )
+        self.list_first = sql.SQL(
+            "SELECT run_id::text FROM {runs} WHERE next_sequence > 1 ORDER BY run_id LIMIT %s::bigint"
+        ).format(runs=runs)
+        self.list_after = sql.SQL(
+            "SELECT run_id::text FROM {runs} WHERE next_sequence > 1 AND run_id > %s::uuid "
+            "ORDER BY run_id LIMIT %s::bigint"
+        ).format(runs=runs)
+        self.write_snapshot = sql.SQL(
+            "INSERT INTO {snapshots} AS s (run_id, schema_version, last_sequence, last_event_id, "
+            "last_record_checksum, spec_checksum, state_checksum, state, checksum) VALUES "
+            "(%s::uuid, %s, %s, %s::uuid, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+            "schema_version = EXCLUDED.schema_version, last_sequence = EXCLUDED.last_sequence, "
+            "last_event_id = EXCLUDED.last_event_id, last_record_checksum = EXCLUDED.last_record_checksum, "
+            "spec_checksum = EXCLUDED.spec_checksum, state_checksum = EXCLUDED.state_checksum, "
+            "state = EXCLUDED.state, checksum = EXCLUDED.checksum, written_at = now()"
+        ).format(snapshots=snapshots)
+        self.read_snapshot = sql.SQL(
+            "SELECT schema_version, last_sequence, last_event_id::text, last_record_checksum, "
+            "spec_checksum, state_checksum, state, checksum FROM {snapshots} WHERE run_id = %s::uuid"
+        ).format(snapshots=snapshots)
+        self.corrupt_record = sql.SQL(
+            "UPDATE {records} SET payload = convert_to('\"corrupt\"', 'UTF8') "
+            "WHERE run_id = %s::uuid AND sequence = %s"
+        ).format(records=records)
+        self.remove_record = sql.SQL(
+            "DELETE FROM {records} WHERE run_id = %s::uuid AND sequence = %s"
+        ).format(records=records)
+        self.corrupt_snapshot = sql.SQL(
+            "UPDATE {snapshots} SET state = state || '\\x00'::bytea WHERE run_id = %s::uuid"
+        ).format(snapshots=snapshots)
+        self.summaries = sql.SQL(
+            "SELECT run_id::text, workflow_id, status, next_sequence - 1, created_at, updated_at "
+            "FROM {runs} WHERE next_sequence > 1 {filters} ORDER BY updated_at DESC, run_id LIMIT %s::bigint"
+        )
+        self.runs = runs
+
+
+@final
+class PostgresJournal:
+    """A ``WorkflowJournal`` on PostgreSQL, safe across threads, processes and hosts.
+
+    Open it with a ``postgresql://`` URL (see :func:`mayfly_postgres.parse_url`
+    for the options). Appends are acknowledged after the commit is durable
+    under the URL's ``durability``; every driver error is mapped to a Mayfly
+    error; the network waits of a hub task park on the hub.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._store = open_store(url)
+        self._sql = _Statements(self._store)
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The URL the journal was opened from, password redacted."""
+        return self._store.settings.url
+
+    @property
+    def durability(self) -> Durability:
+        """``durable`` (synchronous_commit=on, fsync=on checked at open) or ``write``."""
+        return self._store.settings.durability
+
+    @property
+    def capabilities(self) -> JournalCapabilities:
+        """Everything: cross-host appends and fenced expiring leases, crash durability, faults."""
+        return JournalCapabilities(
+            durability=self.durability,
+            cross_process=True,
+            fencing=True,
+            crash_durable=True,
+            fault_injection=True,
+            snapshots=True,
+            lease_expiry=True,
+        )
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding this journal's tables."""
+        return self._store.settings.schema
+
+    # -- appends ------------------------------------------------------------------------
+
+    def append(
+        self,
+        run_id: str,
+        expected_next: int,
+        records: Sequence[JournalRecord],
+        fence: int | None = None,
+    ) -> AppendResult:
+        """Compare-and-append an atomic batch under the run's fencing token (see the module doc)."""
+        batch = validate_batch(run_id, expected_next, records, fence)
+        workflow, status = _inspection(batch)
+        parameters: dict[str, Any] = {
+            "run": run_id,
+            "expected": expected_next,
+            "next": expected_next + len(batch),
+            "fence": 0 if fence is None else fence,
+            "workflow": workflow,
+            "status": status,
+            "sequences": [r.sequence for r in batch],
+            "event_ids": [r.event_id for r in batch],
+            "types": [r.event_type for r in batch],
+            "versions": [r.schema_version for r in batch],
+            "payloads": [r.payload for r in batch],
+            "checksums": [r.checksum for r in batch],
+        }
+        statement = self._sql.append_first if expected_next == 1 else self._sql.append_next
+        acknowledged = AppendResult(run_id=run_id, last_sequence=batch[-1].sequence, records=batch)
+        pool = self._store.pool
+        deadline = time.monotonic() + self._store.settings.reconnect_timeout
+        delay = 0.05
+        while True:
+            inserted = 0
+            try:
+                with pool.connection() as connection:
+                    inserted = connection.execute(statement, parameters).rowcount
+            except psycopg.IntegrityError:
+                inserted = 0  # an event id already used in the run: classified below
+            except psycopg.Error as error:
+                if not is_transient(error):
+                    raise unavailable(self.url, f"append to run {run_id}", error) from None
+                # The statement may or may not have committed before the connection went away.
+                if self._committed(run_id, batch, deadline, error):
+                    return acknowledged
+                if time.monotonic() + delay > deadline:
+                    raise unavailable(self.url, f"append to run {run_id}", error) from None
+                pause(delay)
+                delay = min(delay * 2, _RETRY_CEILING_S)
+                continue
+            if inserted == len(batch):
+                return acknowledged
+            if inserted != 0:
+                raise JournalUnavailable(
+                    f"{self.url}: append to run {run_id} inserted {inserted} of {len(batch)} records "
+                    "and was rolled back by the server; nothing was committed, retry the append"
+                )
+            outcome = self._classify(run_id, expected_next, batch, fence)
+            if outcome is not None:
+                return outcome
+            # The row changed between the append and the diagnosis (a grant, a racer); try again.
+
+    def _committed(
+        self,
+        run_id: str,
+        batch: Sequence[JournalRecord],
+        deadline: float,
+        cause: BaseException,
+    ) -> bool:
+        """Whether the batch is committed exactly, read back on a fresh connection (retried to deadline)."""
+        delay = 0.05
+        while True:
+            try:
+                _, stored = self._diagnose(run_id, batch)
+            except JournalUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise JournalUnavailable(
+                        f"{self.url}: append to run {run_id} lost its connection during commit "
+                        f"({type(cause).__name__}) and the outcome could not be read back before "
+                        "reconnect_timeout; re-append the same records to resolve it (exact re-append "
+                        "is idempotent)"
+                    ) from None
+                pause(delay)
+                delay = min(delay * 2, _RETRY_CEILING_S)
+                continue
+            present = [stored.get(r.event_id) == (r.sequence, r.checksum) for r in batch]
+            if all(present):
+                return True
+            if any(present):
+                raise ConflictingRecord(
+                    f"append to run {run_id}: after a lost connection only part of the batch "
+                    f"(sequences {batch[0].sequence}..{batch[-1].sequence}) reads back; the journal "
+                    "is inconsistent, stop writers and inspect the run"
+                )
+            return False
+
+    def _diagnose(
+        self, run_id: str, batch: Sequence[JournalRecord]
+    ) -> tuple[tuple[int, int], dict[str, tuple[int, str]]]:
+        """The run's (next sequence, fence) and the batch's committed (sequence, checksum) by event id."""
+
+        def query(connection: HubConnection) -> list[tuple[Any, ...]]:
+            return connection.execute(
+                self._sql.diagnose, {"run": run_id, "event_ids": [r.event_id for r in batch]}
+            ).fetchall()
+
+        rows = self._store.pool.retrying(f"reading run {run_id} back", query)
+        run_row = (1, 0)
+        stored: dict[str, tuple[int, str]] = {}
+        for kind, number, token, event_id, checksum in rows:
+            if kind == 0:
+                run_row = (int(number), int(token))
+            else:
+                stored[event_id] = (int(number), checksum)
+        return run_row, stored
+
+    def _classify(
+        self, run_id: str, expected_next: int, batch: Sequence[JournalRecord], fence: int | None
+    ) -> AppendResult | None:
+        """Raise the typed reason nothing was inserted, return an idempotent ack, or None to retry."""
+        (actual_next, current), stored = self._diagnose(run_id, batch)
+        presented = 0 if fence is None else fence
+        if presented != current:
+            raise FencingRejected(run_id, presented, current)
+        replay = all(stored.get(r.event_id) == (r.sequence, r.checksum) for r in batch)
+        if expected_next != actual_next and replay:
+            return AppendResult(
+                run_id=run_id, last_sequence=batch[-1].sequence, records=tuple(batch), already_committed=True
+            )
+        for record in batch:
+            found = stored.get(record.event_id)
+            if found is not None and found != (record.sequence, record.checksum):
+                raise ConflictingRecord(
+                    f"append rejected: run {run_id} event id {record.event_id} is already committed "
+                    f"at sequence {found[0]} with other content; an event id names one fact"
+                )
+        if expected_next != actual_next:
+            raise AppendConflict(run_id, expected_next, actual_next)
+        if stored:
+            raise ConflictingRecord(
+                f"append rejected: run {run_id} event id {next(iter(stored))} is already committed"
+            )
+        return None
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
+        """Records after ``after`` in order, each verified; a missing sequence raises ``JournalGap``."""
+        run, start, count = validate_read(run_id, after, limit)
+        if count == 0:
+            return []
+
+        def query(connection: HubConnection) -> list[tuple[Any, ...]]:
+            return connection.execute(self._sql.read, (run, start, count)).fetchall()
+
+        rows = self._store.pool.retrying(f"reading run {run}", query)
+        records: list[JournalRecord] = []
+        for expected, (sequence, event_id, event_type, version, payload, checksum) in enumerate(
+            rows, start=start + 1
+        ):
+            if sequence != expected:
+                raise JournalGap(
+                    f"journal gap in run {run}: expected sequence {expected}, found {sequence}; "
+                    "a record is missing from the database, restore it from a backup"
+                )
+            record = JournalRecord(
+                run_id=run,
+                sequence=sequence,
+                event_id=event_id,
+                event_type=event_type,
+                schema_version=version,
+                payload=bytes(payload),
+                checksum=checksum,
+            )
+            record.verify()
+            records.append(record)
+        return records
+
+    def next_sequence(self, run_id: str) -> int:
+        """The sequence the next append must carry (1 for a new run)."""
+        run = parse_run_id(run_id)
+
+        def query(connection: HubConnection) -> int:
+            row = connection.execute(self._sql.next_sequence, (run,)).fetchone()
+            return 1 if row is None else int(row[0])
+
+        return self._store.pool.retrying(f"reading run {run}", query)
+
+    def list_runs(self, after: str | None = None, limit: int = 1000) -> list[str]:
+        """Run ids holding records, sorted, all greater than ``after``, at most ``limit``."""
+        start = None if after is None else parse_run_id(after)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
+            raise InvalidRecord(f"list_runs limit must be an int in [1, {_MAX_LIST_LIMIT}], got {limit!r}")
+
+        def query(connection: HubConnection) -> list[str]:
+            if start is None:
+                rows = connection.execute(self._sql.list_first, (limit,)).fetchall()
+            else:
+                rows = connection.execute(self._sql.list_after, (start, limit)).fetchall()
+            return [str(row[0]) for row in rows]
+
+        return self._store.pool.retrying("listing runs", query)
+
+    def run_summaries(
+        self,
+        *,
+        status: str | None = None,
+        workflow_id: str | None = None,
+        updated_before: datetime.datetime | None = None,
+        limit: int = 100,
+    ) -> list[RunSummary]:
+        """The most recently updated runs, newest first, optionally filtered by status and workflow.
+
+        Page with ``updated_before`` set to the last row's ``updated_at``.
+        Served by the ``runs`` indexes on (status, updated_at),
+        (workflow_id, updated_at) and (updated_at).
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
+            raise InvalidRecord(
+                f"run_summaries limit must be an int in [1, {_MAX_LIST_LIMIT}], got {limit!r}"
+            )
+        filters: list[sql.Composable] = []
+        arguments: list[object] = []
+        for column, value in (("status", status), ("workflow_id", workflow_id)):
+            if value is not None:
+                if not isinstance(value, str):
+                    raise InvalidRecord(f"run_summaries {column} must be a str, got {type(value).__name__}")
+                filters.append(sql.SQL("AND {} = %s").format(sql.Identifier(column)))
+                arguments.append(value)
+        if updated_before is not None:
+            filters.append(sql.SQL("AND updated_at < %s"))
+            arguments.append(updated_before)
+        statement = self._sql.summaries.format(runs=self._sql.runs, filters=sql.SQL(" ").join(filters))
+
+        def query(connection: HubConnection) -> list[RunSummary]:
+            rows = connection.execute(statement, (*arguments, limit)).fetchall()
+            return [RunSummary(str(r[0]), r[1], r[2], int(r[3]), r[4], r[5]) for r in rows]
+
+        return self._store.pool.retrying("listing run summaries", query)
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
+        """Store the run's snapshot, replacing any earlier one in one statement."""
+        run = parse_run_id(run_id)
+        if not isinstance(snapshot, SnapshotRecord):
+            raise InvalidRecord(f"snapshot must be a SnapshotRecord, got {type(snapshot).__name__}")
+        snapshot.validate()
+        if snapshot.run_id != run or snapshot.checksum != snapshot.expected_checksum():
+            raise InvalidRecord(
+                f"snapshot for run {run} names run {snapshot.run_id} or fails its checksum; "
+                "seal it with SnapshotRecord.seal for this run"
+            )
+        arguments = (
+            run,
+            snapshot.schema_version,
+            snapshot.last_sequence,
+            snapshot.last_event_id,
+            snapshot.last_record_checksum,
+            snapshot.spec_checksum,
+            snapshot.state_checksum,
+            snapshot.state,
+            snapshot.checksum,
+        )
+        self._execute(f"writing the snapshot of run {run}", self._sql.write_snapshot, arguments)
+
+    def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        """The run's snapshot, ``None`` if absent; ``SnapshotCorrupt`` if it fails verification."""
+        run = parse_run_id(run_id)
+
+        def query(connection: HubConnection) -> tuple[Any, ...] | None:
+            return connection.execute(self._sql.read_snapshot, (run,)).fetchone()
+
+        row = self._store.pool.retrying(f"reading the snapshot of run {run}", query)
+        if row is None:
+            return None
+        version, last_sequence, last_event, last_checksum, spec, state_checksum, state, checksum = row
+        snapshot = SnapshotRecord(
+            run_id=run,
+            schema_version=int(version),
+            last_sequence=int(last_sequence),
+            last_event_id=last_event,
+            last_record_checksum=last_checksum,
+            spec_checksum=spec,
+            state_checksum=state_checksum,
+            state=bytes(state),
+            checksum=checksum,
+        )
+        snapshot.verify()
+        return snapshot
+
+    # -- fault injection (capabilities.fault_injection; never in production) ----------------
+
+    def corrupt_record(self, run_id: str, sequence: int) -> None:
+        """Change one stored payload without updating its checksum."""
+        self._execute("corrupting a record", self._sql.corrupt_record, (parse_run_id(run_id), sequence))
+
+    def remove_record(self, run_id: str, sequence: int) -> None:
+        """Delete one stored record, leaving a gap."""
+        self._execute("removing a record", self._sql.remove_record, (parse_run_id(run_id), sequence))
+
+    def corrupt_snapshot(self, run_id: str) -> None:
+        """Damage the stored snapshot state so its checksum no longer matches."""
+        self._execute("corrupting a snapshot", self._sql.corrupt_snapshot, (parse_run_id(run_id),))
+
+    def _execute(self, doing: str, statement: sql.Composed, arguments: Sequence[object]) -> None:
+        def run(connection: HubConnection) -> None:
+            connection.execute(statement, arguments)
+
+        self._store.pool.retrying(doing, run)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release this journal's hold on the shared connection pool (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._store.release_user()
+
+    def __enter__(self) -> Self:
+        """Return the journal."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the journal."""
+        self.close()

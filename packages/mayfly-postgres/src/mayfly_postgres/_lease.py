@@ -1,0 +1,234 @@
+"""``PostgresLeaseStore``: expiring recovery leases on the server's clock, fenced in the runs table.
+
+Every lease operation is one statement. ``acquire`` upserts the run's
+``leases`` row only when there is none or the current one has expired by the
+server's ``clock_timestamp()`` (the check runs on the newest row version,
+under its row lock, so two acquirers never both win), increments the token
+stored in that row, and copies it into ``runs.fence`` in the same statement:
+from the moment the grant commits, the journal rejects appends made with any
+older token. A grant carries a random ``grant_id``; if the reply is lost the
+store reads the row back to learn whether the grant is ours.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+import weakref
+from types import TracebackType
+from typing import Any, Final, Self, final
+
+import psycopg
+from psycopg import sql
+
+from mayfly.lease import validate_acquire
+from mayfly.model.errors import LeaseHeld, LeaseLost
+from mayfly.model.ids import parse_run_id
+from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
+from mayfly_postgres._store import Store, open_store
+
+__all__ = ["PostgresLeaseGuard", "PostgresLeaseStore"]
+
+_RETRY_CEILING_S: Final = 1.0
+
+
+class _Statements:
+    """The lease SQL, composed once per schema."""
+
+    def __init__(self, store: Store) -> None:
+        leases, runs = store.table("leases"), store.table("runs")
+        self.acquire = sql.SQL(
+            "WITH granted AS (INSERT INTO {leases} AS l (run_id, owner, token, grant_id, expires_at) "
+            "VALUES (%(run)s::uuid, %(owner)s, 1, %(grant)s::uuid, "
+            "clock_timestamp() + %(ttl)s::float8 * interval '1 millisecond') "
+            "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1, "
+            "grant_id = EXCLUDED.grant_id, expires_at = EXCLUDED.expires_at "
+            "WHERE l.expires_at <= clock_timestamp() RETURNING l.run_id, l.token), "
+            "fenced AS (INSERT INTO {runs} AS r (run_id, fence) SELECT run_id, token FROM granted "
+            "ON CONFLICT (run_id) DO UPDATE SET fence = GREATEST(r.fence, EXCLUDED.fence) RETURNING 1) "
+            "SELECT token FROM granted"
+        ).format(leases=leases, runs=runs)
+        self.holder = sql.SQL(
+            "SELECT owner, token, grant_id::text FROM {leases} WHERE run_id = %s::uuid"
+        ).format(leases=leases)
+        self.renew = sql.SQL(
+            "UPDATE {leases} SET expires_at = clock_timestamp() + %s::float8 * interval '1 millisecond' "
+            "WHERE run_id = %s::uuid AND grant_id = %s::uuid AND expires_at > '-infinity' RETURNING 1"
+        ).format(leases=leases)
+        self.release = sql.SQL(
+            "UPDATE {leases} SET expires_at = '-infinity' WHERE run_id = %s::uuid AND grant_id = %s::uuid"
+        ).format(leases=leases)
+        self.current_fence = sql.SQL("SELECT fence FROM {runs} WHERE run_id = %s::uuid").format(runs=runs)
+
+
+@final
+class PostgresLeaseGuard:
+    """A granted lease: valid until released, or expired (server clock) and taken over."""
+
+    def __init__(
+        self, store: PostgresLeaseStore, run_id: str, owner: str, *, token: int, grant_id: str, ttl_ms: int
+    ) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._owner = owner
+        self._token = token
+        self._grant_id = grant_id
+        self._ttl_ms = ttl_ms
+        self._released = False
+
+    @property
+    def run_id(self) -> str:
+        """The leased run."""
+        return self._run_id
+
+    @property
+    def owner(self) -> str:
+        """The owner description given to ``acquire``."""
+        return self._owner
+
+    @property
+    def fencing_token(self) -> int:
+        """This grant's fencing token; pass it as ``fence`` to every append under the lease."""
+        return self._token
+
+    def renew(self, ttl_ms: int | None = None) -> None:
+        """Extend the lease to ``ttl_ms`` from now on the server's clock; ``LeaseLost`` if taken over."""
+        ttl = self._ttl_ms if ttl_ms is None else validate_acquire(self._run_id, self._owner, ttl_ms)[2]
+        if self._released:
+            raise self._lost("was released")
+        statements = self._store._sql
+
+        def query(connection: HubConnection) -> bool:
+            row = connection.execute(statements.renew, (ttl, self._run_id, self._grant_id)).fetchone()
+            return row is not None
+
+        if not self._store._store.pool.retrying(f"renewing the lease of run {self._run_id}", query):
+            raise self._lost("was taken over after it expired")
+
+    def _lost(self, how: str) -> LeaseLost:
+        return LeaseLost(
+            f"recovery lease of run {self._run_id} (token {self._token}, owner {self._owner!r}) {how}; "
+            "stop working on the run and acquire it again"
+        )
+
+    def release(self) -> None:
+        """Give the lease up (idempotent); a lease already taken over is left to its new owner."""
+        if self._released:
+            return
+        self._released = True
+        self._store._forget(self)
+        statements = self._store._sql
+
+        def query(connection: HubConnection) -> None:
+            connection.execute(statements.release, (self._run_id, self._grant_id))
+
+        self._store._store.pool.retrying(f"releasing the lease of run {self._run_id}", query)
+
+    def __enter__(self) -> Self:
+        """Return the guard."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Release the lease."""
+        self.release()
+
+
+@final
+class PostgresLeaseStore:
+    """A ``RecoveryLeaseStore`` on PostgreSQL: non-blocking, exclusive across hosts, fenced."""
+
+    def __init__(self, url: str) -> None:
+        self._store = open_store(url)
+        self._sql = _Statements(self._store)
+        self._held: weakref.WeakSet[PostgresLeaseGuard] = weakref.WeakSet()
+        self._held_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The URL the store was opened from, password redacted."""
+        return self._store.settings.url
+
+    def acquire(self, run_id: str, owner: str, ttl_ms: int) -> PostgresLeaseGuard:
+        """Grant the run's lease now with the next fencing token, or raise ``LeaseHeld``; never waits."""
+        run, owner, ttl = validate_acquire(run_id, owner, ttl_ms)
+        grant = str(uuid.uuid4())
+        arguments = {"run": run, "owner": owner, "grant": grant, "ttl": ttl}
+        settings = self._store.settings
+        deadline = time.monotonic() + settings.reconnect_timeout
+        delay = 0.05
+        while True:
+            try:
+                with self._store.pool.connection() as connection:
+                    row = connection.execute(self._sql.acquire, arguments).fetchone()
+                break
+            except psycopg.Error as error:
+                if not is_transient(error):
+                    raise unavailable(self.url, f"acquiring the lease of run {run}", error) from None
+                holder = self._holder(run)  # the grant may have committed before the reply was lost
+                if holder is not None and holder[2] == grant:
+                    row = (holder[1],)
+                    break
+                if time.monotonic() + delay > deadline:
+                    raise unavailable(self.url, f"acquiring the lease of run {run}", error) from None
+                pause(delay)
+                delay = min(delay * 2, _RETRY_CEILING_S)
+        if row is None:
+            holder = self._holder(run)
+            raise LeaseHeld(run, None if holder is None else str(holder[0]))
+        guard = PostgresLeaseGuard(self, run, owner, token=int(row[0]), grant_id=grant, ttl_ms=ttl)
+        with self._held_lock:
+            self._held.add(guard)
+        return guard
+
+    def _holder(self, run: str) -> tuple[Any, ...] | None:
+        def query(connection: HubConnection) -> tuple[Any, ...] | None:
+            return connection.execute(self._sql.holder, (run,)).fetchone()
+
+        return self._store.pool.retrying(f"reading the lease of run {run}", query)
+
+    def _forget(self, guard: PostgresLeaseGuard) -> None:
+        with self._held_lock:
+            self._held.discard(guard)
+
+    def current_fence(self, run_id: str) -> int:
+        """The newest fencing token granted for the run (0 if it was never leased)."""
+        run = parse_run_id(run_id)
+
+        def query(connection: HubConnection) -> int:
+            row = connection.execute(self._sql.current_fence, (run,)).fetchone()
+            return 0 if row is None else int(row[0])
+
+        return self._store.pool.retrying(f"reading the fence of run {run}", query)
+
+    def close(self) -> None:
+        """Release the leases this store still holds and its hold on the connection pool."""
+        if self._closed:
+            return
+        with self._held_lock:
+            held = list(self._held)
+        try:
+            for guard in held:
+                guard.release()
+        finally:
+            self._closed = True
+            self._store.release_user()
+
+    def __enter__(self) -> Self:
+        """Return the store."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the store."""
+        self.close()
