@@ -146,14 +146,16 @@ class NodeSummary(_Frozen, frozen=True):
 class AttemptSummary(_Frozen, frozen=True):
     """One consumed attempt identity: its node, outcome class (``None`` while active) and timing.
 
-    ``attempt``, ``started_at`` and ``finished_at`` come from the journal
-    records and are ``None`` when the records holding them were not given.
+    ``reason`` is the bounded reason of a non-success outcome. ``attempt``,
+    ``started_at`` and ``finished_at`` come from the journal records and are
+    ``None`` when the records holding them were not given.
     """
 
     attempt_id: str
     node_id: str
     outcome: NodeOutcomeKind | None = None
     timeout: bool = False
+    reason: str = ""
     attempt: int | None = None
     started_at: int | None = None
     finished_at: int | None = None
@@ -370,7 +372,7 @@ def _blocking(
         return None
     if status.is_terminal:
         kind = "no outcome" if outcome is None else _kind_text(outcome)
-        text = f"{status.value}: {kind}"
+        text = status.value if kind == status.value else f"{status.value}: {kind}"
         if status is NodeStatus.FAILED and node.failure is not None:
             text += f" ({node.failure.value})"
         return f"{text}: {reason}" if reason else text
@@ -451,6 +453,7 @@ def build_inspection(
             node_id=a.node_id,
             outcome=None if a.outcome is None else a.outcome.kind,
             timeout=isinstance(a.outcome, RetryableFailure) and a.outcome.timeout,
+            reason=_reason(a.outcome),
             attempt=None if timing is None else timing.attempt_numbers.get(a.attempt_id),
             started_at=None if timing is None else timing.started.get(a.attempt_id),
             finished_at=None if timing is None else timing.finished.get(a.attempt_id),
@@ -624,10 +627,12 @@ def render_table(inspection: RunInspection) -> str:
                 "active" if a.outcome is None else a.outcome.value + (" (timeout)" if a.timeout else ""),
                 _cell(a.started_at),
                 _cell(a.finished_at),
+                _one_line(a.reason) if a.reason else "-",
             )
             for a in ins.attempts
         ]
-        lines += _grid(("ATTEMPT ID", "NODE", "#", "OUTCOME", "STARTED", "FINISHED"), attempt_rows)
+        header = ("ATTEMPT ID", "NODE", "#", "OUTCOME", "STARTED", "FINISHED", "REASON")
+        lines += _grid(header, attempt_rows)
 
     lines.append("")
     lines.append(f"BLOCKING ({len(ins.blocking)})")

@@ -1,0 +1,160 @@
+"""Real runs for the inspection and telemetry tests, with canary strings in every payload.
+
+(A helper module, not a conftest: the core tests import the root conftest by name.)
+
+Inputs and outputs carry canaries that must never appear in any inspection,
+PAL, metric or log output; reasons carry canaries that must appear (bounded
+reasons are the operator-safe diagnostic channel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mayfly import (
+    ChangesRequested,
+    Edge,
+    FixedBackoff,
+    HandlerRegistry,
+    HandlerRequest,
+    Node,
+    NodeOutcome,
+    NodeOutcomeKind,
+    OnOutcome,
+    RetryableFailure,
+    RetryPolicy,
+    Succeeded,
+    WorkflowRuntime,
+    WorkflowSpec,
+)
+from mayfly.commit import seal_events
+from mayfly.journal import JournalRecord
+from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
+from mayfly.model.ids import DeterministicIdSource
+from mayfly.recovery import RecoveredRun, inspect_run
+from mayfly.substrate import VirtualClock
+from mayfly.testing import ReducerHarness
+
+RUN_INPUT_CANARY = "CANARY-RUN-INPUT-7f3a"
+NODE_INPUT_CANARY = "CANARY-NODE-INPUT-91c2"
+OUTPUT_CANARY = "CANARY-OUTPUT-5d0e"
+TOKEN_CANARY = "CANARY-TOKEN-a8b4"
+REVIEW_REASON = "needs tests REASON-REVIEW-44"
+QA_REASON = "flaky runner REASON-QA-12"
+
+PAYLOAD_CANARIES = (RUN_INPUT_CANARY, NODE_INPUT_CANARY, OUTPUT_CANARY, TOKEN_CANARY)
+"""Strings from run input, node input and handler output: never in any output."""
+
+
+def review_spec() -> WorkflowSpec:
+    """The demo's shape: plan -> implement -> review (loops back once) -> qa (retried once) -> publish.
+
+    ``review`` has no ``depends_on``: the edge from ``implement`` starts each of its activations.
+    """
+    return WorkflowSpec(
+        workflow_id="demo.review",
+        version=1,
+        nodes=(
+            Node("plan", handler="plan@1", input={"brief": NODE_INPUT_CANARY, "token": TOKEN_CANARY}),
+            Node("implement", handler="implement@1", depends_on=("plan",)),
+            Node("review", handler="review@1"),
+            Node(
+                "qa",
+                handler="qa@1",
+                depends_on=("review",),
+                retry=RetryPolicy(max_attempts=3, backoff=FixedBackoff(delay_ms=1_500)),
+            ),
+            Node("publish", handler="publish@1", depends_on=("qa",)),
+        ),
+        edges=(
+            Edge("implement", "review", when=OnOutcome(NodeOutcomeKind.SUCCEEDED)),
+            Edge("review", "implement", when=OnOutcome(NodeOutcomeKind.CHANGES_REQUESTED)),
+        ),
+        initial=("plan",),
+    )
+
+
+def review_registry() -> HandlerRegistry:
+    """Handlers whose outputs carry the output canary; review and qa fail once each."""
+    registry = HandlerRegistry()
+    calls: dict[str, int] = {}
+
+    def count(req: HandlerRequest) -> int:
+        calls[req.node_id] = calls.get(req.node_id, 0) + 1
+        return calls[req.node_id]
+
+    @registry.handler("plan")
+    def plan(req: HandlerRequest) -> NodeOutcome:
+        count(req)
+        return Succeeded(output={"plan": OUTPUT_CANARY, "echo": req.input})
+
+    @registry.handler("implement")
+    def implement(req: HandlerRequest) -> NodeOutcome:
+        return Succeeded(output={"diff": f"{OUTPUT_CANARY}-{count(req)}", "run": req.run_input})
+
+    @registry.handler("review")
+    def review(req: HandlerRequest) -> NodeOutcome:
+        if count(req) == 1:
+            return ChangesRequested(reason=REVIEW_REASON)
+        return Succeeded(output={"verdict": OUTPUT_CANARY})
+
+    @registry.handler("qa")
+    def qa(req: HandlerRequest) -> NodeOutcome:
+        if count(req) == 1:
+            return RetryableFailure(reason=QA_REASON)
+        return Succeeded(output=OUTPUT_CANARY)
+
+    @registry.handler("publish")
+    def publish(req: HandlerRequest) -> NodeOutcome:
+        count(req)
+        return Succeeded(output={"url": OUTPUT_CANARY})
+
+    return registry
+
+
+@dataclass
+class Completed:
+    """A run driven to its end by the real runtime on the local journal."""
+
+    journal: LocalWorkflowJournal
+    run_id: str
+    spec: WorkflowSpec
+
+    def recovered(self) -> RecoveredRun:
+        """The run as ``inspect_run`` reconstructs it."""
+        return inspect_run(self.journal, self.run_id)
+
+    def records(self) -> list[JournalRecord]:
+        """Every record of the run, in order."""
+        return self.journal.read(self.run_id)
+
+
+def journal_at(root: Path) -> LocalWorkflowJournal:
+    """A local journal under ``root``."""
+    return LocalWorkflowJournal(f"file://{root}/journal?durability=write")
+
+
+def run_review(tmp_path: Path, namespace: int = 3) -> Completed:
+    """The review workflow run to success by WorkflowRuntime on virtual time (ids from ``namespace``)."""
+    journal = journal_at(tmp_path)
+    leases = LocalLeaseStore(journal.url)
+    runtime = WorkflowRuntime(
+        journal,
+        review_registry(),
+        leases=leases,
+        clock=VirtualClock,
+        ids=DeterministicIdSource(namespace=namespace),
+    )
+    spec = review_spec()
+    result = runtime.execute(spec, input={"ticket": RUN_INPUT_CANARY})
+    assert result.succeeded
+    return Completed(journal, result.run_id, spec)
+
+
+def persist(harness: ReducerHarness, root: Path) -> Completed:
+    """Write a harness's history to a local journal as sealed records, as the runtime would."""
+    journal = journal_at(root)
+    records = seal_events(harness.run_id, 1, harness.history, DeterministicIdSource(namespace=11))
+    journal.append(harness.run_id, 1, records)
+    return Completed(journal, harness.run_id, harness.state.spec)
