@@ -98,22 +98,33 @@ class Child:
         self.process.stdin.write(line + "\n")
         self.process.stdin.flush()
 
+    def _rest(self) -> tuple[list[str], str]:
+        # Read through the same buffered streams readline() used: communicate() would read
+        # the raw pipes and lose lines already buffered here.
+        out = self.process.stdout.read() if self.process.stdout else ""
+        err = self.process.stderr.read() if self.process.stderr else ""
+        return out.splitlines(), err
+
     def finish(self, timeout: float = 120) -> list[str]:
         """Wait for the child to exit successfully and return its remaining stdout lines."""
-        out, err = self.process.communicate(timeout=timeout)
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        lines, err = self._rest()
+        self.process.wait(timeout=timeout)
         assert self.process.returncode == 0, f"child exited {self.process.returncode}: {err.strip()}"
-        return out.splitlines()
+        return lines
 
     def kill(self) -> list[str]:
         """SIGKILL the child (no cleanup runs in it), reap it and return what it printed unread."""
         self.process.kill()
-        out, _ = self.process.communicate(timeout=30)
-        return out.splitlines()
+        self.process.wait(timeout=30)
+        return self._rest()[0]
 
     def close(self) -> None:
         """Make sure the child is gone."""
         if self.process.poll() is None:
-            self.kill()
+            self.process.kill()
+            self.process.wait(timeout=30)
         for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()

@@ -133,6 +133,7 @@ class PluginManager:
         self._pm = pluggy.PluginManager(PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
         self._distributions: dict[str, str] = {}
+        self._broken: dict[str, str] = {}
         self._loaded = False
         self._lock = threading.RLock()
         self._tables: dict[str, dict[str, _Registered]] = {}
@@ -182,15 +183,27 @@ class PluginManager:
                 if not self._selected(entry_point):
                     continue
                 distribution = entry_point.dist.name if entry_point.dist else "an unknown distribution"
+                # A plugin that cannot load is set aside, not fatal: one broken backend must
+                # not take every other backend down. It is named whenever a lookup fails.
                 try:
                     plugin = entry_point.load()
                 except Exception as error:
-                    raise PluginError(
+                    self._broken[entry_point.name] = (
                         f"plugin {entry_point.name!r} from {distribution} failed to import "
                         f"({type(error).__name__}: {error}); reinstall it or disable it with "
                         f"MAYFLY_DISABLE_PLUGINS={entry_point.name}"
-                    ) from error
-                self.register(plugin, name=entry_point.name, distribution=distribution)
+                    )
+                    continue
+                try:
+                    self.register(plugin, name=entry_point.name, distribution=distribution)
+                except (CompatibilityError, PluginError) as error:
+                    self._broken[entry_point.name] = str(error)
+
+    def broken_plugins(self) -> dict[str, str]:
+        """Return the plugins that failed to load, by entry-point name, with the reason."""
+        self.load()
+        with self._lock:
+            return dict(self._broken)
 
     def plugin_names(self) -> list[str]:
         """Return the names of the registered plugins, sorted."""
@@ -249,6 +262,13 @@ class PluginManager:
         scheme = url_scheme(url)
         registered = self._table(kind).get(scheme)
         if registered is None:
+            with self._lock:
+                broken = list(self._broken.values())
+            if broken:
+                raise PluginError(
+                    f"no loaded plugin serves {scheme}://, and some plugins failed to load: "
+                    + "; ".join(broken)
+                )
             raise BackendNotInstalled(scheme, KNOWN_BACKEND_DISTRIBUTIONS.get(scheme))
         return registered.descriptor
 

@@ -166,8 +166,8 @@ def test_backend_returning_the_wrong_type_is_refused() -> None:
 
 
 def test_block_list_disables_the_builtin_backend(tmp_path: Path) -> None:
-    """MAYFLY_DISABLE_PLUGINS=local keeps the local backend from loading."""
-    plugins = PluginManager(environ={"MAYFLY_DISABLE_PLUGINS": "local"})
+    """MAYFLY_DISABLE_PLUGINS wins over MAYFLY_PLUGINS: a blocked plugin never loads."""
+    plugins = PluginManager(environ={"MAYFLY_PLUGINS": "local", "MAYFLY_DISABLE_PLUGINS": "local"})
     with pytest.raises(BackendNotInstalled, match="file:// needs"):
         plugins.open_journal(str(tmp_path))
 
@@ -205,3 +205,19 @@ def test_list_backends_describes_the_given_url(tmp_path: Path) -> None:
     local = next(row for row in rows if row.kind == "journal" and row.scheme == "file")
     assert local.plugin == "local"
     assert f"at {tmp_path}, durability write" in local.description
+
+
+def test_broken_plugin_is_set_aside_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin that fails to import does not take other backends down, and is named on a miss."""
+    from importlib.metadata import EntryPoint
+
+    import mayfly.plugins as plugins_module
+
+    installed = [ep for ep in plugins_module.entry_points(group="mayfly") if ep.name == "local"]
+    broken = EntryPoint(name="broken", value="mayfly_no_such_module_xyz", group="mayfly")
+    monkeypatch.setattr(plugins_module, "entry_points", lambda group: [*installed, broken])
+    plugins = PluginManager(environ={})
+    assert isinstance(plugins.open_journal(str(tmp_path)), LocalWorkflowJournal)
+    assert "mayfly_no_such_module_xyz" in plugins.broken_plugins()["broken"]
+    with pytest.raises(PluginError, match=r"plugin 'broken' .* failed to import"):
+        plugins.open_journal("nosuch://x")
