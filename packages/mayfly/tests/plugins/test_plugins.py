@@ -209,11 +209,11 @@ def test_list_backends_describes_the_given_url(tmp_path: Path) -> None:
 
 def test_broken_plugin_is_set_aside_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plugin that fails to import does not take other backends down, and is named on a miss."""
-    from importlib.metadata import EntryPoint
+    from importlib.metadata import EntryPoint, entry_points
 
     import mayfly.plugins as plugins_module
 
-    installed = [ep for ep in plugins_module.entry_points(group="mayfly") if ep.name == "local"]
+    installed = [ep for ep in entry_points(group="mayfly") if ep.name == "local"]
     broken = EntryPoint(name="broken", value="mayfly_no_such_module_xyz", group="mayfly")
     monkeypatch.setattr(plugins_module, "entry_points", lambda group: [*installed, broken])
     plugins = PluginManager(environ={})
