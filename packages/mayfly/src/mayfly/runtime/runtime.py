@@ -252,6 +252,8 @@ class WorkflowRuntime:
             except CommandRejected as rejected:
                 assert isinstance(rejected.rejection, Rejection)
                 return SignalDisposition.of(signal_id, rejected.rejection)
+            if self.observer is not None:
+                self.observer(commit.state, commit.events)
             return SignalDisposition.of(signal_id, list(commit.events))
 
     def cancel(self, run_id: str, *, reason: str, requester: str = "runtime") -> None:

@@ -1,0 +1,686 @@
+"""The ``mayfly`` command: run, watch, signal, cancel, inspect and resume durable workflows.
+
+Exit codes (documented in docs/cli.md and ``mayfly --help``):
+
+====  =====================================================================
+0     success: the command did what it was asked; a run ended ``succeeded``
+1     a run ended ``failed``, ``blocked`` or ``cancelled``
+2     usage error, invalid specification, input or handlers module
+3     the run does not exist in this journal
+4     another process owns the run (its recovery lease is held)
+5     journal, backend or history error (unreachable store, corruption, ...)
+6     the run is parked, waiting for a signal (see ``mayfly signal``)
+130   interrupted (Ctrl-C)
+====  =====================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+import msgspec
+
+import mayfly
+from mayfly import demo as demo_module
+from mayfly.commit import commit_command
+from mayfly.identity import Uuid7IdSource
+from mayfly.inspect import build_inspection, render_mermaid, render_table, to_json
+from mayfly.model.commands import CancelRun, Rejection
+from mayfly.model.errors import (
+    CommandRejected,
+    CompatibilityError,
+    CorruptionError,
+    HandlerUnavailable,
+    InvalidBackendURL,
+    InvalidIdentifier,
+    JournalError,
+    LeaseHeld,
+    MayflyError,
+    PluginError,
+    RunNotFound,
+    SpecValidationError,
+)
+from mayfly.model.events import (
+    AttemptDeadlineExpired,
+    EdgeActivated,
+    Event,
+    NodeFailed,
+    NodeOutcomeCommitted,
+    NodeReady,
+    NodeStarted,
+    RetryReleased,
+    RetryScheduled,
+    RunCompleted,
+    RunCreated,
+    SignalAccepted,
+    SignalExpired,
+    SignalRejected,
+    SignalWaitOpened,
+)
+from mayfly.model.ids import parse_run_id
+from mayfly.model.signals import SignalToken
+from mayfly.model.state import NodeStatus, RunState, RunStatus
+from mayfly.plugins import list_backends, open_journal, open_leases, plugin_manager
+from mayfly.recovery import (
+    DispatchReady,
+    ReconcileAttempt,
+    RecoveryEffect,
+    RestoreRetryTimer,
+    RestoreSignalWait,
+    inspect_run,
+    recovery_effects,
+    replay_run,
+)
+from mayfly.runtime import HandlerRegistry, RunResult, WorkflowRuntime
+
+__all__ = ["EXIT", "main"]
+
+EXIT = {
+    "ok": 0,
+    "run_not_succeeded": 1,
+    "usage": 2,
+    "not_found": 3,
+    "owned": 4,
+    "journal": 5,
+    "waiting": 6,
+    "interrupted": 130,
+}
+
+DEFAULT_JOURNAL = "file://./.mayfly"
+
+
+class UsageError(MayflyError):
+    """The command line asked for something impossible (exit code 2)."""
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def _journal_url(args: argparse.Namespace) -> str:
+    return str(args.journal or os.environ.get("MAYFLY_JOURNAL") or DEFAULT_JOURNAL)
+
+
+def _emit_json(value: object, out: TextIO) -> None:
+    out.write(msgspec.json.encode(value).decode() + "\n")
+
+
+def _registry(handlers: str | None) -> HandlerRegistry:
+    """Handlers from installed plugins, plus a module given by name or path (``registry`` or ``register``)."""
+    registry = HandlerRegistry()
+    plugin_manager().register_handlers(registry)
+    if handlers is None:
+        return registry
+    module = _import_handlers(handlers)
+    provided = getattr(module, "registry", None)
+    register = getattr(module, "register", None)
+    if isinstance(provided, HandlerRegistry):
+        for entry in list(provided._entries.values()):  # merge a user's registry into ours
+            registry.register(
+                entry.name,
+                entry.version,
+                entry.fn,
+                compatible_with=entry.compatible - {entry.version},
+                cooperative=entry.cooperative,
+            )
+    elif callable(register):
+        register(registry)
+    else:
+        raise UsageError(
+            f"handlers module {handlers!r} defines neither `registry` (a HandlerRegistry) "
+            "nor `register(registry)`"
+        )
+    return registry
+
+
+def _import_handlers(handlers: str) -> Any:
+    path = Path(handlers)
+    try:
+        if path.suffix == ".py" or path.exists():
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if spec is None or spec.loader is None:
+                raise UsageError(f"cannot load handlers from {handlers!r}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(handlers)
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"cannot import handlers {handlers!r}: {type(exc).__name__}: {exc}") from None
+
+
+def _load_spec(path: str) -> mayfly.WorkflowSpec:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read specification {path!r}: {exc.strerror}") from None
+    try:
+        return mayfly.WorkflowSpec.from_json(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise UsageError(f"specification {path!r} is not valid: {exc}") from None
+
+
+def _parse_json(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+
+
+def _run_id(value: str) -> str:
+    try:
+        return parse_run_id(value)
+    except InvalidIdentifier as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _result_code(result: RunResult) -> int:
+    if result.status is RunStatus.SUCCEEDED:
+        return EXIT["ok"]
+    if result.waiting:
+        return EXIT["waiting"]
+    if result.status.is_terminal:
+        return EXIT["run_not_succeeded"]
+    return EXIT["waiting"]
+
+
+def _print_result(result: RunResult, args: argparse.Namespace, out: TextIO) -> None:
+    if args.json:
+        _emit_json(result, out)
+        return
+    out.write(f"run {result.run_id}: {result.status.value}\n")
+    for node_id, summary in result.nodes.items():
+        outcome = "-" if summary.outcome is None else summary.outcome.value
+        reason = f"  ({summary.reason})" if summary.reason else ""
+        out.write(
+            f"  {node_id:<16} {summary.status.value:<16} {outcome:<18} attempts={summary.attempts}{reason}\n"
+        )
+    for node_id, name in result.waiting.items():
+        out.write(f"  waiting: node {node_id} for signal {name!r}\n")
+
+
+# -- progress and timeline ------------------------------------------------------------
+
+
+class Timeline:
+    """Prints committed facts as a readable timeline, or a live progress line for big runs."""
+
+    def __init__(self, out: TextIO, *, verbose: bool, progress: bool) -> None:
+        self.out = out
+        self.verbose = verbose
+        self.progress = progress
+        self.start = time.monotonic()
+        self._last_progress = 0.0
+
+    def __call__(self, state: RunState, events: tuple[Event, ...]) -> None:
+        if self.verbose:
+            for event in events:
+                line = describe_event(event)
+                if line is not None:
+                    self.out.write(f"  {time.monotonic() - self.start:6.2f}s  {line}\n")
+            self.out.flush()
+        elif self.progress:
+            now = time.monotonic()
+            if now - self._last_progress >= 0.2 or state.status.is_terminal:
+                self._last_progress = now
+                done = state.open_nodes
+                total = len(state.nodes)
+                running = [n.node_id for n in state.nodes if n.status is NodeStatus.RUNNING][:3]
+                self.out.write(
+                    f"\r[{total - done}/{total} nodes done] running: {', '.join(running) or '-'}".ljust(79)
+                )
+                if state.status.is_terminal:
+                    self.out.write("\n")
+                self.out.flush()
+
+
+def describe_effect(effect: RecoveryEffect) -> str:
+    """One line for a recovery effect."""
+    if isinstance(effect, ReconcileAttempt):
+        return (
+            f"re-invoking {effect.node_id} attempt {effect.attempt} under its original id "
+            f"{effect.attempt_id} (idempotency key {effect.idempotency_key})"
+        )
+    if isinstance(effect, RestoreSignalWait):
+        return f"{effect.node_id} keeps waiting for signal {effect.name!r}"
+    if isinstance(effect, RestoreRetryTimer):
+        return f"{effect.node_id} retry {effect.next_attempt} due at {effect.deadline} ms"
+    if isinstance(effect, DispatchReady):
+        return f"dispatching ready nodes: {', '.join(effect.node_ids)}"
+    return f"{effect.node_id} is blocked: handler {effect.handler} is not available"
+
+
+def describe_event(event: Event) -> str | None:
+    """One payload-free line for a timeline (``None`` for bookkeeping facts)."""
+    if isinstance(event, RunCreated):
+        return f"run created: {event.spec.workflow_id}@{event.spec.version} ({len(event.spec.nodes)} nodes)"
+    if isinstance(event, NodeReady):
+        return f"{event.node_id:<10} ready"
+    if isinstance(event, EdgeActivated):
+        return f"{event.target:<10} activated by {event.source} (correction edge {event.edge})"
+    if isinstance(event, NodeStarted):
+        return f"{event.node_id:<10} started attempt {event.attempt}"
+    if isinstance(event, NodeOutcomeCommitted):
+        reason = getattr(event.outcome, "reason", "")
+        tail = f": {reason}" if reason else ""
+        return f"{event.node_id:<10} {event.outcome.kind.value}{tail}"
+    if isinstance(event, NodeFailed):
+        return f"{event.node_id:<10} failed ({event.cause.value}: {event.detail})"
+    if isinstance(event, RetryScheduled):
+        return f"{event.node_id:<10} retry {event.next_attempt} scheduled in {event.delay_ms} ms"
+    if isinstance(event, RetryReleased):
+        return f"{event.node_id:<10} retry {event.next_attempt} released"
+    if isinstance(event, AttemptDeadlineExpired):
+        return f"{event.node_id:<10} attempt deadline expired"
+    if isinstance(event, SignalWaitOpened):
+        return f"{event.node_id:<10} waiting for signal {event.name!r}"
+    if isinstance(event, SignalAccepted):
+        return f"{event.node_id:<10} signal {event.name!r} accepted"
+    if isinstance(event, SignalRejected):
+        return f"{event.node_id:<10} signal rejected ({event.reason.value})"
+    if isinstance(event, SignalExpired):
+        return f"{event.node_id:<10} signal wait {event.name!r} expired"
+    if isinstance(event, RunCompleted):
+        return f"run {event.result}"
+    return None
+
+
+# -- commands ----------------------------------------------------------------------
+
+
+def _runtime(args: argparse.Namespace, registry: HandlerRegistry, observer: Any = None) -> WorkflowRuntime:
+    url = _journal_url(args)
+    return WorkflowRuntime(open_journal(url), registry, leases=open_leases(url), observer=observer)
+
+
+def _observer(args: argparse.Namespace, err: TextIO, spec_nodes: int) -> Timeline | None:
+    if args.json:
+        return None
+    verbose = getattr(args, "timeline", False)
+    progress = err.isatty() and spec_nodes >= 20
+    return Timeline(err if not verbose else sys.stdout, verbose=verbose, progress=progress)
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly run SPEC --handlers MODULE``."""
+    spec = _load_spec(args.spec)
+    registry = _registry(args.handlers)
+    runtime = _runtime(args, registry, _observer(args, err, len(spec.nodes)))
+    result = runtime.execute(spec, _parse_json(args.input, "--input"))
+    _print_result(result, args, out)
+    return _result_code(result)
+
+
+def cmd_resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly resume RUN``."""
+    run_id = _run_id(args.run)
+    registry = _registry(args.handlers)
+    _install_demo_notifier(err, _journal_url(args))
+    runtime = _runtime(args, registry, Timeline(out, verbose=True, progress=False) if not args.json else None)
+    if not args.json:
+        state = inspect_run(runtime.journal, run_id).state
+        for effect in recovery_effects(state, registry.is_available):
+            out.write(f"  recovery: {describe_effect(effect)}\n")
+    result = runtime.resume(run_id)
+    _print_result(result, args, out)
+    return _result_code(result)
+
+
+def cmd_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly runs [--state S] [--workflow W]``."""
+    journal = open_journal(_journal_url(args))
+    rows: list[dict[str, Any]] = []
+    after = None
+    while len(rows) < args.limit:
+        page = journal.list_runs(after=after, limit=min(1000, args.limit * 4))
+        if not page:
+            break
+        after = page[-1]
+        for run_id in page:
+            state = inspect_run(journal, run_id).state
+            if args.state and state.status.value != args.state:
+                continue
+            if args.workflow and state.spec.workflow_id != args.workflow:
+                continue
+            waiting = ",".join(n.node_id for n in state.nodes if n.wait is not None)
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "workflow": f"{state.spec.workflow_id}@{state.spec.version}",
+                    "status": "waiting" if waiting and not state.status.is_terminal else state.status.value,
+                    "nodes_done": len(state.nodes) - state.open_nodes,
+                    "nodes": len(state.nodes),
+                    "waiting_on": waiting,
+                }
+            )
+            if len(rows) >= args.limit:
+                break
+    if args.state == "waiting":
+        rows = [r for r in rows if r["status"] == "waiting"]
+    if args.json:
+        _emit_json(rows, out)
+        return EXIT["ok"]
+    if not rows:
+        out.write("no runs\n")
+        return EXIT["ok"]
+    out.write(f"{'RUN':<36}  {'WORKFLOW':<30}  {'STATUS':<10}  NODES\n")
+    for r in rows:
+        extra = f"  waiting on {r['waiting_on']}" if r["waiting_on"] else ""
+        done = f"{r['nodes_done']}/{r['nodes']}"
+        out.write(f"{r['run_id']:<36}  {r['workflow']:<30}  {r['status']:<10}  {done}{extra}\n")
+    return EXIT["ok"]
+
+
+def cmd_inspect(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly inspect RUN [--json | --mermaid]``."""
+    url = _journal_url(args)
+    journal = open_journal(url)
+    run_id = _run_id(args.run)
+    recovered = inspect_run(journal, run_id)
+    records = journal.read(run_id, after=max(recovered.state.sequence - args.history, 0))
+    inspection = build_inspection(recovered, records, args.history, journal_url=journal.url)
+    if args.mermaid:
+        out.write(render_mermaid(inspection, recovered.state.spec) + "\n")
+    elif args.json:
+        out.write(to_json(inspection).decode() + "\n")
+    else:
+        out.write(render_table(inspection) + "\n")
+    return EXIT["ok"]
+
+
+def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly replay RUN``: reduce the full history, ignoring snapshots, and compare."""
+    journal = open_journal(_journal_url(args))
+    run_id = _run_id(args.run)
+    started = time.monotonic()
+    full = replay_run(journal, run_id)
+    elapsed = time.monotonic() - started
+    cached = inspect_run(journal, run_id)
+    same = msgspec.json.encode(full.state.to_record()) == msgspec.json.encode(cached.state.to_record())
+    report = {
+        "run_id": run_id,
+        "status": full.state.status.value,
+        "events": full.records_reduced,
+        "seconds": round(elapsed, 6),
+        "snapshot_agrees": same,
+        "snapshot_source": cached.source,
+        "diagnostics": list(cached.diagnostics),
+    }
+    if args.json:
+        _emit_json(report, out)
+    else:
+        out.write(
+            f"run {run_id}: replayed {full.records_reduced} events in {elapsed * 1000:.1f} ms; "
+            f"status {full.state.status.value}; snapshot {'agrees' if same else 'DISAGREES'} "
+            f"(inspection used {cached.source})\n"
+        )
+        for diagnostic in cached.diagnostics:
+            out.write(f"  {diagnostic}\n")
+    return EXIT["ok"] if same else EXIT["journal"]
+
+
+def cmd_signal(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly signal RUN NODE --token T --decision JSON``."""
+    run_id = _run_id(args.run)
+    runtime = _runtime(args, HandlerRegistry())
+    decision = (
+        _parse_json(args.decision, "--decision")
+        if args.decision.strip()[:1] in '{["0123456789tfn-'
+        else args.decision
+    )
+    if isinstance(decision, str):
+        decision = {"decision": decision, "by": args.by}
+    elif isinstance(decision, dict):
+        decision.setdefault("by", args.by)
+    try:
+        token = SignalToken(args.token)
+    except ValueError as exc:
+        raise UsageError(f"--token: {exc}") from None
+    disposition = runtime.signal(run_id, args.node, token, decision, signal_id=args.signal_id, name=args.name)
+    if args.json:
+        _emit_json(disposition, out)
+    else:
+        out.write(f"signal {disposition.signal_id} to {args.node}: {disposition.status}")
+        out.write(f" ({disposition.reason})\n" if disposition.reason else "\n")
+        if disposition.status == "accepted":
+            out.write(f"next: mayfly resume {run_id}\n")
+    return EXIT["ok"] if disposition.status != "rejected" else EXIT["usage"]
+
+
+def cmd_cancel(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly cancel RUN --reason R``."""
+    url = _journal_url(args)
+    journal, leases = open_journal(url), open_leases(url)
+    run_id = _run_id(args.run)
+    ids = Uuid7IdSource()
+    with leases.acquire(run_id, f"mayfly-cli:{os.getpid()}", 30_000) as lease:
+        state = inspect_run(journal, run_id).state
+        commit = commit_command(
+            journal, state, CancelRun(args.requester, args.reason), ids=ids, fence=lease.fencing_token
+        )
+    report = {"run_id": run_id, "status": commit.state.status.value, "events": len(commit.events)}
+    if args.json:
+        _emit_json(report, out)
+    else:
+        out.write(f"run {run_id}: {commit.state.status.value} ({len(commit.events)} facts recorded)\n")
+    return EXIT["ok"]
+
+
+def cmd_backends(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly backends``."""
+    url = args.journal or os.environ.get("MAYFLY_JOURNAL")
+    infos = list_backends(url)
+    if args.json:
+        _emit_json(
+            [
+                {
+                    "kind": b.kind,
+                    "scheme": b.scheme,
+                    "distribution": b.distribution,
+                    "plugin": b.plugin,
+                    "description": b.description,
+                }
+                for b in infos
+            ],
+            out,
+        )
+        return EXIT["ok"]
+    for b in infos:
+        out.write(f"{b.kind:<8} {b.scheme + '://':<14} {b.distribution:<18} {b.description}\n")
+    return EXIT["ok"]
+
+
+def _install_demo_notifier(err: TextIO, journal_url: str, tokens: dict[str, str] | None = None) -> None:
+    journal_flag = "" if journal_url == DEFAULT_JOURNAL else f" --journal '{journal_url}'"
+
+    def notify(run_id: str, node_id: str, token: str) -> None:
+        if tokens is not None:
+            tokens[run_id] = token
+            return
+        err.write(
+            f"\napproval requested for run {run_id}. Approve it with:\n"
+            f"  mayfly{journal_flag} signal {run_id} {node_id} --token {token} --decision approve\n"
+            f"then continue it with:\n  mayfly{journal_flag} resume {run_id}\n\n"
+        )
+        err.flush()
+
+    demo_module.set_approval_notifier(notify)
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``mayfly demo [--auto-approve] [--crash-at NODE]``: the code-review pipeline, end to end."""
+    url = _journal_url(args)
+    registry = _registry(None)
+    if registry.resolve("demo.plan@1") is None:
+        demo_module.register_demo_handlers(registry)
+    tokens: dict[str, str] = {}
+    _install_demo_notifier(err, url, tokens if args.auto_approve else None)
+    if args.crash_at:
+        if args.crash_at not in {n.id for n in demo_module.DEMO_SPEC.nodes} - {"approval"}:
+            raise UsageError(f"--crash-at must name a demo node other than approval, got {args.crash_at!r}")
+        demo_module.crash_at(args.crash_at)
+    timeline = None if args.json else Timeline(out, verbose=True, progress=False)
+    runtime = _runtime(args, registry, timeline)
+    run_id = runtime.ids.new_id()
+    journal_flag = "" if url == DEFAULT_JOURNAL else f" --journal '{url}'"
+    if not args.json:
+        out.write(f"mayfly demo: code-review pipeline, run {run_id}\njournal: {url}\n")
+        if args.crash_at:
+            out.write(
+                f"this process will be killed (SIGKILL) when {args.crash_at!r} starts; "
+                f"continue afterwards with:\n  mayfly{journal_flag} resume {run_id}\n"
+            )
+        out.write("\n")
+        out.flush()
+    result = runtime.execute(demo_module.DEMO_SPEC, {"requested_by": "demo"}, run_id=run_id)
+    if args.auto_approve and result.waiting:
+        token = tokens[run_id]
+        if not args.json:
+            out.write(
+                f"  {time.monotonic() - timeline.start if timeline else 0:6.2f}s  "
+                "run parked durably; approving it (--auto-approve) and resuming\n"
+            )
+        runtime.signal(run_id, "approval", token, {"decision": "approve", "by": "mayfly demo --auto-approve"})
+        result = runtime.resume(run_id)
+    if args.json:
+        _emit_json(result, out)
+    else:
+        journal = runtime.journal
+        recovered = inspect_run(journal, run_id)
+        inspection = build_inspection(recovered, journal.read(run_id), journal_url=journal.url)
+        out.write("\n" + render_table(inspection) + "\n")
+        if result.waiting:
+            out.write("\nthe run is parked waiting for approval; see the `mayfly signal` command above.\n")
+    return _result_code(result)
+
+
+# -- argument parsing --------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to document the CLI)."""
+    parser = argparse.ArgumentParser(
+        prog="mayfly",
+        description="Durable workflows: run, watch, signal, cancel, inspect and resume them.",
+        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--journal",
+        help=f"journal URL (default: $MAYFLY_JOURNAL or {DEFAULT_JOURNAL}); see `mayfly backends`",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    parser.add_argument("--version", action="version", version=f"mayfly {mayfly.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, fn: Callable[..., int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=fn)
+        p.add_argument("--journal", default=argparse.SUPPRESS, help="journal URL (overrides the global flag)")
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON output")
+        return p
+
+    p = command("demo", cmd_demo, "run the code-review demo pipeline on the embedded journal")
+    p.add_argument(
+        "--auto-approve", action="store_true", help="approve the human approval step automatically"
+    )
+    p.add_argument("--crash-at", metavar="NODE", help="kill this process (SIGKILL) when NODE starts")
+
+    p = command("run", cmd_run, "create a run of a JSON workflow specification and drive it")
+    p.add_argument("spec", help="path of the workflow specification (JSON)")
+    p.add_argument(
+        "--handlers", required=True, help="module name or .py path defining `registry` or `register`"
+    )
+    p.add_argument("--input", help="run input as JSON")
+    p.add_argument("--timeline", action="store_true", help="print every committed fact as it happens")
+
+    p = command("runs", cmd_runs, "list runs in the journal")
+    p.add_argument(
+        "--state", choices=[s.value for s in RunStatus] + ["waiting"], help="only runs in this state"
+    )
+    p.add_argument("--workflow", help="only runs of this workflow id")
+    p.add_argument("--limit", type=int, default=100, help="at most this many runs (default 100)")
+
+    p = command("inspect", cmd_inspect, "show a run: nodes, attempts, blocking reasons, history")
+    p.add_argument("run", help="run id")
+    p.add_argument("--mermaid", action="store_true", help="print a Mermaid diagram coloured by node state")
+    p.add_argument("--history", type=int, default=200, help="history lines to keep (default 200)")
+
+    p = command("replay", cmd_replay, "replay a run's full history (ignoring snapshots) and compare")
+    p.add_argument("run", help="run id")
+
+    p = command("resume", cmd_resume, "take over a run and drive it on (reconciling in-flight attempts)")
+    p.add_argument("run", help="run id")
+    p.add_argument(
+        "--handlers", help="module name or .py path with the run's handlers (plugins are always loaded)"
+    )
+
+    p = command("signal", cmd_signal, "deliver a signal to a waiting node")
+    p.add_argument("run", help="run id")
+    p.add_argument("node", help="the waiting node")
+    p.add_argument("--token", required=True, help="the token the wait was opened with")
+    p.add_argument("--decision", required=True, help="a word (approve, reject) or a JSON value")
+    p.add_argument(
+        "--by", default=os.environ.get("USER", "cli"), help="who decides (recorded with a word decision)"
+    )
+    p.add_argument("--signal-id", help="idempotency id of this delivery (default: a new UUIDv7)")
+    p.add_argument("--name", help="the signal name the node must be waiting for")
+
+    p = command("cancel", cmd_cancel, "cancel a run that no live process owns")
+    p.add_argument("run", help="run id")
+    p.add_argument("--reason", required=True, help="why (recorded, at most 4 KiB)")
+    p.add_argument("--requester", default=os.environ.get("USER", "cli"), help="who cancels")
+
+    command("backends", cmd_backends, "list installed journal and lease backends")
+    return parser
+
+
+def _fail(err: TextIO, code: str, message: str) -> int:
+    err.write(f"mayfly: error: {message}\n")
+    return EXIT[code]
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the CLI; returns the exit code (see the module docstring)."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    try:
+        code: int = args.handler(args, out, err)
+        return code
+    except KeyboardInterrupt:
+        return _fail(err, "interrupted", "interrupted")
+    except (UsageError, SpecValidationError, HandlerUnavailable, PluginError, InvalidBackendURL) as exc:
+        return _fail(err, "usage", str(exc))
+    except RunNotFound as exc:
+        return _fail(err, "not_found", str(exc))
+    except LeaseHeld as exc:
+        return _fail(err, "owned", f"{exc}; it is owned by a live process")
+    except CommandRejected as exc:
+        rejection = exc.rejection
+        message = str(rejection) if isinstance(rejection, Rejection) else str(exc)
+        return _fail(err, "usage", message)
+    except (JournalError, CorruptionError, CompatibilityError) as exc:
+        return _fail(err, "journal", str(exc))
+    except MayflyError as exc:
+        return _fail(err, "journal", str(exc))
+
+
+def entry_point() -> NoReturn:
+    """Console-script entry: exit with :func:`main`'s code."""
+    raise SystemExit(main())
