@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Final, Literal
+from typing import Final, Literal, assert_never
 
 import msgspec
 
@@ -43,6 +43,10 @@ from mayfly.model.events import (
     RetryScheduled,
     RunCompleted,
     RunCreated,
+    SignalAccepted,
+    SignalExpired,
+    SignalRejected,
+    SignalWaitOpened,
     VirtualTimeAdvanced,
 )
 from mayfly.model.outcomes import NodeOutcome, NodeOutcomeKind, RetryableFailure
@@ -123,7 +127,9 @@ class NodeSummary(_Frozen, frozen=True):
     (empty for success). ``failure`` says why a node failed when its last
     outcome was not itself the failure (retries exhausted, ...), and
     ``failure_detail`` is the system's one-line explanation when the records
-    were given. Deadlines are absolute virtual milliseconds.
+    were given. ``waiting_for`` names the signal a Waiting node's attempt
+    waits for, and ``wait_deadline`` is when that wait expires (the token and
+    any decision are never shown). Deadlines are absolute virtual milliseconds.
     """
 
     node_id: str
@@ -141,6 +147,8 @@ class NodeSummary(_Frozen, frozen=True):
     retry_deadline: int | None = None
     active_attempt_id: str | None = None
     child_run_id: str | None = None
+    waiting_for: str | None = None
+    wait_deadline: int | None = None
 
 
 class AttemptSummary(_Frozen, frozen=True):
@@ -223,10 +231,11 @@ class RunInspection(_Frozen, frozen=True):
 class _Timing:
     """What the records say about attempts, and their diagnostic lines."""
 
-    __slots__ = ("attempt_numbers", "failure_details", "finished", "lines", "started")
+    __slots__ = ("attempt_numbers", "failure_details", "finished", "lines", "started", "wait_opened")
 
     def __init__(self, limit: int) -> None:
         self.started: dict[str, int] = {}
+        self.wait_opened: dict[str, int] = {}
         self.finished: dict[str, int] = {}
         self.attempt_numbers: dict[str, int] = {}
         self.failure_details: dict[str, str] = {}
@@ -263,6 +272,8 @@ def _scan(
             timing.failure_details.pop(event.node_id, None)
         elif isinstance(event, NodeFailed):
             timing.failure_details[event.node_id] = event.detail
+        elif isinstance(event, SignalWaitOpened):
+            timing.wait_opened[event.attempt_id] = event.at
         timing.lines.append(f"#{record.sequence} {history_line(event)}")
     return timing
 
@@ -303,10 +314,18 @@ def history_line(event: Event) -> str:
         detail = f"by {event.requester} targets={len(event.targets)}"
     elif isinstance(event, RunCompleted):
         detail = event.result
+    elif isinstance(event, SignalWaitOpened):
+        until = "no deadline" if event.deadline is None else f"until {event.deadline}"
+        detail = f"{event.node_id} signal {event.name} {until}"
+    elif isinstance(event, SignalAccepted):
+        detail = f"{event.node_id} signal {event.name}"  # never the decision: it is handler data
+    elif isinstance(event, SignalRejected):
+        detail = f"{event.node_id} {event.reason.value}"
+    elif isinstance(event, SignalExpired):
+        detail = f"{event.node_id} signal {event.name} deadline {event.deadline}"
     else:
-        # An event type added after this module: name the node if it has one, nothing else.
-        node_id = getattr(event, "node_id", None)
-        detail = node_id if isinstance(node_id, str) else ""
+        # Every event type has its own line above; a new one must be added (mypy flags it here).
+        assert_never(event)
     return f"{name} {detail}".rstrip()
 
 
@@ -354,6 +373,8 @@ def _summarize_node(node: NodeState, timing: _Timing | None) -> NodeSummary:
         retry_deadline=node.retry_deadline,
         active_attempt_id=node.attempt_id,
         child_run_id=node.child_run_id,
+        waiting_for=None if node.wait is None else node.wait.name,
+        wait_deadline=None if node.wait is None else node.wait.deadline,
     )
 
 
@@ -402,12 +423,20 @@ def _blocking(
         text = "changes requested; waiting for a correction edge to re-activate the work"
         return f"{text}: {reason}" if reason else text
     # RUNNING, WAITING and any status added later: describe the active attempt.
-    text = f"{status.value}"
+    wait = node.wait
+    text = status.value if wait is None else f"waiting for signal {wait.name} on"
     if node.attempt_id is not None:
         text += f" attempt {node.attempt} ({node.attempt_id})"
-        started = None if timing is None else timing.started.get(node.attempt_id)
-        if started is not None:
-            text += f" since {started}"
+        times = None if timing is None else timing.wait_opened if wait is not None else timing.started
+        since = None if times is None else times.get(node.attempt_id)
+        if since is not None:
+            text += f" since {since}"
+    if wait is not None:
+        if wait.deadline is None:
+            text += ", no deadline"
+        else:
+            due = "due now" if wait.deadline <= state.now else f"in {wait.deadline - state.now} ms"
+            text += f", expires at {wait.deadline} ({due})"
     if node.child_run_id is not None:
         text += f", child run {node.child_run_id}"
     if node.attempt_deadline is not None:
@@ -644,7 +673,7 @@ def render_table(inspection: RunInspection) -> str:
     lines.append("")
     lines.append(f"HISTORY (complete {h.complete}, retained {h.retained}, omitted {h.omitted})")
     lines += list(h.lines)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 _STATUS_STYLE: Final[Mapping[str, str]] = {
@@ -719,4 +748,4 @@ def render_mermaid(inspection: RunInspection, spec: WorkflowSpec) -> str:
     for name in names:
         if name in members:
             lines.append(f"    class {','.join(members[name])} {name}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)

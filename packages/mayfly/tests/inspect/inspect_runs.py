@@ -32,7 +32,9 @@ from mayfly.commit import seal_events
 from mayfly.journal import JournalRecord
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 from mayfly.model.ids import DeterministicIdSource
+from mayfly.model.signals import SignalToken
 from mayfly.recovery import RecoveredRun, inspect_run
+from mayfly.runtime import WaitForSignal
 from mayfly.substrate import VirtualClock
 from mayfly.testing import ReducerHarness
 
@@ -40,11 +42,20 @@ RUN_INPUT_CANARY = "CANARY-RUN-INPUT-7f3a"
 NODE_INPUT_CANARY = "CANARY-NODE-INPUT-91c2"
 OUTPUT_CANARY = "CANARY-OUTPUT-5d0e"
 TOKEN_CANARY = "CANARY-TOKEN-a8b4"
+SIGNAL_TOKEN = "CANARY-SIGNAL-TOKEN-3f9d0c"
+DECISION_CANARY = "CANARY-DECISION-6e21"
 REVIEW_REASON = "needs tests REASON-REVIEW-44"
 QA_REASON = "flaky runner REASON-QA-12"
 
-PAYLOAD_CANARIES = (RUN_INPUT_CANARY, NODE_INPUT_CANARY, OUTPUT_CANARY, TOKEN_CANARY)
-"""Strings from run input, node input and handler output: never in any output."""
+PAYLOAD_CANARIES = (
+    RUN_INPUT_CANARY,
+    NODE_INPUT_CANARY,
+    OUTPUT_CANARY,
+    TOKEN_CANARY,
+    SIGNAL_TOKEN,
+    DECISION_CANARY,
+)
+"""Strings from run input, node input, handler output, signal tokens and decisions: never in any output."""
 
 
 def review_spec() -> WorkflowSpec:
@@ -150,6 +161,62 @@ def run_review(tmp_path: Path, namespace: int = 3) -> Completed:
     result = runtime.execute(spec, input={"ticket": RUN_INPUT_CANARY})
     assert result.succeeded
     return Completed(journal, result.run_id, spec)
+
+
+def approval_spec() -> WorkflowSpec:
+    """draft -> approval (a durable signal wait with a one-minute deadline) -> publish."""
+    return WorkflowSpec(
+        workflow_id="demo.approval",
+        version=1,
+        nodes=(
+            Node("draft", handler="draft@1", input={"secret": NODE_INPUT_CANARY}),
+            Node("approval", handler="approval@1", depends_on=("draft",)),
+            Node("publish", handler="publish@1", depends_on=("approval",)),
+        ),
+    )
+
+
+def approval_registry() -> HandlerRegistry:
+    """``approval`` waits for signal ``approval`` and then outputs the decision it received."""
+    registry = HandlerRegistry()
+
+    @registry.handler("draft")
+    def draft(req: HandlerRequest) -> NodeOutcome:
+        return Succeeded(output={"text": OUTPUT_CANARY})
+
+    @registry.handler("approval")
+    def approval(req: HandlerRequest) -> NodeOutcome | WaitForSignal:
+        if req.signal is None:
+            return WaitForSignal("approval", SignalToken(SIGNAL_TOKEN), timeout_ms=60_000)
+        return Succeeded(output={"decision": req.signal.decision})
+
+    @registry.handler("publish")
+    def publish(req: HandlerRequest) -> NodeOutcome:
+        return Succeeded(output={"url": OUTPUT_CANARY})
+
+    return registry
+
+
+@dataclass
+class Approval(Completed):
+    """A run parked on its approval signal, and the runtime that can signal and resume it."""
+
+    runtime: WorkflowRuntime
+
+
+def run_until_approval(tmp_path: Path) -> Approval:
+    """Run the approval workflow until it parks on its signal wait."""
+    journal = journal_at(tmp_path)
+    runtime = WorkflowRuntime(
+        journal,
+        approval_registry(),
+        leases=LocalLeaseStore(journal.url),
+        clock=VirtualClock,
+        ids=DeterministicIdSource(namespace=6),
+    )
+    result = runtime.execute(approval_spec(), input={"ticket": RUN_INPUT_CANARY})
+    assert result.waiting == {"approval": "approval"}
+    return Approval(journal, result.run_id, approval_spec(), runtime)
 
 
 def persist(harness: ReducerHarness, root: Path) -> Completed:

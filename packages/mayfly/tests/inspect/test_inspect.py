@@ -7,15 +7,18 @@ from pathlib import Path
 import msgspec
 import pytest
 from inspect_runs import (
+    DECISION_CANARY,
     NODE_INPUT_CANARY,
     OUTPUT_CANARY,
     PAYLOAD_CANARIES,
     QA_REASON,
     REVIEW_REASON,
     RUN_INPUT_CANARY,
+    SIGNAL_TOKEN,
     Completed,
     persist,
     run_review,
+    run_until_approval,
 )
 
 from mayfly import (
@@ -167,6 +170,36 @@ def test_an_in_flight_run_says_why_each_open_node_is_not_progressing(tmp_path: P
     assert (fetch.status, fetch.retry_deadline, fetch.reason) == (NodeStatus.RETRY_PENDING, 500, QA_REASON)
     assert inspection.result is None and inspection.now == 200
     assert_payload_free(inspection, run.spec)
+
+
+def test_a_waiting_node_names_its_signal_and_deadline_never_its_token_or_decision(tmp_path: Path) -> None:
+    """A node parked on a signal shows the wait's name and expiry; token and decision never appear."""
+    run = run_until_approval(tmp_path)
+    parked = build_inspection(run.recovered(), run.records())
+    approval = parked.nodes[1]
+    assert (approval.status, approval.waiting_for, approval.wait_deadline) == (
+        NodeStatus.WAITING,
+        "approval",
+        60_000,
+    )
+    assert {d.node_id: d.detail for d in parked.blocking} == {
+        "approval": (
+            f"waiting for signal approval on attempt 1 ({approval.active_attempt_id}) since 0, "
+            "expires at 60000 (in 60000 ms)"
+        ),
+        "publish": "pending on prerequisites (all_succeeded): approval (waiting)",
+    }
+    assert parked.history.lines[-1] == "#7 SignalWaitOpened approval signal approval until 60000"
+    assert_payload_free(parked, run.spec)
+
+    disposition = run.runtime.signal(run.run_id, "approval", SIGNAL_TOKEN, {"note": DECISION_CANARY})
+    assert disposition.status == "accepted"
+    assert run.runtime.resume(run.run_id).succeeded
+    assert DECISION_CANARY.encode() in b"".join(r.payload for r in run.records())  # stored, not shown
+    done = build_inspection(run.recovered(), run.records())
+    assert "#8 SignalAccepted approval signal approval" in done.history.lines
+    assert done.blocking == ()
+    assert_payload_free(done, run.spec)
 
 
 def test_terminal_non_success_nodes_carry_their_reason_and_failure_cause(tmp_path: Path) -> None:
@@ -404,7 +437,7 @@ def test_mermaid_draws_dependencies_solid_and_conditional_edges_dashed(tmp_path:
     harness.complete("plan", Succeeded(output=OUTPUT_CANARY))
     harness.start("review")
     run = persist(harness, tmp_path)
-    assert render_mermaid(build_inspection(run.recovered()), spec) == MERMAID_GOLDEN
+    assert render_mermaid(build_inspection(run.recovered()), spec) + "\n" == MERMAID_GOLDEN
 
 
 def test_mermaid_refuses_a_spec_the_run_did_not_pin(tmp_path: Path) -> None:

@@ -12,12 +12,15 @@ from pathlib import Path
 import msgspec
 import pytest
 from inspect_runs import (
+    DECISION_CANARY,
     NODE_INPUT_CANARY,
     OUTPUT_CANARY,
     PAYLOAD_CANARIES,
     RUN_INPUT_CANARY,
+    SIGNAL_TOKEN,
     persist,
     run_review,
+    run_until_approval,
 )
 
 from mayfly import (
@@ -137,6 +140,29 @@ def test_pal_facts_are_payload_free(tmp_path: Path) -> None:
 def state_after(records: list[JournalRecord]) -> RunState:
     """The run state after ``records`` (which start at sequence 1)."""
     return replay([decode_event(r.event_type, r.schema_version, r.payload) for r in records])
+
+
+def test_signal_waits_project_their_transitions_without_token_or_decision(tmp_path: Path) -> None:
+    """A wait and its accepted signal are facts of the attempt's scope; neither token nor decision shows."""
+    run = run_until_approval(tmp_path)
+    run.runtime.signal(run.run_id, "approval", SIGNAL_TOKEN, {"note": DECISION_CANARY})
+    assert run.runtime.resume(run.run_id).succeeded
+    facts = project_pal(run.records())
+    approval = [(f.event_type, f.attempt, f.node_from, f.node_to) for f in facts if f.node_id == "approval"]
+    assert approval[2:] == [
+        ("SignalWaitOpened", 1, NodeStatus.RUNNING, NodeStatus.WAITING),
+        ("SignalAccepted", 1, NodeStatus.WAITING, NodeStatus.RUNNING),
+        ("NodeOutcomeCommitted", 1, NodeStatus.RUNNING, NodeStatus.SUCCEEDED),
+    ]
+    started = next(f for f in facts if f.event_type == "NodeStarted" and f.node_id == "approval")
+    accepted = next(f for f in facts if f.event_type == "SignalAccepted")
+    assert accepted.causal_key == started.causal_key
+    data = b"".join(msgspec.json.encode(f) for f in facts)
+    for canary in PAYLOAD_CANARIES:
+        assert canary.encode() not in data
+    snapshot = compute_metrics([run.recovered()], {run.run_id: run.records()})
+    for canary in PAYLOAD_CANARIES:
+        assert canary.encode() not in snapshot.to_json()
 
 
 def test_incremental_projection_equals_whole_projection(tmp_path: Path) -> None:
