@@ -36,6 +36,7 @@ from mayfly.identity import Uuid7IdSource
 from mayfly.inspect import build_inspection, render_mermaid, render_table, to_json
 from mayfly.model.commands import CancelRun, Rejection
 from mayfly.model.errors import (
+    BackendNotInstalled,
     CommandRejected,
     CompatibilityError,
     CorruptionError,
@@ -665,7 +666,14 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         return code
     except KeyboardInterrupt:
         return _fail(err, "interrupted", "interrupted")
-    except (UsageError, SpecValidationError, HandlerUnavailable, PluginError, InvalidBackendURL) as exc:
+    except (
+        UsageError,
+        SpecValidationError,
+        HandlerUnavailable,
+        PluginError,
+        InvalidBackendURL,
+        BackendNotInstalled,
+    ) as exc:
         return _fail(err, "usage", str(exc))
     except RunNotFound as exc:
         return _fail(err, "not_found", str(exc))

@@ -1,0 +1,186 @@
+"""The mayfly command, run as a subprocess exactly as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from mayfly.local import LocalLeaseStore
+
+RUN_ID = re.compile(r"run ([0-9a-f-]{36})")
+
+
+def mayfly(tmp_path: Path, *args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MAYFLY_DEMO_PAUSE": "0", "MAYFLY_JOURNAL": f"file://{tmp_path}/journal"}
+    result = subprocess.run(
+        [sys.executable, "-m", "mayfly", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    if check is not None:
+        assert result.returncode == check, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def test_demo_with_auto_approve_succeeds_and_shows_the_timeline(tmp_path: Path) -> None:
+    """`mayfly demo --auto-approve` runs every stage and ends with a succeeded inspection."""
+    result = mayfly(tmp_path, "demo", "--auto-approve")
+    out = result.stdout
+    for line in (
+        "review     changes_requested: tests missing for the jitter path",
+        "implement  activated by review (correction edge 1)",
+        "qa         retry 2 scheduled in 400 ms",
+        "approval   waiting for signal 'approval'",
+        "run succeeded",
+    ):
+        assert line in out
+    assert re.search(r"status\s+succeeded \(terminal\)", out)
+
+
+def test_demo_json_reports_the_result(tmp_path: Path) -> None:
+    """`--json` prints the run result as one JSON document."""
+    result = mayfly(tmp_path, "--json", "demo", "--auto-approve")
+    data = json.loads(result.stdout)
+    assert data["status"] == "succeeded"
+    assert data["outputs"]["publish"]["published"] == "v1.2.0"
+
+
+def test_crash_resume_signal_resume_and_inspect(tmp_path: Path) -> None:
+    """A SIGKILLed demo resumes under the original attempt id, parks, is approved and finishes."""
+    crashed = mayfly(tmp_path, "demo", "--crash-at", "review", check=None)
+    assert crashed.returncode == -signal.SIGKILL
+    run_id = RUN_ID.search(crashed.stdout).group(1)  # type: ignore[union-attr]
+    started = re.search(r"review     started attempt 1", crashed.stdout)
+    assert started is not None
+
+    listed = json.loads(mayfly(tmp_path, "--json", "runs").stdout)
+    assert [r["status"] for r in listed if r["run_id"] == run_id] == ["running"]
+
+    resumed = mayfly(tmp_path, "resume", run_id, check=6)
+    assert "re-invoking review attempt 1 under its original id" in resumed.stdout
+    token = re.search(r"--token (\S+)", resumed.stderr).group(1)  # type: ignore[union-attr]
+
+    rejected = mayfly(
+        tmp_path, "signal", run_id, "approval", "--token", "x" * 20, "--decision", "approve", check=2
+    )
+    assert "rejected (token_mismatch)" in rejected.stdout
+    signal_id = "01a22ba1-0000-7000-8000-000000000abc"
+    accepted = mayfly(
+        tmp_path,
+        "signal",
+        run_id,
+        "approval",
+        "--token",
+        token,
+        "--decision",
+        "approve",
+        "--signal-id",
+        signal_id,
+    )
+    assert "accepted" in accepted.stdout
+    again = mayfly(
+        tmp_path,
+        "signal",
+        run_id,
+        "approval",
+        "--token",
+        token,
+        "--decision",
+        "approve",
+        "--signal-id",
+        signal_id,
+    )
+    assert "already_consumed" in again.stdout
+
+    finished = mayfly(tmp_path, "resume", run_id)
+    assert "run succeeded" in finished.stdout
+
+    inspection = mayfly(tmp_path, "--json", "inspect", run_id).stdout
+    assert json.loads(inspection)["status"] == "succeeded"
+    table = mayfly(tmp_path, "inspect", run_id).stdout
+    mermaid = mayfly(tmp_path, "inspect", run_id, "--mermaid").stdout
+    assert mermaid.startswith("flowchart TD")
+    # Never handler input or output bodies, never the raw token.
+    for text in (inspection, table, mermaid):
+        for secret in (token, "MAY-42", "diff_sha", "v1.2.0", "approved_by"):
+            assert secret not in text
+    replayed = mayfly(tmp_path, "replay", run_id)
+    assert "snapshot agrees" in replayed.stdout
+    assert [
+        r["run_id"] for r in json.loads(mayfly(tmp_path, "--json", "runs", "--state", "succeeded").stdout)
+    ] == [run_id]
+
+
+HANDLERS = """
+from mayfly import HandlerRegistry, Succeeded, PermanentFailure
+
+registry = HandlerRegistry()
+
+@registry.handler("greet")
+def greet(req):
+    return Succeeded(output={"hello": req.run_input["name"]})
+
+@registry.handler("fail")
+def fail(req):
+    return PermanentFailure(reason="nope")
+"""
+
+
+def write_spec(tmp_path: Path, handler: str) -> Path:
+    spec = {"workflow_id": "cli.test", "version": 1, "nodes": [{"id": "a", "handler": handler}]}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    return path
+
+
+def test_run_a_spec_file_with_a_handlers_module(tmp_path: Path) -> None:
+    """`mayfly run SPEC --handlers FILE --input JSON` executes and exits 0 on success, 1 on failure."""
+    spec = write_spec(tmp_path, "greet@1")
+    ok = mayfly(
+        tmp_path, "--json", "run", str(spec), "--handlers", "handlers.py", "--input", '{"name": "ada"}'
+    )
+    assert json.loads(ok.stdout)["outputs"] == {"a": {"hello": "ada"}}
+    spec = write_spec(tmp_path, "fail@1")
+    failed = mayfly(tmp_path, "run", str(spec), "--handlers", "handlers.py", check=1)
+    assert "failed" in failed.stdout and "nope" in failed.stdout
+
+
+def test_cancel_a_parked_run(tmp_path: Path) -> None:
+    """`mayfly cancel` records the cancellation of a run no process owns; a second cancel is refused."""
+    parked = mayfly(tmp_path, "demo", check=6)
+    run_id = RUN_ID.search(parked.stdout).group(1)  # type: ignore[union-attr]
+    done = mayfly(tmp_path, "cancel", run_id, "--reason", "not this week")
+    assert "cancelled" in done.stdout
+    again = mayfly(tmp_path, "cancel", run_id, "--reason", "again", check=2)
+    assert again.stderr.startswith("mayfly: error: run_terminal")
+
+
+def test_user_errors_are_one_line_with_documented_exit_codes(tmp_path: Path) -> None:
+    """Bad ids, missing runs, owned runs and unknown backends give one line and their exit code."""
+    bad = mayfly(tmp_path, "inspect", "nope", check=2)
+    missing = mayfly(tmp_path, "inspect", "01a22ba1-0000-7000-8000-000000000001", check=3)
+    scheme = mayfly(tmp_path, "--journal", "nosuch://x", "runs", check=2)
+    for result in (bad, missing, scheme):
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("mayfly: error: ")
+    parked = mayfly(tmp_path, "demo", check=6)
+    run_id = RUN_ID.search(parked.stdout).group(1)  # type: ignore[union-attr]
+    with LocalLeaseStore(f"file://{tmp_path}/journal").acquire(run_id, "someone-else", 60_000):
+        owned = mayfly(tmp_path, "cancel", run_id, "--reason", "x", check=4)
+    assert "owned by a live process" in owned.stderr
+
+
+def test_help_and_backends(tmp_path: Path) -> None:
+    """--help documents the exit codes; `backends` lists the built-in file:// journal."""
+    assert "130" in mayfly(tmp_path, "--help").stdout
+    assert "file://" in mayfly(tmp_path, "backends").stdout
