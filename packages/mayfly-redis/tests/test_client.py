@@ -1,0 +1,110 @@
+"""Opening a Redis backend: honest durability checks, credential and script errors, all typed."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+
+from mayfly.model.errors import DurabilityUnavailable, JournalUnavailable
+from mayfly.plugins import open_journal, open_leases
+from mayfly_redis import RedisJournal, _scripts
+from mayfly_redis._client import open_store
+from mayfly_redis.testing import RedisServer
+
+if TYPE_CHECKING:
+    from conftest import Records
+
+
+def _admin(server: RedisServer) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=server.port, protocol=2)
+
+
+def test_aof_mode_refuses_a_server_without_persistence(records: Records) -> None:
+    """durability=aof against appendonly no refuses to open and says exactly what to configure."""
+    with RedisServer(appendfsync=None) as server:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        for opener in (open_journal, open_leases):
+            with pytest.raises(DurabilityUnavailable) as caught:
+                opener(url)
+            message = str(caught.value)
+            assert "appendonly no" in message
+            assert "'appendonly yes' and 'appendfsync always'" in message
+            assert "?durability=memory" in message
+        with open_journal(url + "?durability=memory") as journal:
+            run = records.new_id()
+            journal.append(run, 1, records.batch(run, 1))
+
+
+def test_aof_mode_refuses_appendfsync_everysec() -> None:
+    """AOF with appendfsync everysec can lose a second of acknowledged records: refused."""
+    with RedisServer(appendfsync="everysec") as server:
+        with pytest.raises(DurabilityUnavailable, match="appendfsync everysec"):
+            open_journal(f"redis://127.0.0.1:{server.port}/0")
+        admin = _admin(server)
+        admin.config_set("appendfsync", "always")
+        with open_journal(f"redis://127.0.0.1:{server.port}/0") as journal:
+            assert journal.durability == "durable"
+        admin.close()
+
+
+@pytest.mark.parametrize("durability", ["aof", "memory"])
+def test_evicting_memory_policy_is_refused_in_both_modes(fresh_server: RedisServer, durability: str) -> None:
+    """maxmemory-policy allkeys-* could evict journal records: refused whatever durability is asked."""
+    admin = _admin(fresh_server)
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    with pytest.raises(DurabilityUnavailable, match="noeviction"):
+        open_journal(f"redis://127.0.0.1:{fresh_server.port}/0?durability={durability}")
+    admin.config_set("maxmemory-policy", "volatile-lru")  # evicts only keys with a TTL: leases
+    open_journal(f"redis://127.0.0.1:{fresh_server.port}/0?durability={durability}").close()
+    admin.close()
+
+
+def test_unverifiable_persistence_is_refused_in_aof_mode(fresh_server: RedisServer) -> None:
+    """A user without CONFIG cannot verify AOF: aof mode refuses, memory mode opens."""
+    admin = _admin(fresh_server)
+    admin.execute_command("ACL", "SETUSER", "limited", "on", ">secret", "~*", "+@all", "-config")
+    url = f"redis://limited:secret@127.0.0.1:{fresh_server.port}/0"
+    with pytest.raises(DurabilityUnavailable, match="refused CONFIG GET"):
+        open_journal(url)
+    with open_journal(url + "?durability=memory") as journal:
+        assert "secret" not in journal.url
+        assert "***" in journal.url
+    admin.close()
+
+
+def test_wrong_password_is_journal_unavailable(fresh_server: RedisServer) -> None:
+    """Bad credentials raise JournalUnavailable naming the address, never a redis-py error."""
+    admin = _admin(fresh_server)
+    admin.execute_command("ACL", "SETUSER", "someone", "on", ">right", "~*", "+@all")
+    with pytest.raises(JournalUnavailable, match="credentials") as caught:
+        open_journal(f"redis://someone:wrong@127.0.0.1:{fresh_server.port}/0")
+    assert "wrong" not in str(caught.value)
+    admin.close()
+
+
+def test_flushed_scripts_are_reloaded(aof_server: RedisServer, run_id: str, records: Records) -> None:
+    """After SCRIPT FLUSH the next append gets NOSCRIPT, reloads the script and succeeds."""
+    with RedisJournal(aof_server.url) as journal:
+        admin = _admin(aof_server)
+        journal.append(run_id, 1, records.batch(run_id, 1))
+        sha = hashlib.sha1(_scripts.APPEND.encode()).hexdigest()
+        assert admin.script_exists(sha) == [True]
+        admin.script_flush()
+        assert admin.script_exists(sha) == [False]
+        journal.append(run_id, 2, records.batch(run_id, 2))
+        assert admin.script_exists(sha) == [True]
+        admin.close()
+        assert journal.next_sequence(run_id) == 3
+
+
+def test_standalone_server_serves_any_database(aof_server: RedisServer) -> None:
+    """A standalone server is not mistaken for a Cluster and serves any database number."""
+    store = open_store(aof_server.url.replace("/0", "/3"))
+    try:
+        assert not store.cluster
+        assert store.target.db == 3
+    finally:
+        store.close()

@@ -1,0 +1,150 @@
+"""Cooperative I/O: redis-py's socket waits park on the greenlet hub instead of blocking it."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from redis._parsers import _RESP2Parser
+
+from mayfly.model.errors import JournalUnavailable, TaskCancelled
+from mayfly.substrate import Hub, now_ms, sleep, spawn
+from mayfly_redis import HubConnection, HubSocket
+from mayfly_redis._client import open_store
+from mayfly_redis._connection import resolve
+from mayfly_redis.testing import RedisServer
+
+NEVER = "mayfly-test:{never}:list"
+
+
+def test_slow_command_does_not_delay_a_hub_timer(aof_server: RedisServer) -> None:
+    """While one task waits 1 s on BLPOP, a 50 ms hub timer in another task fires first."""
+    store = open_store(aof_server.url)
+    order: list[str] = []
+
+    def slow() -> None:
+        assert store.call("slow", "BLPOP", NEVER, 1) is None
+        order.append("slow command returned")
+
+    def main() -> None:
+        task = spawn(slow, name="slow")
+        started = now_ms()
+        sleep(0.05)
+        order.append("timer fired")
+        task.join()
+        assert now_ms() - started >= 900  # BLPOP really waited on the server
+
+    hub = Hub()
+    hub.run(main)
+    store.close()
+    assert order == ["timer fired", "slow command returned"]
+    assert hub.stats().offloads_completed == 0, "the wait parked on the socket, not on an offload thread"
+
+
+def test_connections_use_the_python_parser_and_hub_sockets(aof_server: RedisServer) -> None:
+    """Pooled connections parse with the pure-Python RESP2 parser (never hiredis' own poll) over a HubSocket."""
+    store = open_store(aof_server.url)
+    try:
+        store.call("ping", "PING")
+        pool = store._client.connection_pool
+        connection = pool.get_connection()
+        try:
+            assert isinstance(connection, HubConnection)
+            assert isinstance(connection._parser, _RESP2Parser)
+            assert isinstance(connection._sock, HubSocket)
+        finally:
+            pool.release(connection)
+    finally:
+        store.close()
+
+
+def test_numeric_hosts_resolve_in_place_and_names_through_offload(aof_server: RedisServer) -> None:
+    """On the hub, 127.0.0.1 is resolved without a thread; 'localhost' goes through offload."""
+    numeric = Hub()
+    numeric.run(lambda: resolve("127.0.0.1", aof_server.port))
+    assert numeric.stats().offloads_completed == 0
+    named = Hub()
+    addresses = named.run(lambda: resolve("localhost", aof_server.port))
+    assert named.stats().offloads_completed == 1
+    assert addresses
+    by_name = Hub()
+    url = aof_server.url.replace("127.0.0.1", "localhost")
+    assert by_name.run(lambda: open_store(url).call("ping", "PING")) in (True, b"PONG")
+
+
+def test_cancelled_wait_leaves_the_pool_usable(aof_server: RedisServer) -> None:
+    """Cancelling a task parked on a Redis reply raises TaskCancelled; the next command works."""
+    store = open_store(aof_server.url)
+
+    def main() -> object:
+        task = spawn(lambda: store.call("slow", "BLPOP", NEVER, 5), name="blocked")
+        sleep(0.05)
+        task.cancel("test cancels the wait")
+        with pytest.raises(TaskCancelled):
+            task.join()
+        return store.call("ping", "PING")
+
+    try:
+        assert Hub().run(main) in (True, b"PONG")
+        assert store.call("ping", "PING") in (True, b"PONG")
+    finally:
+        store.close()
+
+
+def test_url_timeout_bounds_a_wait_and_maps_to_journal_unavailable(aof_server: RedisServer) -> None:
+    """A reply slower than ?timeout= raises JournalUnavailable, on the hub and off it."""
+    store = open_store(aof_server.url + "?timeout=0.2")
+    try:
+        with pytest.raises(JournalUnavailable, match="unreachable"):
+            store.call("slow", "BLPOP", NEVER, 2)
+
+        def on_hub() -> None:
+            with pytest.raises(JournalUnavailable, match="unreachable"):
+                store.call("slow", "BLPOP", NEVER, 2)
+
+        Hub().run(on_hub)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("on_hub", [False, True])
+def test_hub_socket_timeouts_and_non_blocking_reads(on_hub: bool) -> None:
+    """A silent peer: timeout 0 raises BlockingIOError at once, a positive timeout raises TimeoutError."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        raw = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        sock = HubSocket(raw)
+
+        def check() -> None:
+            sock.settimeout(0)
+            with pytest.raises(BlockingIOError):
+                sock.recv(16)
+            sock.settimeout(0.05)
+            with pytest.raises(TimeoutError):
+                sock.recv(16)
+            peer.sendall(b"+PONG\r\n")
+            assert sock.recv(16) == b"+PONG\r\n"
+            sock.sendall(b"x" * 100_000)
+            received = 0
+            while received < 100_000:
+                received += len(peer.recv(65536))
+
+        try:
+            if on_hub:
+                Hub().run(check)
+            else:
+                check()
+        finally:
+            sock.close()
+            peer.close()
+
+
+def test_refused_connection_maps_to_journal_unavailable() -> None:
+    """Connecting to a closed loopback port raises JournalUnavailable naming the address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(JournalUnavailable, match=f"127.0.0.1:{port}"):
+        Hub().run(lambda: open_store(f"redis://127.0.0.1:{port}/0"))
+    with pytest.raises(JournalUnavailable, match=f"127.0.0.1:{port}"):
+        open_store(f"redis://127.0.0.1:{port}/0")

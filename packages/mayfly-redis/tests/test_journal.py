@@ -1,0 +1,205 @@
+"""RedisJournal against real servers: crash of the Redis server itself, key layout, listing, encoding, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import TYPE_CHECKING
+
+import pytest
+from redis.crc import key_slot
+
+from mayfly.journal import Durability
+from mayfly.model.errors import AppendConflict, ChecksumMismatch, CorruptionError, JournalUnavailable
+from mayfly.plugins import open_journal
+from mayfly_redis import RedisJournal
+from mayfly_redis._journal import decode_element, encode_element
+from mayfly_redis.testing import RedisServer
+
+if TYPE_CHECKING:
+    from conftest import Records
+
+WRITER = textwrap.dedent(
+    """
+    import json, sys
+    from mayfly.identity import Uuid7IdSource
+    from mayfly.journal import JournalRecord
+    from mayfly.model.errors import JournalUnavailable
+    from mayfly.plugins import open_journal
+
+    url, run_id = sys.argv[1], sys.argv[2]
+    journal = open_journal(url)
+    ids = Uuid7IdSource()
+    size = 0
+    while True:
+        try:
+            first = journal.next_sequence(run_id)
+            batch = [
+                JournalRecord.seal(run_id=run_id, sequence=s, event_id=ids.new_id(), event_type="Probe",
+                                   schema_version=1, payload=b'{"crash":true}')
+                for s in range(first, first + 1 + size % 3)
+            ]
+            journal.append(run_id, first, batch)
+        except JournalUnavailable as error:
+            print("unavailable " + str(error), flush=True)
+            break
+        except BaseException as error:
+            print("raw " + type(error).__module__ + "." + type(error).__name__, flush=True)
+            break
+        print("ack " + json.dumps([[r.sequence, r.event_id] for r in batch]), flush=True)
+        size += 1
+    """
+)
+
+
+@pytest.mark.parametrize("acks", [1, 25, 200])
+def test_acknowledged_records_survive_sigkill_of_the_server(
+    fresh_server: RedisServer, run_id: str, acks: int
+) -> None:
+    """SIGKILL of redis-server right after acknowledgements, restart on the same AOF: every ack is there."""
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, fresh_server.url, run_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    acknowledged: list[tuple[int, str]] = []
+    try:
+        assert writer.stdout is not None
+        for _ in range(acks):
+            line = writer.stdout.readline()
+            assert line.startswith("ack "), line + (writer.stderr.read() if writer.stderr else "")
+            acknowledged += [(sequence, event) for sequence, event in json.loads(line[4:])]
+        fresh_server.kill()  # the writer is most likely mid-append
+        last = writer.stdout.readline()
+        while last.startswith("ack "):  # acks that raced the kill count too
+            acknowledged += [(sequence, event) for sequence, event in json.loads(last[4:])]
+            last = writer.stdout.readline()
+        assert last.startswith("unavailable "), f"writer saw {last!r}, not a mapped JournalUnavailable"
+    finally:
+        writer.kill()
+        writer.communicate(timeout=30)
+    fresh_server.start()
+    with open_journal(fresh_server.url) as journal:
+        stored = journal.read(run_id)
+        assert [record.sequence for record in stored] == list(range(1, len(stored) + 1))
+        assert [(r.sequence, r.event_id) for r in stored[: len(acknowledged)]] == acknowledged
+        next_sequence = journal.next_sequence(run_id)
+        assert next_sequence == len(stored) + 1
+
+
+def test_every_key_of_a_run_shares_one_cluster_slot(aof_server: RedisServer, run_id: str) -> None:
+    """Records, ids, fence, lease and snapshot keys carry the {run-id} hash tag: one slot per run."""
+    with RedisJournal(aof_server.url + "?prefix=app.one") as journal:
+        target = journal._target
+        names = ("records", "ids", "fence", "lease", "snapshot")
+        keys = [target.key(run_id, name) for name in names]
+        assert keys[0] == f"app.one:{{{run_id}}}:records"
+        assert {key_slot(key.encode()) for key in keys} == {key_slot(run_id.encode())}
+
+
+def test_prefixes_isolate_journals_on_one_server(
+    aof_server: RedisServer, run_id: str, records: Records
+) -> None:
+    """Two prefixes on one database are two independent journals."""
+    with (
+        RedisJournal(aof_server.url + "?prefix=left") as left,
+        RedisJournal(aof_server.url + "?prefix=right") as right,
+    ):
+        left.append(run_id, 1, records.batch(run_id, 1, 2))
+        assert (left.next_sequence(run_id), right.next_sequence(run_id)) == (3, 1)
+        assert run_id in left.list_runs(after=None, limit=100_000)
+        assert run_id not in right.list_runs(after=None, limit=100_000)
+
+
+def test_listing_pages_the_index_without_scanning(aof_server: RedisServer, records: Records) -> None:
+    """list_runs pages the sorted-set index in order; a run whose first append failed is not listed."""
+    with RedisJournal(aof_server.url + "?prefix=listing") as journal:
+        runs = sorted(records.new_id() for _ in range(7))
+        for run in runs:
+            journal.append(run, 1, records.batch(run, 1))
+        failed = records.new_id()
+        with pytest.raises(AppendConflict):
+            journal.append(failed, 2, records.batch(failed, 2))
+        seen: list[str] = []
+        after = None
+        while page := journal.list_runs(after=after, limit=3):
+            assert len(page) <= 3
+            seen += page
+            after = page[-1]
+        assert seen == sorted(set(seen))
+        assert set(runs) <= set(seen)
+        assert failed not in seen
+        assert journal.list_runs(after=runs[0], limit=1) == [seen[seen.index(runs[0]) + 1]]
+
+
+def test_payload_newlines_and_unicode_round_trip(records: Records, run_id: str) -> None:
+    """The element encoding keeps payload bytes exact, newlines and multi-byte UTF-8 included."""
+    payload = '{"text":"line one\\nline two","raw":"\n\n✓ é"}'.encode()
+    (record,) = records.batch(run_id, 1, payload=payload)
+    decoded = decode_element(run_id, encode_element(record))
+    assert decoded == record
+    decoded.verify()
+
+
+def test_unreadable_element_is_a_checksum_error(run_id: str) -> None:
+    """A stored element that does not parse fails closed with ChecksumMismatch naming the run."""
+    with pytest.raises(ChecksumMismatch, match=run_id):
+        decode_element(run_id, b"1\nnot enough fields")
+    with pytest.raises(ChecksumMismatch):
+        decode_element(run_id, b"x\ny\nz\nw\nv\n{}")
+
+
+def test_tail_inconsistent_with_length_refuses_appends(
+    aof_server: RedisServer, run_id: str, records: Records
+) -> None:
+    """If the stored tail's sequence disagrees with the list length, the append script fails closed."""
+    with RedisJournal(aof_server.url) as journal:
+        journal.append(run_id, 1, records.batch(run_id, 1, 3))
+        journal.remove_record(run_id, 2)  # now 2 elements, the last holding sequence 3
+        with pytest.raises(CorruptionError, match="sequence 3"):
+            journal.append(run_id, 3, records.batch(run_id, 3))
+
+
+def test_memory_mode_reports_memory(memory_url: str) -> None:
+    """durability=memory opens on a non-persistent server and says so in durability and capabilities."""
+    with open_journal(memory_url) as journal:
+        assert journal.durability is Durability.MEMORY
+        assert journal.capabilities.durability is Durability.MEMORY
+        assert not journal.capabilities.crash_durable
+        assert "durability=memory" in journal.url
+
+
+def test_aof_mode_reports_durable(aof_server: RedisServer) -> None:
+    """durability=aof on an AOF always server is durable and crash-durable."""
+    with open_journal(aof_server.url) as journal:
+        assert journal.durability is Durability.DURABLE
+        assert journal.capabilities.crash_durable
+        assert isinstance(journal, RedisJournal)
+        assert "appendfsync always" in journal.persistence
+
+
+def test_server_gone_maps_to_journal_unavailable(
+    fresh_server: RedisServer, run_id: str, records: Records
+) -> None:
+    """Every operation on a journal whose server died raises JournalUnavailable, never a redis error."""
+    journal = RedisJournal(fresh_server.url)
+    journal.append(run_id, 1, records.batch(run_id, 1))
+    fresh_server.kill()
+    operations = [
+        lambda: journal.append(run_id, 2, records.batch(run_id, 2)),
+        lambda: journal.read(run_id),
+        lambda: journal.next_sequence(run_id),
+        journal.list_runs,
+        lambda: journal.read_snapshot(run_id),
+    ]
+    for operation in operations:
+        with pytest.raises(JournalUnavailable, match="unreachable"):
+            operation()
+    fresh_server.start()
+    assert [r.sequence for r in journal.read(run_id)] == [1]
+    journal.close()
+    with pytest.raises(JournalUnavailable, match="closed"):
+        journal.next_sequence(run_id)
