@@ -22,6 +22,9 @@ from inspect_runs import (
 )
 
 from mayfly import (
+    AttemptStart,
+    ChildCall,
+    ChildDefinition,
     Edge,
     FixedBackoff,
     Node,
@@ -34,9 +37,11 @@ from mayfly import (
     RetryPolicy,
     RunBudgets,
     RunStatus,
+    StartNodes,
     Succeeded,
     WorkflowSpec,
 )
+from mayfly.commit import seal_events
 from mayfly.inspect import (
     DEFAULT_HISTORY_LIMIT,
     INSPECTION_SCHEMA_VERSION,
@@ -48,9 +53,11 @@ from mayfly.inspect import (
     render_table,
     to_json,
 )
+from mayfly.journal import JournalRecord
+from mayfly.model.commands import CompleteChild
 from mayfly.model.errors import InvalidRecord
 from mayfly.model.events import FailureCause, NodeReady
-from mayfly.testing import ReducerHarness
+from mayfly.testing import DeterministicIdSource, ReducerHarness
 
 FAIL_REASON = "schema drift REASON-FAIL-31"
 CANCEL_REASON = "operator stop REASON-CANCEL-9"
@@ -70,6 +77,11 @@ def assert_payload_free(inspection: RunInspection, spec: WorkflowSpec) -> None:
     for name, data in outputs(inspection, spec).items():
         for canary in PAYLOAD_CANARIES:
             assert canary.encode() not in data, f"{canary} leaked into the {name} rendering"
+
+
+def harness_records(harness: ReducerHarness) -> list[JournalRecord]:
+    """A harness's history as sealed records (the same ids ``persist`` gives them)."""
+    return seal_events(harness.run_id, 1, harness.history, DeterministicIdSource(namespace=11))
 
 
 def in_flight(tmp_path: Path) -> Completed:
@@ -200,6 +212,48 @@ def test_a_waiting_node_names_its_signal_and_deadline_never_its_token_or_decisio
     assert "#8 SignalAccepted approval signal approval" in done.history.lines
     assert done.blocking == ()
     assert_payload_free(done, run.spec)
+
+
+def test_a_child_call_shows_its_child_run_but_not_the_child_input_or_output(tmp_path: Path) -> None:
+    """A running child call names its child run; the mapped input and copied output never appear."""
+    lint = ChildDefinition(
+        workflow_id="acme.lint",
+        version=2,
+        nodes=(Node("scan", handler="scan@1", outputs=("warnings",)),),
+        inputs=("repo",),
+        outputs=("warnings",),
+    )
+    spec = WorkflowSpec(
+        workflow_id="acme.ci",
+        version=1,
+        nodes=(
+            Node(
+                "lint",
+                child=ChildCall("acme.lint", 2, "require_success", inputs=("repo",), outputs=("warnings",)),
+            ),
+        ),
+        catalog=(lint,),
+    )
+    harness = ReducerHarness(spec, input={"repo": RUN_INPUT_CANARY})
+    attempt_id, child_run_id = harness.ids.new_id(), harness.ids.new_id()
+    harness.execute(StartNodes((AttemptStart("lint", attempt_id, child_run_id),)))
+    running = build_inspection(persist(harness, tmp_path / "running").recovered(), harness_records(harness))
+    (node,) = running.nodes
+    assert (node.handler, node.status, node.child_run_id) == (
+        "child acme.lint@2",
+        NodeStatus.RUNNING,
+        child_run_id,
+    )
+    assert running.blocking[0].detail == f"running attempt 1 ({attempt_id}) since 0, child run {child_run_id}"
+    assert running.attempts[0].child_run_id == child_run_id
+    assert_payload_free(running, spec)
+    harness.execute(CompleteChild("lint", attempt_id, child_run_id, "succeeded", {"warnings": OUTPUT_CANARY}))
+    run = persist(harness, tmp_path / "done")
+    done = build_inspection(run.recovered(), run.records())
+    assert done.status is RunStatus.SUCCEEDED
+    assert "#3 ChildStarted lint attempt 1 child acme.lint@2" in done.history.lines
+    assert "#4 ChildCompleted lint child succeeded" in done.history.lines
+    assert_payload_free(done, spec)
 
 
 def test_terminal_non_success_nodes_carry_their_reason_and_failure_cause(tmp_path: Path) -> None:
