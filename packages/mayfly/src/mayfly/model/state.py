@@ -12,6 +12,7 @@ indexes from it.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -63,12 +64,14 @@ class NodeStatus(enum.Enum):
     CANCELLED = "cancelled"
     SKIPPED = "skipped"
 
-    @property
+    # cached_property: after the first read these are plain attribute loads on the
+    # member, which keeps the reducer's per-event bookkeeping cheap.
+    @functools.cached_property
     def is_terminal(self) -> bool:
         """Whether the node has a final status (only a conditional edge can re-activate it)."""
         return self in _TERMINAL
 
-    @property
+    @functools.cached_property
     def is_idle(self) -> bool:
         """Whether an open node waits for something else (Pending, ChangesRequested).
 
