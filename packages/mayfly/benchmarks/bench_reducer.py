@@ -40,7 +40,8 @@ def chain(length: int) -> WorkflowSpec:
     """n0 -> n1 -> ... -> n(length-1)."""
     nodes = [Node("n0", handler="work@1", retry=ONE_ATTEMPT)]
     nodes += [
-        Node(f"n{i}", handler="work@1", depends_on=(f"n{i - 1}",), retry=ONE_ATTEMPT) for i in range(1, length)
+        Node(f"n{i}", handler="work@1", depends_on=(f"n{i - 1}",), retry=ONE_ATTEMPT)
+        for i in range(1, length)
     ]
     return WorkflowSpec(workflow_id="bench.chain", version=1, nodes=tuple(nodes), budgets=BIG)
 
@@ -118,8 +119,10 @@ def main() -> None:
     if not args.quick:
         shapes.append(("fan 100k", fan_out_in(100_000)))
     print("reducer: decode+reduce vs msgspec bare typed decode of the same payload bytes")
-    print(f"{'shape':<10} {'nodes':>7} {'events':>8} {'MB':>6} {'bare ev/s':>11} {'full ev/s':>11} "
-          f"{'ratio':>6} {'us/ev':>6} {'vs 1k':>6} {'B/node':>7}")
+    print(
+        f"{'shape':<10} {'nodes':>7} {'events':>8} {'MB':>6} {'bare ev/s':>11} {'full ev/s':>11} "
+        f"{'ratio':>6} {'us/ev':>6} {'vs 1k':>6} {'B/node':>7}"
+    )
     base = None
     for name, spec in shapes:
         row = measure(name, spec, args.repeat if len(spec.nodes) < 50_000 else 1)
