@@ -338,3 +338,26 @@ def test_list_runs_sees_new_runs_after_a_cached_listing(journal: LocalWorkflowJo
     second = IDS.new_id()
     journal.append(second, 1, records(second, 1, 1))
     assert journal.list_runs(after=first) == [second]
+
+
+def test_unknown_frame_version_fails_closed(journal: LocalWorkflowJournal, store: Path) -> None:
+    """A journal frame of an unknown version is corruption, never skipped or guessed at."""
+    import zlib
+
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 1))
+    path = run_file(store, run)
+    body = path.read_bytes()[HEADER.size :].replace(b'"v":1', b'"v":2', 1)
+    path.write_bytes(HEADER.pack(b"MWJ1", len(body), zlib.crc32(body)) + body)
+    with LocalWorkflowJournal(str(store)) as fresh, pytest.raises(CorruptionError, match="unknown version 2"):
+        fresh.read(run)
+
+
+def test_oversized_frame_length_fails_closed(journal: LocalWorkflowJournal, store: Path) -> None:
+    """A frame header announcing more than the bounded body size is corruption, not a torn tail."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 1))
+    with run_file(store, run).open("ab") as handle:
+        handle.write(HEADER.pack(b"MWJ1", 1 << 30, 0))
+    with LocalWorkflowJournal(str(store)) as fresh, pytest.raises(CorruptionError, match="over the limit"):
+        fresh.read(run)
