@@ -216,12 +216,12 @@ def test_timers_fire_in_deadline_order(make_hub: Callable[[], Hub]) -> None:
 
     def main() -> None:
         base = now_ms()  # one base: a loaded machine cannot reorder the deadlines
-        tasks = [spawn(sleeper, base + ms, ms) for ms in (40, 10, 30, 20)]
+        tasks = [spawn(sleeper, base + ms, ms) for ms in (200, 50, 150, 100)]
         for task in tasks:
             task.join()
 
     make_hub().run(main)
-    assert woke == [10, 20, 30, 40]
+    assert woke == [50, 100, 150, 200]
 
 
 def test_equal_deadlines_fire_fifo(make_hub: Callable[[], Hub]) -> None:
@@ -233,7 +233,9 @@ def test_equal_deadlines_fire_fifo(make_hub: Callable[[], Hub]) -> None:
         woke.append(name)
 
     def main() -> None:
-        deadline = now_ms() + 30
+        # Far enough ahead that even a loaded machine parks all five before it passes
+        # (a deadline already past would only yield, not park on the timer).
+        deadline = now_ms() + 250
         tasks = [spawn(sleeper, name, deadline) for name in "abcde"]
         for task in tasks:
             task.join()
