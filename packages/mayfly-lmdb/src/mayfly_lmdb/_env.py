@@ -174,7 +174,13 @@ class SharedEnv:
 
     def _open_databases(self, readonly: bool) -> None:
         try:
-            handles = [self.env.open_db(name, create=not readonly) for name in _DATABASES]
+            while True:
+                try:
+                    handles = [self.env.open_db(name, create=not readonly) for name in _DATABASES]
+                    break
+                except lmdb.MapResizedError:
+                    # Another process grew the map past the size asked for here: adopt its size.
+                    self.env.set_mapsize(0)
         except lmdb.NotFoundError:
             raise JournalUnavailable(
                 f"{self.path} holds no Mayfly journal yet; open it once without readonly=true"

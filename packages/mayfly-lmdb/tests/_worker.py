@@ -1,0 +1,99 @@
+"""Child-process modes for the multi-process tests: ``python _worker.py MODE JSON-ARGS``.
+
+Each mode opens the environment by URL like a separate runtime would and
+reports through stdout lines, flushed at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from mayfly.journal import JournalRecord
+from mayfly.model.errors import AppendConflict
+from mayfly.plugins import open_journal, open_leases
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _batch(run_id: str, first: int, count: int, size: int, tag: str) -> list[JournalRecord]:
+    return [
+        JournalRecord.seal(
+            run_id=run_id,
+            sequence=sequence,
+            event_id=_event_id(tag, sequence),
+            event_type="Probe",
+            schema_version=1,
+            payload=json.dumps({"sequence": sequence, "fill": "x" * size}).encode(),
+        )
+        for sequence in range(first, first + count)
+    ]
+
+
+def _event_id(tag: str, sequence: int) -> str:
+    """A deterministic UUID per (tag, sequence), so the parent can check exactly what was acked."""
+    return f"{tag}-0000-7000-8000-{sequence:012x}"
+
+
+def append(url: str, run_id: str, batches: int, batch: int, size: int, tag: str) -> None:
+    """Append ``batches`` batches (forever when negative), printing each acknowledgement."""
+    journal = open_journal(url)
+    _say("ready")
+    done = 0
+    while batches < 0 or done < batches:
+        first = journal.next_sequence(run_id)
+        try:
+            result = journal.append(run_id, first, _batch(run_id, first, batch, size, tag))
+        except AppendConflict:
+            continue
+        _say(f"ack {result.last_sequence}")
+        done += 1
+    journal.close()
+    _say("done")
+
+
+def inspect(url: str, run_id: str, until: int, timeout: float) -> None:
+    """Read the run from a read-only journal until it holds ``until`` records; report every read."""
+    journal = open_journal(url)
+    deadline = time.monotonic() + timeout
+    reads = 0
+    grew = 0
+    last = 0
+    while last < until:
+        records = journal.read(run_id)
+        if [r.sequence for r in records] != list(range(1, len(records) + 1)):
+            _say("gap")
+            return
+        if len(records) < last:
+            _say("shrank")
+            return
+        grew += len(records) > last
+        last = len(records)
+        reads += 1
+        if time.monotonic() > deadline:
+            _say(f"timeout {last}")
+            return
+    journal.close()
+    _say(json.dumps({"reads": reads, "grew": grew, "last": last}))
+
+
+def hold(url: str, run_id: str) -> None:
+    """Acquire the run's lease, report its token, then wait to be killed."""
+    leases = open_leases(url)
+    guard = leases.acquire(run_id, "worker", 60_000)
+    _say(f"held {guard.fencing_token}")
+    sys.stdin.readline()
+
+
+def main() -> None:
+    """Dispatch to the mode named on the command line."""
+    modes = {"append": append, "inspect": inspect, "hold": hold}
+    modes[sys.argv[1]](**json.loads(sys.argv[2]))
+
+
+if __name__ == "__main__":
+    main()

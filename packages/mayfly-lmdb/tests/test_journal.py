@@ -1,0 +1,250 @@
+"""The LMDB journal beyond the contract suite: crashes, several processes, inspectors and the hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import greenlet
+import pytest
+from lmdb_support import Worker, batch, new_id
+
+from mayfly.journal import Durability
+from mayfly.model.errors import (
+    AppendConflict,
+    CorruptionError,
+    FencingRejected,
+    InvalidRecord,
+    JournalGap,
+    JournalUnavailable,
+)
+from mayfly.substrate import Hub, checkpoint, spawn
+from mayfly_lmdb import LmdbJournal, LmdbLeaseStore
+
+
+def _event_id(tag: str, sequence: int) -> str:
+    return f"{tag}-0000-7000-8000-{sequence:012x}"
+
+
+@pytest.mark.parametrize("options", ["", "?durability=nosync", "?map_size=64k"])
+def test_sigkill_after_acknowledgements_loses_nothing(
+    env_dir: Path, workers: list[Worker], options: str
+) -> None:
+    """A writer SIGKILLed right after acks: every acked record is there after reopen, run appendable."""
+    url = f"lmdb://{env_dir}{options}"
+    run = new_id()
+    worker = Worker("append", url=url, run_id=run, batches=-1, batch=3, size=1500, tag="0000000b")
+    workers.append(worker)
+    assert worker.readline() == "ready"
+    acknowledged = 0
+    for _ in range(60):
+        line = worker.readline()
+        assert line.startswith("ack ")
+        acknowledged = int(line[4:])
+    worker.kill()  # most likely in the middle of its next append
+    with LmdbJournal(url) as journal:
+        records = journal.read(run)
+        assert len(records) >= acknowledged
+        assert [r.sequence for r in records] == list(range(1, len(records) + 1))
+        assert [r.event_id for r in records[:acknowledged]] == [
+            _event_id("0000000b", sequence) for sequence in range(1, acknowledged + 1)
+        ]
+        following = journal.next_sequence(run)
+        assert following == len(records) + 1
+        journal.append(run, following, batch(run, following, 2))
+
+
+def test_processes_append_to_different_runs_of_one_environment(env_dir: Path, workers: list[Worker]) -> None:
+    """Four processes appending to their own runs of one environment all keep every record."""
+    url = f"lmdb://{env_dir}?map_size=64k&durability=nosync"
+    runs = [new_id() for _ in range(4)]
+    for index, run in enumerate(runs):
+        workers.append(
+            Worker("append", url=url, run_id=run, batches=80, batch=3, size=500, tag=f"0000000{index}")
+        )
+    for worker in workers:
+        assert worker.finish()[-1] == "done"
+    with LmdbJournal(url) as journal:
+        for index, run in enumerate(runs):
+            records = journal.read(run)
+            assert [r.event_id for r in records] == [
+                _event_id(f"0000000{index}", sequence) for sequence in range(1, 241)
+            ]
+        assert set(runs) <= set(journal.list_runs())
+
+
+def test_processes_racing_on_one_run_never_duplicate(env_dir: Path, workers: list[Worker]) -> None:
+    """Three processes compare-and-appending to one run produce one contiguous history."""
+    url = f"lmdb://{env_dir}?durability=nosync"
+    run = new_id()
+    for index in range(3):
+        workers.append(
+            Worker("append", url=url, run_id=run, batches=60, batch=2, size=100, tag=f"0000001{index}")
+        )
+    for worker in workers:
+        assert worker.finish()[-1] == "done"
+    with LmdbJournal(url) as journal:
+        records = journal.read(run)
+    assert [r.sequence for r in records] == list(range(1, 361))
+    assert len({r.event_id for r in records}) == 360
+
+
+def test_a_readonly_inspector_reads_while_another_process_writes(
+    env_dir: Path, workers: list[Worker]
+) -> None:
+    """An inspector opened readonly=true sees growing, contiguous, verified prefixes of a live run."""
+    url = f"lmdb://{env_dir}?map_size=64k&durability=nosync"
+    run = new_id()
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, batch(run, 1))
+    writer = Worker("append", url=url, run_id=run, batches=150, batch=3, size=1500, tag="0000000c")
+    workers.append(writer)
+    inspector = Worker("inspect", url=f"lmdb://{env_dir}?readonly=true", run_id=run, until=451, timeout=60)
+    workers.append(inspector)
+    assert writer.finish()[-1] == "done"
+    report = inspector.finish()[-1]
+    assert report.startswith("{"), report
+    assert '"last": 451' in report
+
+
+def test_hub_tasks_never_switch_inside_a_transaction(url: str) -> None:
+    """Many hub tasks append and read concurrently; no greenlet switch happens while a txn is open."""
+    runs = [new_id() for _ in range(5)]
+    shared_run = new_id()
+    switches_in_txn: list[str] = []
+    switches = 0
+
+    with LmdbJournal(url + "?durability=nosync") as journal:
+        shared_env = journal._env
+
+        def trace(event: str, _args: object) -> None:
+            nonlocal switches
+            if event in ("switch", "throw"):
+                switches += 1
+                if shared_env._active:
+                    switches_in_txn.append(event)
+
+        def own(run: str) -> int:
+            for sequence in range(1, 61, 3):
+                journal.append(run, sequence, batch(run, sequence, 3))
+                checkpoint()
+                assert len(journal.read(run)) == sequence + 2
+            return journal.next_sequence(run)
+
+        def contend() -> int:
+            won = 0
+            while won < 20:
+                expected = journal.next_sequence(shared_run)
+                checkpoint()  # let a rival take this sequence first
+                try:
+                    journal.append(shared_run, expected, batch(shared_run, expected))
+                except AppendConflict:
+                    continue
+                won += 1
+            return won
+
+        def main() -> list[int]:
+            tasks = [spawn(own, run) for run in runs] + [spawn(contend) for _ in range(3)]
+            return [task.join() for task in tasks]
+
+        previous = greenlet.settrace(trace)
+        try:
+            results = Hub().run(main)
+        finally:
+            greenlet.settrace(previous)
+        assert results == [61] * 5 + [20] * 3
+        assert [r.sequence for r in journal.read(shared_run)] == list(range(1, 61))
+    assert switches > 100
+    assert switches_in_txn == []
+
+
+def test_fencing_is_checked_in_the_append_transaction(url: str) -> None:
+    """After a grant, appends need its exact token; the rejection names the current token."""
+    run = new_id()
+    with LmdbJournal(url) as journal, LmdbLeaseStore(url) as leases:
+        journal.append(run, 1, batch(run, 1))
+        with leases.acquire(run, "a", 1000) as guard:
+            with pytest.raises(FencingRejected, match=f"token {guard.fencing_token}"):
+                journal.append(run, 2, batch(run, 2))
+            journal.append(run, 2, batch(run, 2), fence=guard.fencing_token)
+        assert journal.next_sequence(run) == 3
+
+
+def test_a_missing_last_record_is_a_gap(url: str) -> None:
+    """Removing the newest record (head still ahead) makes reads raise JournalGap, never shorten."""
+    run = new_id()
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, batch(run, 1, 3))
+        journal.remove_record(run, 3)
+        with pytest.raises(JournalGap, match="sequence 3"):
+            journal.read(run)
+        assert [r.sequence for r in journal.read(run, limit=2)] == [1, 2]
+        with pytest.raises(InvalidRecord):
+            journal.remove_record(run, 9)
+
+
+def test_a_record_beyond_the_head_is_corruption(url: str) -> None:
+    """A stored record past the run's head (which no commit can produce) fails closed."""
+    run = new_id()
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, batch(run, 1, 2))
+        shared = journal._env
+        from mayfly_lmdb import _codec
+
+        (extra,) = batch(run, 3)
+        shared.write(
+            lambda txn: txn.put(
+                _codec.record_key(_codec.run_key(run), 3), _codec.encode_record(extra), db=shared.records
+            ),
+            "test damage",
+        )
+        with pytest.raises(CorruptionError, match="beyond its head"):
+            journal.read(run)
+
+
+def test_reads_window_and_limit_zero(url: str) -> None:
+    """read(after, limit) windows the history; limit=0 reads nothing; reads past the end are empty."""
+    run = new_id()
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, batch(run, 1, 5))
+        assert journal.read(run, limit=0) == []
+        assert [r.sequence for r in journal.read(run, after=1, limit=2)] == [2, 3]
+        assert journal.read(run, after=5) == []
+        assert journal.read(run, after=50) == []
+
+
+def test_listing_pages_and_skips_leased_runs_without_records(url: str) -> None:
+    """list_runs pages strictly after ``after`` and omits runs that were only leased."""
+    runs = sorted(new_id() for _ in range(5))
+    leased_only = new_id()
+    with LmdbJournal(url) as journal, LmdbLeaseStore(url) as leases:
+        for run in runs:
+            journal.append(run, 1, batch(run, 1))
+        leases.acquire(leased_only, "x", 1000).release()
+        assert journal.list_runs() == runs
+        assert journal.list_runs(after=runs[1], limit=2) == runs[2:4]
+        assert journal.list_runs(after=runs[-1]) == []
+        with pytest.raises(InvalidRecord):
+            journal.list_runs(limit=0)
+
+
+def test_a_closed_journal_refuses_work(url: str) -> None:
+    """After close every operation raises JournalUnavailable; close is idempotent."""
+    journal = LmdbJournal(url)
+    journal.close()
+    journal.close()
+    run = new_id()
+    with pytest.raises(JournalUnavailable, match="closed"):
+        journal.append(run, 1, batch(run, 1))
+    with pytest.raises(JournalUnavailable):
+        journal.read(run)
+
+
+def test_durability_follows_the_url(tmp_path: Path) -> None:
+    """sync declares durable, nosync declares write; both stay crash-durable for the process."""
+    with LmdbJournal(f"lmdb://{tmp_path}/a") as durable:
+        assert durable.durability is Durability.DURABLE
+        assert durable.capabilities.crash_durable
+    with LmdbJournal(f"lmdb://{tmp_path}/b?durability=nosync") as fast:
+        assert fast.durability is Durability.WRITE
+        assert fast.capabilities.durability is Durability.WRITE
+        assert fast.url.endswith("?durability=nosync")

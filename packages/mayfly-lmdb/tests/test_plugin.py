@@ -1,0 +1,38 @@
+"""The plugin: found through the ``mayfly`` entry point, opened by URL, described for ``mayfly backends``."""
+
+from __future__ import annotations
+
+import mayfly_lmdb
+from mayfly.hookspecs import PLUGIN_API
+from mayfly.plugins import PluginManager
+from mayfly_lmdb import LmdbJournal, LmdbLeaseStore, describe
+
+
+def test_the_entry_point_serves_the_lmdb_scheme(url: str) -> None:
+    """The installed entry point opens lmdb:// journals and lease stores of this distribution."""
+    manager = PluginManager()
+    assert mayfly_lmdb.MAYFLY_PLUGIN_API == PLUGIN_API
+    journal = manager.open_journal(url)
+    leases = manager.open_leases(url)
+    try:
+        assert isinstance(journal, LmdbJournal)
+        assert isinstance(leases, LmdbLeaseStore)
+    finally:
+        leases.close()
+        journal.close()
+
+
+def test_backends_report_nosync_explicitly(url: str) -> None:
+    """`mayfly backends` shows an explicit nosync journal as not surviving a host crash."""
+    manager = PluginManager()
+    rows = [row for row in manager.list_backends(url + "?durability=nosync") if row.scheme == "lmdb"]
+    assert {row.kind for row in rows} == {"journal", "lease"}
+    assert all(row.distribution == "mayfly-lmdb" for row in rows)
+    assert all("nosync" in row.description and "NOT a host crash" in row.description for row in rows)
+
+
+def test_descriptions_name_path_durability_and_map() -> None:
+    """describe() names the directory, the durability and the map sizes; the bare scheme is generic."""
+    line = describe("lmdb:///srv/env?map_size=64MiB&max_map_size=2GiB")
+    assert "/srv/env" in line and "sync (durable" in line and "64MiB growing to 2GiB" in line
+    assert "sync|nosync" in describe("lmdb://")
