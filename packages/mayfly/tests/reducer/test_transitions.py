@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mayfly.model.commands import CancelRun, CompleteAttempt
 from mayfly.model.errors import CorruptionError
@@ -43,7 +45,7 @@ from mayfly.model.spec import (
 )
 from mayfly.model.state import NodeStatus, RunState, RunStateRecord, RunStatus
 from mayfly.reducer import decide, reduce, validate
-from mayfly.reducer.transitions import matches, overlap_reason, scalar_equals
+from mayfly.reducer.transitions import first_overlaps, matches, overlap_reason, scalar_equals
 from mayfly.testing import ReducerHarness
 
 CR = NodeOutcomeKind.CHANGES_REQUESTED
@@ -170,6 +172,26 @@ def test_disjointness_rules_table(a: EdgePredicate, b: EdgePredicate, overlaps: 
     """The exclusive-group proof rules: any overlaps all, same kind overlaps, fields need one field."""
     assert (overlap_reason(a, b) is not None) is overlaps
     assert (overlap_reason(b, a) is not None) is overlaps
+
+
+_PREDICATES = st.one_of(
+    st.just(OnAnyOutcome()),
+    st.builds(OnOutcome, st.sampled_from(list(NodeOutcomeKind))),
+    st.builds(
+        OnField, st.sampled_from(["a", "b", "c"]), st.sampled_from(["x", "y", 0, 1, True, False, None])
+    ),
+)
+
+
+@given(st.lists(_PREDICATES, max_size=12))
+def test_linear_overlap_search_equals_the_pairwise_check(predicates: list[EdgePredicate]) -> None:
+    """For each predicate, the linear search finds exactly the earliest overlapping partner of all pairs."""
+    brute = []
+    for k in range(len(predicates)):
+        partners = [j for j in range(k) if overlap_reason(predicates[j], predicates[k]) is not None]
+        if partners:
+            brute.append((partners[0], k))
+    assert first_overlaps(predicates) == brute
 
 
 # -- validation -----------------------------------------------------------------

@@ -24,11 +24,13 @@ an accepted pair can never both match — and deliberately simple:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome, NodeOutcomeKind, Succeeded
 from mayfly.model.spec import EdgePredicate, OnAnyOutcome, OnField, OnOutcome
 
-__all__ = ["describe_predicate", "matches", "overlap_reason", "scalar_equals"]
+__all__ = ["describe_predicate", "first_overlaps", "matches", "overlap_reason", "scalar_equals"]
 
 Scalar = str | int | bool | None
 
@@ -104,3 +106,41 @@ def overlap_reason(a: EdgePredicate, b: EdgePredicate) -> str | None:
     if kind.outcome is NodeOutcomeKind.SUCCEEDED:
         return f"a succeeded output with field {field.field!r} == {_literal(field.equals)} matches both"
     return None
+
+
+def first_overlaps(predicates: Sequence[EdgePredicate]) -> list[tuple[int, int]]:
+    """``(j, k)`` for every ``k`` that overlaps an earlier predicate, ``j`` the earliest such; O(n).
+
+    Equivalent to checking every pair with :func:`overlap_reason` and keeping
+    the first partner of each, without the quadratic cost on large groups.
+    """
+    found: list[tuple[int, int]] = []
+    first_any: int | None = None
+    first_kind: dict[NodeOutcomeKind, int] = {}
+    first_value: dict[tuple[str, tuple[str, Scalar]], int] = {}
+    # The first two distinct field names, with the index where each first appears.
+    fields: list[tuple[str, int]] = []
+    for k, predicate in enumerate(predicates):
+        candidates: list[int | None] = [first_any]
+        if isinstance(predicate, OnAnyOutcome):
+            candidates.append(0 if k else None)
+            if first_any is None:
+                first_any = k
+        elif isinstance(predicate, OnOutcome):
+            candidates.append(first_kind.get(predicate.outcome))
+            if predicate.outcome is NodeOutcomeKind.SUCCEEDED and fields:
+                candidates.append(fields[0][1])
+            first_kind.setdefault(predicate.outcome, k)
+        else:
+            key = (predicate.field, _key(predicate.equals))
+            candidates.append(first_kind.get(NodeOutcomeKind.SUCCEEDED))
+            candidates.append(first_value.get(key))
+            other = [index for name, index in fields if name != predicate.field]
+            candidates.append(other[0] if other else None)
+            first_value.setdefault(key, k)
+            if len(fields) < 2 and all(name != predicate.field for name, _ in fields):
+                fields.append((predicate.field, k))
+        earlier = [j for j in candidates if j is not None]
+        if earlier:
+            found.append((min(earlier), k))
+    return found

@@ -41,7 +41,7 @@ from mayfly.model.spec import (
     parse_handler_ref,
 )
 from mayfly.reducer.children import call_graph_issues
-from mayfly.reducer.transitions import describe_predicate, overlap_reason
+from mayfly.reducer.transitions import describe_predicate, first_overlaps, overlap_reason
 
 __all__ = ["check_input", "ensure_valid", "validate"]
 
@@ -298,18 +298,18 @@ def _check_edges(
                         f"(edges[{members[0]}]) and {edges[k].source!r}; a group belongs to one source",
                     )
                 )
-        for a, j in enumerate(members):
-            for k in members[a + 1 :]:
-                reason = overlap_reason(edges[j].when, edges[k].when)
-                if reason is not None:
-                    add(
-                        ValidationIssue(
-                            f"{prefix}edges[{k}]",
-                            f"overlaps edges[{j}] in exclusive group {group!r}: "
-                            f"edges[{j}] ({_describe(edges[j])}) and edges[{k}] ({_describe(edges[k])}) "
-                            f"can both match because {reason}",
-                        )
-                    )
+        # One issue per overlapping edge, naming its earliest overlapping partner: linear in the group.
+        for a, b in first_overlaps([edges[k].when for k in members]):
+            j, k = members[a], members[b]
+            reason = overlap_reason(edges[j].when, edges[k].when)
+            add(
+                ValidationIssue(
+                    f"{prefix}edges[{k}]",
+                    f"overlaps edges[{j}] in exclusive group {group!r}: "
+                    f"edges[{j}] ({_describe(edges[j])}) and edges[{k}] ({_describe(edges[k])}) "
+                    f"can both match because {reason}",
+                )
+            )
     return ok
 
 
