@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from mayfly.journal import JournalFaults, WorkflowJournal
@@ -67,22 +69,28 @@ def test_corruption_fails_closed(mayfly_journal: WorkflowJournal, run_id: str, r
         list(mayfly_journal.read(run_id))
 
 
+def _just_below(run_id: str) -> str:
+    """The canonical UUID immediately before ``run_id``, to start paging right before it."""
+    value = uuid.UUID(run_id).int - 1
+    return str(uuid.UUID(int=value))
+
+
 @pytest.mark.clause("journal.runs.listing")
 def test_runs_are_listed_sorted_and_paginated(mayfly_journal: WorkflowJournal, records: Records) -> None:
     """Run listing is sorted, pages with after/limit without overlap, and includes every run."""
     mine = sorted(records.new_id() for _ in range(5))
     for run in mine:
         mayfly_journal.append(run, 1, records.batch(run, 1))
+    # Page from just below our first run, so a store shared with other data stays cheap to scan.
     seen: list[str] = []
-    after: str | None = None
-    while True:
+    after = _just_below(mine[0])
+    while not seen or seen[-1] < mine[-1]:
         page = mayfly_journal.list_runs(after=after, limit=2)
-        assert len(page) <= 2
-        if not page:
-            break
+        assert 1 <= len(page) <= 2, f"listing after {after} ended before run {mine[-1]}"
+        assert all(run > after for run in page)
         seen.extend(page)
         after = page[-1]
     assert seen == sorted(set(seen))
     assert set(mine) <= set(seen)
-    start = seen.index(mine[0])
-    assert mayfly_journal.list_runs(after=mine[0], limit=1) == [seen[start + 1]]
+    assert mayfly_journal.list_runs(after=mine[0], limit=1) == [seen[seen.index(mine[0]) + 1]]
+    assert mayfly_journal.list_runs(after=_just_below(mine[0]), limit=1) == [mine[0]]
