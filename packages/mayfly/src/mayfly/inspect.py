@@ -632,6 +632,7 @@ def render_table(inspection: RunInspection) -> str:
         (
             n.node_id,
             n.handler,
+            n.policy,
             n.status.value,
             f"{n.attempt}/{n.total_attempts}",
             "-" if n.outcome is None else n.outcome.value + (" (timeout)" if n.timeout else ""),
@@ -642,7 +643,8 @@ def render_table(inspection: RunInspection) -> str:
         for n in ins.nodes
     ]
     lines += _grid(
-        ("NODE", "HANDLER", "STATUS", "ATTEMPT", "OUTCOME", "DEADLINE", "RETRY AT", "REASON"), node_rows
+        ("NODE", "HANDLER", "POLICY", "STATUS", "ATTEMPT", "OUTCOME", "DEADLINE", "RETRY AT", "REASON"),
+        node_rows,
     )
 
     lines.append("")
