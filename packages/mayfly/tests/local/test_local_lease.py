@@ -119,3 +119,21 @@ def test_lease_of_a_killed_process_is_released_by_the_os(tmp_path: Path) -> None
         child.wait()
         if child.stdout is not None:
             child.stdout.close()
+
+
+def test_threads_racing_for_one_lease_get_exactly_one_grant(tmp_path: Path) -> None:
+    """Threads of one process racing to acquire a run's lease: exactly one wins, the rest see LeaseHeld."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    run = IDS.new_id()
+    with LocalLeaseStore(str(tmp_path)) as leases:
+
+        def attempt(index: int) -> int | None:
+            try:
+                return leases.acquire(run, f"thread-{index}", 10).fencing_token
+            except LeaseHeld:
+                return None
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            tokens = [token for token in pool.map(attempt, range(8)) if token is not None]
+        assert tokens == [1]
