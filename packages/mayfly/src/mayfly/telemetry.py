@@ -283,6 +283,17 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     runs_observed: int
     counters: tuple[Counter, ...]
 
+    def __post_init__(self) -> None:
+        # Exporters rely on one series per key, in a stable order, with counts that never go negative.
+        previous: tuple[str, ...] | None = None
+        for counter in self.counters:
+            order = counter.key.sort_key()
+            if previous is not None and order <= previous:
+                raise ValueError(f"metrics snapshot series {order} is duplicated or out of key order")
+            if counter.value < 0:
+                raise ValueError(f"metrics snapshot series {order} has a negative value {counter.value}")
+            previous = order
+
     def value(self, key: MetricKey) -> int:
         """The value of ``key`` (0 when the projection has no such series)."""
         for counter in self.counters:

@@ -44,6 +44,7 @@ from mayfly.recovery import replay_run
 from mayfly.reducer import decode_event, replay
 from mayfly.telemetry import (
     LATENCY_BUCKET_BOUNDS_MS,
+    Counter,
     FailureClass,
     JsonLogExporter,
     LatencyBucket,
@@ -286,6 +287,24 @@ def test_each_metric_takes_exactly_its_dimensions() -> None:
         Metric.ATTEMPT_LATENCY, outcome_class=NodeOutcomeKind.BLOCKED, latency_bucket=LatencyBucket.GT_1H
     )
     assert key.labels() == {"outcome_class": "blocked", "latency_bucket": "gt_1h"}
+
+
+def test_a_snapshot_holds_each_series_once_in_key_order() -> None:
+    """Duplicate, unordered or negative series are refused when a snapshot is built or decoded."""
+    running = MetricKey(Metric.RUNS, run_state=RunStatus.RUNNING)
+    failed = MetricKey(Metric.RUNS, run_state=RunStatus.FAILED)
+    ok = MetricsSnapshot(1, 2, (Counter(failed, 1), Counter(running, 1)))
+    assert msgspec.json.decode(ok.to_json(), type=MetricsSnapshot) == ok
+    for counters in (
+        (Counter(running, 1), Counter(failed, 1)),
+        (Counter(running, 1), Counter(running, 1)),
+        (Counter(running, -1),),
+    ):
+        with pytest.raises(ValueError, match="metrics snapshot series"):
+            MetricsSnapshot(1, 2, counters)
+    bad = ok.to_json().replace(b'"value":1}]', b'"value":-1}]')
+    with pytest.raises(msgspec.ValidationError, match="negative"):
+        msgspec.json.decode(bad, type=MetricsSnapshot)
 
 
 def test_latency_buckets_have_fixed_inclusive_bounds() -> None:
