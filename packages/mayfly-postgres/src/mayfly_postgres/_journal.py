@@ -142,10 +142,10 @@ class _Statements:
             runs=runs
         )
         self.list_first = sql.SQL(
-            "SELECT run_id::text FROM {runs} WHERE next_sequence > 1 ORDER BY run_id LIMIT %s::bigint"
+            "SELECT run_id::text AS id FROM {runs} WHERE next_sequence > 1 ORDER BY run_id LIMIT %s::bigint"
         ).format(runs=runs)
         self.list_after = sql.SQL(
-            "SELECT run_id::text FROM {runs} WHERE next_sequence > 1 AND run_id > %s::uuid "
+            "SELECT run_id::text AS id FROM {runs} WHERE next_sequence > 1 AND run_id > %s::uuid "
             "ORDER BY run_id LIMIT %s::bigint"
         ).format(runs=runs)
         self.write_snapshot = sql.SQL(
@@ -172,7 +172,7 @@ class _Statements:
             "UPDATE {snapshots} SET state = state || '\\x00'::bytea WHERE run_id = %s::uuid"
         ).format(snapshots=snapshots)
         self.summaries = sql.SQL(
-            "SELECT run_id::text, workflow_id, status, next_sequence - 1, created_at, updated_at "
+            "SELECT run_id::text AS id, workflow_id, status, next_sequence - 1, created_at, updated_at "
             "FROM {runs} WHERE next_sequence > 1 {filters} ORDER BY updated_at DESC, run_id LIMIT %s::bigint"
         )
         self.runs = runs

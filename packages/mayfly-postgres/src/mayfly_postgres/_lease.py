@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-import weakref
 from types import TracebackType
 from typing import Any, Final, Self, final
 
@@ -146,7 +145,8 @@ class PostgresLeaseStore:
     def __init__(self, url: str) -> None:
         self._store = open_store(url)
         self._sql = _Statements(self._store)
-        self._held: weakref.WeakSet[PostgresLeaseGuard] = weakref.WeakSet()
+        # Strong references: a guard dropped without release() is still released by close().
+        self._held: set[PostgresLeaseGuard] = set()
         self._held_lock = threading.Lock()
         self._closed = False
 

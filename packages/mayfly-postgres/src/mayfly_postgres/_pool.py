@@ -40,6 +40,14 @@ _READY_NONE: Final = 0
 # server shutdown or startup (57P01-57P03), too many connections, and the
 # serialization/deadlock classes.
 _TRANSIENT_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
+# libpq reports a refused login without a SQLSTATE; these texts mean retrying cannot help.
+_PERMANENT_LOGIN: Final = (
+    "does not exist",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "password",
+)
 
 
 def in_hub_task() -> bool:
@@ -87,8 +95,10 @@ def is_transient(error: BaseException) -> bool:
         return False
     state = error.sqlstate
     if state is None:
-        # No SQLSTATE: the client could not reach the server or lost the socket.
-        return isinstance(error, psycopg.OperationalError)
+        # No SQLSTATE: the client could not reach the server, lost the socket, or its login was refused.
+        text = str(error)
+        refused = "FATAL:" in text and any(reason in text for reason in _PERMANENT_LOGIN)
+        return isinstance(error, psycopg.OperationalError) and not refused
     return state.startswith("08") or state in _TRANSIENT_STATES
 
 

@@ -1,0 +1,248 @@
+"""PostgresJournal beyond the contract suite: ambiguous commits, cooperative waits, durability, inspection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from pgserver import IDS, Proxy, batch, fresh_schema, with_options
+
+from mayfly.journal import Durability, JournalRecord
+from mayfly.model.errors import JournalUnavailable
+from mayfly.substrate import Hub, sleep, spawn
+from mayfly_postgres import PostgresJournal
+
+
+@pytest.fixture
+def proxied(server: str, schema: str, request: pytest.FixtureRequest) -> Iterator[tuple[Proxy, str]]:
+    """A proxy cutting the first append statement (mode from the test's parameter) and its journal URL."""
+    marker, mode = request.param
+    proxy = Proxy(server, marker, mode)
+    try:
+        yield proxy, with_options(proxy.url, schema=schema, pool_size=1)
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("proxied", [("WITH bump AS", "after")], indirect=True)
+def test_commit_whose_reply_is_lost_is_read_back_and_acknowledged_once(
+    proxied: tuple[Proxy, str], journal: PostgresJournal
+) -> None:
+    """The server commits but the connection drops before the reply: the append succeeds, stored once."""
+    proxy, url = proxied
+    run = IDS.new_id()
+    records = batch(run, 1)
+    with PostgresJournal(url) as through_proxy:
+        result = through_proxy.append(run, 1, records)
+    assert proxy.dropped()
+    assert not result.already_committed and result.last_sequence == 3
+    assert journal.read(run) == records
+    assert journal.next_sequence(run) == 4
+
+
+@pytest.mark.parametrize("proxied", [("WITH bump AS", "before")], indirect=True)
+def test_statement_lost_before_the_server_is_retried_and_committed_once(
+    proxied: tuple[Proxy, str], journal: PostgresJournal
+) -> None:
+    """The connection drops before the statement reaches the server: the append is retried, stored once."""
+    proxy, url = proxied
+    run = IDS.new_id()
+    journal.append(run, 1, batch(run, 1, 1))
+    records = batch(run, 2)
+    with PostgresJournal(url) as through_proxy:
+        result = through_proxy.append(run, 2, records)
+    assert proxy.dropped()
+    assert result.records == tuple(records)
+    assert journal.read(run, after=1) == records
+    assert journal.next_sequence(run) == 5
+
+
+def test_terminated_backend_mid_append_never_duplicates(url: str, server: str) -> None:
+    """Backends killed with pg_terminate_backend around appends: every acknowledged batch is stored once."""
+    run = IDS.new_id()
+    acknowledged: list[JournalRecord] = []
+    with (
+        PostgresJournal(with_options(url, application_name="mayfly_terminate_probe")) as journal,
+        psycopg.connect(server, autocommit=True) as killer,
+    ):
+        for round_ in range(30):
+            records = batch(run, len(acknowledged) + 1)
+            if round_ % 3 == 0:
+                killer.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'mayfly_terminate_probe'"
+                )
+            result = journal.append(run, len(acknowledged) + 1, records)
+            acknowledged.extend(result.records)
+        stored = journal.read(run)
+    assert stored == acknowledged
+    assert len({r.event_id for r in stored}) == len(stored) == 90
+
+
+def test_append_waiting_on_a_row_lock_lets_hub_timers_run(journal: PostgresJournal, server: str) -> None:
+    """While an append waits on the server (row locked elsewhere), other hub tasks keep running."""
+    run = IDS.new_id()
+    journal.append(run, 1, batch(run, 1, 1))
+    ticks: list[str] = []
+    blocker = psycopg.connect(server)
+    blocker.execute(
+        psycopg.sql.SQL("SELECT 1 FROM {} WHERE run_id = %s FOR UPDATE").format(
+            psycopg.sql.Identifier(journal.schema, "runs")
+        ),
+        (run,),
+    )
+
+    def append() -> None:
+        journal.append(run, 2, batch(run, 2))
+        ticks.append("appended")
+
+    def ticker() -> None:
+        for _ in range(10):
+            sleep(0.01)
+            ticks.append("tick")
+        blocker.commit()  # lets the parked append through
+
+    def main() -> None:
+        first = spawn(append)
+        second = spawn(ticker)
+        first.join()
+        second.join()
+
+    try:
+        Hub().run(main)
+    finally:
+        blocker.close()
+    assert ticks == ["tick"] * 10 + ["appended"]
+    assert journal.next_sequence(run) == 5
+
+
+def test_many_tasks_share_a_small_pool(url: str) -> None:
+    """Twenty hub tasks appending to their own runs through a pool of two connections all succeed."""
+    runs = [IDS.new_id() for _ in range(20)]
+    with PostgresJournal(with_options(url, pool_size=2, application_name="mayfly_pool2")) as journal:
+
+        def work(run: str) -> int:
+            for first in (1, 4, 7):
+                journal.append(run, first, batch(run, first))
+            return journal.next_sequence(run)
+
+        def main() -> list[Any]:
+            tasks = [spawn(work, run) for run in runs]
+            return [task.join() for task in tasks]
+
+        assert Hub().run(main) == [10] * 20
+
+
+def test_durable_mode_forces_synchronous_commit_on(server: str, schema: str) -> None:
+    """durability=durable connects with synchronous_commit=on even if the URL's options ask for off."""
+    url = with_options(server, schema=schema, options="-c%20synchronous_commit%3Doff")
+    with PostgresJournal(url) as journal:
+        assert journal.durability is Durability.DURABLE
+        with journal._store.pool.connection() as connection:
+            assert connection.execute("SHOW synchronous_commit").fetchone() == ("on",)
+
+
+def test_write_mode_declares_write_and_commits_asynchronously(url: str) -> None:
+    """durability=write declares Durability.WRITE and its connections run synchronous_commit=off."""
+    with PostgresJournal(with_options(url, durability="write")) as journal:
+        assert journal.durability is Durability.WRITE
+        assert journal.capabilities.durability is Durability.WRITE
+        with journal._store.pool.connection() as connection:
+            assert connection.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        run = IDS.new_id()
+        journal.append(run, 1, batch(run, 1))
+        assert journal.next_sequence(run) == 4
+
+
+def test_unreachable_server_is_journal_unavailable(schema: str) -> None:
+    """A server that is not there raises JournalUnavailable (one line, no driver exception)."""
+    with pytest.raises(JournalUnavailable) as caught:
+        PostgresJournal(f"postgresql://postgres@127.0.0.1:1/test?schema={schema}&reconnect_timeout=0")
+    assert "\n" not in str(caught.value)
+    assert caught.value.__cause__ is None
+
+
+def test_unknown_database_is_journal_unavailable(server: str, schema: str) -> None:
+    """A database that does not exist is a permanent JournalUnavailable naming the problem."""
+    parts = urlsplit(server)
+    missing = parts._replace(path="/mayfly_no_such_database").geturl()
+    with pytest.raises(JournalUnavailable, match="mayfly_no_such_database"):
+        PostgresJournal(with_options(missing, schema=schema))
+
+
+def test_inspection_index_tracks_workflow_and_status(url: str) -> None:
+    """Runs driven by the runtime appear in run_summaries with their workflow id and final status."""
+    import mayfly
+    from mayfly import HandlerRegistry, Node, Succeeded, WorkflowRuntime, WorkflowSpec
+    from mayfly_postgres import PostgresLeaseStore
+
+    workflow = f"pg.inspect.w{IDS.new_id()[-8:]}"
+    registry = HandlerRegistry()
+    registry.register("ok", 1, lambda request: Succeeded(output=1), cooperative=True)
+    spec = WorkflowSpec(workflow_id=workflow, version=1, nodes=(Node("a", handler="ok@1"),))
+    with PostgresJournal(url) as journal, PostgresLeaseStore(url) as leases:
+        runtime = WorkflowRuntime(journal, registry, leases=leases)
+        results = [runtime.execute(spec) for _ in range(3)]
+        assert all(result.status is mayfly.RunStatus.SUCCEEDED for result in results)
+        summaries = journal.run_summaries(workflow_id=workflow)
+        assert sorted(s.run_id for s in summaries) == sorted(r.run_id for r in results)
+        assert {(s.workflow_id, s.status) for s in summaries} == {(workflow, "succeeded")}
+        assert all(
+            s.last_sequence == r.sequence
+            for s, r in zip(
+                sorted(summaries, key=lambda s: s.run_id),
+                sorted(results, key=lambda r: r.run_id),
+                strict=True,
+            )
+        )
+        newest_first = journal.run_summaries(status="succeeded", limit=2)
+        assert len(newest_first) == 2 and newest_first[0].updated_at >= newest_first[1].updated_at
+        older = journal.run_summaries(status="succeeded", updated_before=newest_first[-1].updated_at)
+        assert all(s.updated_at < newest_first[-1].updated_at for s in older)
+
+
+def test_listing_queries_use_indexes_with_100k_runs(server: str) -> None:
+    """With 100k runs, run listing and every run_summaries filter are index scans (no sequential scan)."""
+    schema = fresh_schema()
+    url = with_options(server, schema=schema)
+    try:
+        with PostgresJournal(url) as journal, journal._store.pool.connection() as connection:
+            runs = psycopg.sql.Identifier(schema, "runs")
+            connection.execute(
+                psycopg.sql.SQL(
+                    "INSERT INTO {} (run_id, next_sequence, workflow_id, status, updated_at) "
+                    "SELECT gen_random_uuid(), 1 + i % 50, 'wf.' || (i % 100), "
+                    "(ARRAY['running','succeeded','failed','cancelled'])[1 + i % 4], "
+                    "now() - i * interval '1 second' FROM generate_series(1, 100000) AS i"
+                ).format(runs)
+            )
+            connection.execute(psycopg.sql.SQL("ANALYZE {}").format(runs))
+            sql = journal._sql
+            plans = {
+                "list_runs": (sql.list_first, (1000,)),
+                "list_runs after": (sql.list_after, ("80000000-0000-0000-0000-000000000000", 1000)),
+                "by status": (
+                    sql.summaries.format(runs=runs, filters=psycopg.sql.SQL("AND status = %s")),
+                    ("failed", 100),
+                ),
+                "by workflow": (
+                    sql.summaries.format(runs=runs, filters=psycopg.sql.SQL("AND workflow_id = %s")),
+                    ("wf.7", 100),
+                ),
+                "newest": (sql.summaries.format(runs=runs, filters=psycopg.sql.SQL("")), (100,)),
+            }
+            for name, (statement, arguments) in plans.items():
+                plan = "\n".join(
+                    row[0] for row in connection.execute(psycopg.sql.SQL("EXPLAIN ") + statement, arguments)
+                )
+                assert "Index" in plan and "Seq Scan" not in plan, f"{name}:\n{plan}"
+            assert len(journal.list_runs(limit=1000)) == 1000
+            assert len(journal.run_summaries(status="failed", limit=100)) == 100
+    finally:
+        with psycopg.connect(server, autocommit=True) as connection:
+            connection.execute(
+                psycopg.sql.SQL("DROP SCHEMA {} CASCADE").format(psycopg.sql.Identifier(schema))
+            )

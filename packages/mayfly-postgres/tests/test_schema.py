@@ -1,0 +1,97 @@
+"""Migrations: applied once under an advisory lock, refused when forbidden, quoted identifiers, newer schemas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from pgserver import IDS, batch, drop_schema, fresh_schema, with_options
+
+from mayfly.model.errors import CompatibilityError, JournalUnavailable
+from mayfly_postgres import LATEST_VERSION, PostgresJournal
+from mayfly_postgres._schema import applied_version, migrate
+from mayfly_postgres._url import parse_url
+
+
+@pytest.fixture
+def new_schema(server: str) -> Iterator[str]:
+    """A schema name nobody created yet; dropped after the test."""
+    name = fresh_schema()
+    yield name
+    drop_schema(server, name)
+
+
+def test_first_open_migrates_once(server: str, new_schema: str) -> None:
+    """Opening a journal on an empty schema creates it at the latest version; reopening applies nothing."""
+    url = with_options(server, schema=new_schema)
+    with PostgresJournal(url):
+        pass
+    with psycopg.connect(server, autocommit=True) as connection:
+        assert applied_version(connection, new_schema) == LATEST_VERSION
+        assert migrate(connection, parse_url(url)) == []
+        rows = connection.execute(
+            psycopg.sql.SQL("SELECT version FROM {}").format(
+                psycopg.sql.Identifier(new_schema, "mayfly_migrations")
+            )
+        ).fetchall()
+    assert rows == [(version,) for version in range(1, LATEST_VERSION + 1)]
+
+
+def test_racing_migrations_apply_exactly_once(server: str, new_schema: str) -> None:
+    """Four processes migrating one schema at once: one applies each version, the others find it current."""
+    url = with_options(server, schema=new_schema)
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "mayfly_postgres", "migrate", url], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    outputs = [process.communicate(timeout=60)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0] * 4
+    assert sum("applied 1" in output for output in outputs) == 1
+    assert sum("nothing (already current)" in output for output in outputs) == 3
+
+
+def test_migrate_never_refuses_a_stale_schema(server: str, new_schema: str) -> None:
+    """With migrate=never an unmigrated schema is refused with the command to run; nothing is created."""
+    url = with_options(server, schema=new_schema, migrate="never")
+    with pytest.raises(JournalUnavailable, match="python -m mayfly_postgres migrate"):
+        PostgresJournal(url)
+    with psycopg.connect(server, autocommit=True) as connection:
+        assert applied_version(connection, new_schema) == 0
+        migrate(connection, parse_url(url))
+    with PostgresJournal(url) as journal:
+        run = IDS.new_id()
+        journal.append(run, 1, batch(run, 1))
+
+
+def test_a_newer_schema_is_refused(server: str, new_schema: str) -> None:
+    """A schema migrated by a newer mayfly-postgres raises CompatibilityError instead of being used."""
+    url = with_options(server, schema=new_schema)
+    with psycopg.connect(server, autocommit=True) as connection:
+        migrate(connection, parse_url(url))
+        connection.execute(
+            psycopg.sql.SQL("INSERT INTO {} (version, description) VALUES (%s, 'from the future')").format(
+                psycopg.sql.Identifier(new_schema, "mayfly_migrations")
+            ),
+            (LATEST_VERSION + 1,),
+        )
+    with pytest.raises(CompatibilityError, match="upgrade mayfly-postgres"):
+        PostgresJournal(url)
+
+
+@pytest.mark.parametrize("reserved", ["user", "order", "select"])
+def test_reserved_word_schema_names_are_quoted(server: str, reserved: str) -> None:
+    """Schema names that are SQL keywords work, because every identifier is quoted."""
+    name = f"{reserved}"
+    drop_schema(server, name)
+    try:
+        with PostgresJournal(with_options(server, schema=name)) as journal:
+            run = IDS.new_id()
+            journal.append(run, 1, batch(run, 1))
+            assert journal.list_runs() == [run]
+    finally:
+        drop_schema(server, name)
