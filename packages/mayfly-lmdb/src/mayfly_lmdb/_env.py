@@ -296,6 +296,21 @@ class SharedEnv:
                 self._leave()
             self._resize(None, operation)
 
+    def copy(self, destination: str, *, compact: bool, operation: str) -> None:
+        """Copy the environment into the empty directory ``destination`` (a consistent snapshot)."""
+        while True:
+            self._enter()
+            try:
+                self.env.copy(destination, compact=compact)
+                return
+            except lmdb.MapResizedError:
+                pass
+            except lmdb.Error as error:
+                raise map_error(error, self.path, operation) from None
+            finally:
+                self._leave()
+            self._resize(None, operation)
+
     def flush(self, operation: str) -> None:
         """Force committed pages to stable storage (used for fencing tokens in ``nosync`` mode)."""
         try:

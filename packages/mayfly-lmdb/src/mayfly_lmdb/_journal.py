@@ -9,7 +9,9 @@ for every process on the host; readers see committed transactions only.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Final, Self, final
 
@@ -296,6 +298,27 @@ class LmdbJournal:
         run = _codec.run_key(run_id)
         value = shared.read(lambda txn: txn.get(run, db=shared.snapshots), f"snapshot of run {run_id}")
         return None if value is None else _codec.decode_snapshot(run_id, value)
+
+    # -- operations --------------------------------------------------------------------------
+
+    def backup(self, destination: str | os.PathLike[str], *, compact: bool = True) -> Path:
+        """Write a consistent copy of the whole environment to a new directory and return it.
+
+        Safe while any process appends: the copy is one read transaction's
+        snapshot (LMDB's ``mdb_env_copy2``, the same as ``mdb_copy``), so it
+        holds every record committed before it began and nothing partial.
+        ``compact`` leaves free pages out. Open the copy with its own URL.
+        """
+        target = Path(destination).expanduser().absolute()
+        shared = self._env
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            if any(target.iterdir()):
+                raise JournalUnavailable(f"backup destination {target} is not empty; choose a new directory")
+        except OSError as error:
+            raise JournalUnavailable(f"cannot create backup directory {target}: {error}") from None
+        shared.copy(str(target), compact=compact, operation=f"backup to {target}")
+        return target
 
     # -- fault injection for the contract suite ----------------------------------------------
 
