@@ -12,18 +12,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypothesis import strategies as st
+
 from mayfly import (
+    Blocked,
+    Cancelled,
     ChangesRequested,
     Edge,
     FixedBackoff,
     HandlerRegistry,
     HandlerRequest,
+    ImmediateBackoff,
     Node,
     NodeOutcome,
     NodeOutcomeKind,
     OnOutcome,
+    PermanentFailure,
     RetryableFailure,
     RetryPolicy,
+    Skipped,
     Succeeded,
     WorkflowRuntime,
     WorkflowSpec,
@@ -225,3 +232,44 @@ def persist(harness: ReducerHarness, root: Path) -> Completed:
     records = seal_events(harness.run_id, 1, harness.history, DeterministicIdSource(namespace=11))
     journal.append(harness.run_id, 1, records)
     return Completed(journal, harness.run_id, harness.state.spec)
+
+
+def scripted_spec() -> WorkflowSpec:
+    """A diamond (a -> b, c -> d) with immediate retries, for property tests."""
+    retry = RetryPolicy(max_attempts=3, backoff=ImmediateBackoff())
+    return WorkflowSpec(
+        workflow_id="prop.diamond",
+        version=1,
+        nodes=(
+            Node("a", handler="a@1", input={"k": NODE_INPUT_CANARY}, retry=retry),
+            Node("b", handler="b@1", depends_on=("a",), retry=retry),
+            Node("c", handler="c@1", depends_on=("a",), policy="all_completed", retry=retry),
+            Node("d", handler="d@1", depends_on=("b", "c"), policy="any_succeeded", retry=retry),
+        ),
+    )
+
+
+OUTCOME_CHOICES: tuple[NodeOutcome, ...] = (
+    Succeeded(output={"x": OUTPUT_CANARY}),
+    RetryableFailure(reason="transient REASON-PROP-1"),
+    PermanentFailure(reason="broken REASON-PROP-2"),
+    ChangesRequested(reason="rework REASON-PROP-3"),
+    Blocked(reason="no access REASON-PROP-4"),
+    Cancelled(reason="gave up REASON-PROP-5"),
+    Skipped(reason="not needed REASON-PROP-6"),
+)
+"""Every outcome kind, with payload canaries in the output and reasons that may be shown."""
+
+SCRIPTS = st.fixed_dictionaries(
+    {node: st.lists(st.integers(0, len(OUTCOME_CHOICES) - 1), min_size=3, max_size=3) for node in "abcd"}
+)
+"""Outcome scripts for :func:`scripted_run`: three picks per node (enough for three attempts)."""
+
+
+def scripted_run(script: dict[str, list[int]]) -> tuple[RecoveredRun, list[JournalRecord]]:
+    """Drive :func:`scripted_spec` with outcomes picked by index; return the run as recovery sees it."""
+    harness = ReducerHarness(scripted_spec(), input={"ticket": RUN_INPUT_CANARY})
+    outcomes = {node: [OUTCOME_CHOICES[i] for i in picks] for node, picks in script.items()}
+    harness.run_script(outcomes)
+    records = seal_events(harness.run_id, 1, harness.history, DeterministicIdSource(namespace=12))
+    return RecoveredRun(harness.state, "journal", len(records), records[-1], ()), records

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from inspect_runs import (
     DECISION_CANARY,
     NODE_INPUT_CANARY,
@@ -14,11 +16,13 @@ from inspect_runs import (
     QA_REASON,
     REVIEW_REASON,
     RUN_INPUT_CANARY,
+    SCRIPTS,
     SIGNAL_TOKEN,
     Completed,
     persist,
     run_review,
     run_until_approval,
+    scripted_run,
 )
 
 from mayfly import (
@@ -513,3 +517,23 @@ def test_table_rows_stay_on_one_line_for_multiline_reasons(tmp_path: Path) -> No
     row = next(line for line in table.splitlines() if line.startswith("a  "))
     assert "line one line two" in row and row.endswith("…")
     assert from_json(to_json(inspection)).nodes[0].reason == reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(script=SCRIPTS, limit=st.integers(0, 40))
+def test_any_scripted_run_inspects_consistently_and_payload_free(
+    script: dict[str, list[int]], limit: int
+) -> None:
+    """For any outcome script: counts add up, every open or failed node is explained, nothing leaks."""
+    recovered, records = scripted_run(script)
+    state = recovered.state
+    inspection = build_inspection(recovered, records, history_limit=limit)
+    history = inspection.history
+    assert history.complete == len(records) == history.retained + history.omitted
+    assert history.retained == min(limit, len(records))
+    assert [n.node_id for n in inspection.nodes] == ["a", "b", "c", "d"]
+    assert len(inspection.attempts) == state.attempt_count == inspection.budgets.attempts_used
+    unsettled = {n.node_id for n in inspection.nodes if n.status is not NodeStatus.SUCCEEDED}
+    assert {d.node_id for d in inspection.blocking} == unsettled
+    assert from_json(to_json(inspection)) == inspection
+    assert_payload_free(inspection, state.spec)

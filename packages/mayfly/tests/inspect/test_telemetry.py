@@ -11,16 +11,19 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given, settings
 from inspect_runs import (
     DECISION_CANARY,
     NODE_INPUT_CANARY,
     OUTPUT_CANARY,
     PAYLOAD_CANARIES,
     RUN_INPUT_CANARY,
+    SCRIPTS,
     SIGNAL_TOKEN,
     persist,
     run_review,
     run_until_approval,
+    scripted_run,
 )
 
 from mayfly import (
@@ -413,3 +416,27 @@ def test_every_dimension_is_a_closed_enum() -> None:
         "latency_bucket",
     }
     assert all("str" not in str(a) for a in annotations.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(script=SCRIPTS)
+def test_any_scripted_run_projects_consistent_payload_free_pal_and_metrics(
+    script: dict[str, list[int]],
+) -> None:
+    """For any outcome script: one fact per record ending in each node's final status; metrics add up."""
+    recovered, records = scripted_run(script)
+    state = recovered.state
+    facts = project_pal(records)
+    assert [f.sequence for f in facts] == [r.sequence for r in records]
+    final = {f.node_id: f.node_to for f in facts if f.node_id is not None}
+    assert final == {n.node_id: n.status for n in state.nodes if n.node_id in final}
+    assert facts[-1].run_status is state.status
+    snapshot = compute_metrics([recovered], {state.run_id: records})
+    assert snapshot.total(Metric.RUNS) == 1
+    assert snapshot.total(Metric.NODES) == len(state.nodes)
+    closed = [a for a in state.to_record().attempts if a.outcome is not None]
+    assert snapshot.total(Metric.ATTEMPT_OUTCOMES) == len(closed) == snapshot.total(Metric.ATTEMPT_LATENCY)
+    assert snapshot.total(Metric.NODE_FAILURES) == sum(n.status is NodeStatus.FAILED for n in state.nodes)
+    data = snapshot.to_json() + b"".join(msgspec.json.encode(f) for f in facts)
+    for canary in PAYLOAD_CANARIES:
+        assert canary.encode() not in data
