@@ -33,14 +33,14 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import ClassVar, Final, Literal, Protocol, final
 
 import msgspec
 
 from mayfly.hookspecs import PLUGIN_API, hookimpl
 from mayfly.journal import JournalRecord
-from mayfly.model.errors import InvalidRecord
+from mayfly.model.errors import InvalidRecord, PluginError
 from mayfly.model.events import (
     ChildStarted,
     EdgeActivated,
@@ -76,6 +76,7 @@ __all__ = [
     "project_pal",
     "publish_metrics",
     "recovery_fact",
+    "set_metrics_publisher",
 ]
 
 PAL_SCHEMA_VERSION: Final = 1
@@ -419,15 +420,38 @@ class MetricsPublisher(Protocol):
         ...
 
 
-def publish_metrics(snapshot: MetricsSnapshot, publisher: MetricsPublisher) -> None:
+_default_publisher: Callable[[], MetricsPublisher] | None = None
+
+
+def set_metrics_publisher(
+    factory: Callable[[], MetricsPublisher] | None,
+) -> Callable[[], MetricsPublisher] | None:
+    """Install how :func:`publish_metrics` finds its default publisher; return the previous one.
+
+    ``None`` removes it. The package root installs
+    ``mayfly.plugins.plugin_manager``: this module sits beside the plugin
+    manager in the layer order and may not import it.
+    """
+    global _default_publisher  # one process-wide hook, installed by the package root
+    previous, _default_publisher = _default_publisher, factory
+    return previous
+
+
+def publish_metrics(snapshot: MetricsSnapshot, publisher: MetricsPublisher | None = None) -> None:
     """Publish one complete snapshot through the ``mayfly_publish_metrics`` hook.
 
-    Pass the plugin manager (``mayfly.plugins.plugin_manager()``) as
-    ``publisher``: this module sits beside the plugin manager in the layer
-    order and may not import it.
+    ``publisher`` defaults to the one installed with :func:`set_metrics_publisher`
+    (the process-wide plugin manager); every exporter receives the same snapshot.
     """
     if not isinstance(snapshot, MetricsSnapshot):
         raise TypeError(f"publish_metrics takes a MetricsSnapshot, got {type(snapshot).__name__}")
+    if publisher is None:
+        if _default_publisher is None:
+            raise PluginError(
+                "no metrics publisher is installed; `import mayfly` installs the plugin manager, "
+                "or pass publisher= explicitly"
+            )
+        publisher = _default_publisher()
     publisher.publish_metrics(snapshot)
 
 

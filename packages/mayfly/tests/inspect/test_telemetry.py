@@ -39,7 +39,7 @@ from mayfly import (
 )
 from mayfly.hookspecs import PLUGIN_API, hookimpl
 from mayfly.journal import JournalRecord
-from mayfly.model.errors import InvalidRecord
+from mayfly.model.errors import InvalidRecord, PluginError
 from mayfly.model.events import FailureCause
 from mayfly.model.state import RunState
 from mayfly.plugins import PluginManager
@@ -63,6 +63,7 @@ from mayfly.telemetry import (
     project_pal,
     publish_metrics,
     recovery_fact,
+    set_metrics_publisher,
 )
 from mayfly.testing import ReducerHarness
 
@@ -378,6 +379,23 @@ def test_publishing_hands_every_exporter_the_same_complete_snapshot(
     assert msgspec.convert(line["snapshot"], type=MetricsSnapshot) == snapshot
     with pytest.raises(TypeError, match="MetricsSnapshot"):
         publish_metrics({"runs": 1}, manager)  # type: ignore[arg-type]
+
+
+def test_publishing_without_a_publisher_uses_the_installed_default(tmp_path: Path) -> None:
+    """publish_metrics(snapshot) goes to the installed default publisher, and fails clearly without one."""
+    manager = PluginManager(load_entry_points=False, environ={})
+    recorder = Recorder()
+    manager.register(recorder, name="recorder", distribution="test")
+    snapshot = compute_metrics([run_review(tmp_path).recovered()])
+    previous = set_metrics_publisher(lambda: manager)
+    try:
+        publish_metrics(snapshot)
+        assert recorder.received == [snapshot]
+        set_metrics_publisher(None)
+        with pytest.raises(PluginError, match="no metrics publisher is installed"):
+            publish_metrics(snapshot)
+    finally:
+        set_metrics_publisher(previous)
 
 
 def test_metrics_and_log_lines_hold_no_ids_or_payloads(
