@@ -265,6 +265,7 @@ class RunState:
         "_ready",
         "_retries",
         "_signals",
+        "_waiting",
         "attempts_used",
         "cancellation",
         "exhausted",
@@ -343,6 +344,7 @@ class RunState:
         self._edges_fired = [0] * len(spec.edges)
         self._children: dict[str, str] = {}
         self._signals: dict[str, ConsumedSignal] = {}
+        self._waiting: dict[int, None] = {}
 
     # -- reads -------------------------------------------------------------
 
@@ -389,7 +391,7 @@ class RunState:
 
     def waiting_nodes(self) -> list[NodeState]:
         """Nodes parked on an open durable wait, in specification order."""
-        return [n for n in self.nodes if n.wait is not None]
+        return [self.nodes[i] for i in sorted(self._waiting)]
 
     @property
     def depth(self) -> int:
@@ -441,6 +443,13 @@ class RunState:
             self._ready[index] = None
         else:
             self._ready.pop(index, None)
+
+    def set_waiting(self, index: int, waiting: bool) -> None:
+        """Add ``index`` to, or remove it from, the waiting index."""
+        if waiting:
+            self._waiting[index] = None
+        else:
+            self._waiting.pop(index, None)
 
     def set_retry(self, index: int, deadline: int | None) -> None:
         """Record (or clear, with ``None``) the scheduled retry deadline of node ``index``."""
@@ -555,6 +564,8 @@ class RunState:
                 state._retries[node.index] = node.retry_deadline
             if node.status is NodeStatus.READY:
                 state._ready[node.index] = None
+            if node.status is NodeStatus.WAITING:
+                state._waiting[node.index] = None
             if node.status.is_terminal:
                 state.open_nodes -= 1
                 count_terminal(state, node)

@@ -93,6 +93,7 @@ class RunView(Protocol):
     def record_attempt(self, record: AttemptRecord, index: int) -> None: ...
     def close_attempt(self, attempt_id: str, outcome: NodeOutcome) -> None: ...
     def set_ready(self, index: int, ready: bool) -> None: ...
+    def set_waiting(self, index: int, waiting: bool) -> None: ...
     def set_retry(self, index: int, deadline: int | None) -> None: ...
     def active_attempts(self) -> Iterator[tuple[str, int]]: ...
     def pending_retries(self) -> Iterator[tuple[int, int]]: ...
@@ -202,6 +203,9 @@ class Draft:
 
     def set_ready(self, index: int, ready: bool) -> None:
         """The ready index is not consulted by decisions; the draft does not track it."""
+
+    def set_waiting(self, index: int, waiting: bool) -> None:
+        """The waiting index is not consulted by decisions; the draft does not track it."""
 
     def set_retry(self, index: int, deadline: int | None) -> None:
         """Record a retry change in the draft."""
@@ -330,6 +334,8 @@ def _set_status(run: RunView, node: NodeState, status: NodeStatus) -> None:
         run.open_nodes += 1
     if old is NodeStatus.READY:
         run.set_ready(node.index, False)
+    elif old is NodeStatus.WAITING:
+        run.set_waiting(node.index, False)
     run.n_idle += int(status.is_idle) - int(old.is_idle)
     parked = is_parked(node, status)
     if parked != is_parked(node, old):
@@ -337,6 +343,8 @@ def _set_status(run: RunView, node: NodeState, status: NodeStatus) -> None:
     node.status = status
     if status is NodeStatus.READY:
         run.set_ready(node.index, True)
+    elif status is NodeStatus.WAITING:
+        run.set_waiting(node.index, True)
     if status.is_terminal:
         if node.retry_deadline is not None:
             node.retry_deadline = None

@@ -31,6 +31,7 @@ from mayfly.model.commands import (
 )
 from mayfly.model.errors import CommandRejected, LimitExceeded, TaskCancelled, TaskFailed
 from mayfly.model.events import Event as HistoryEvent
+from mayfly.model.events import NodeOutcomeCommitted, SignalAccepted
 from mayfly.model.ids import IdSource, idempotency_key
 from mayfly.model.limits import MAX_REASON_BYTES
 from mayfly.model.outcomes import (
@@ -151,8 +152,12 @@ class RunDriver:
         self._task_attempt: dict[Task[HandlerResult], tuple[str, str]] = {}
         self._cancel_requests: list[tuple[str, str]] = []
         self._signal_requests: list[SignalRequest] = []
+        self._accepted: dict[str, int] = {}
         self.rejected_results = 0
         self.detached = False
+        self._timed_nodes = [
+            i for i, node in enumerate(state.spec.nodes) if node.retry.attempt_deadline_ms is not None
+        ]
 
     # -- committing ---------------------------------------------------------------
 
@@ -180,7 +185,10 @@ class RunDriver:
             if self._since_snapshot >= self.snapshot_every or self.state.status.is_terminal:
                 self.journal.write_snapshot(self.state.run_id, make_snapshot(self.state, result.records[-1]))
                 self._since_snapshot = 0
-        self._cancel_closed_attempts()
+        for event in result.events:
+            if isinstance(event, SignalAccepted):
+                self._accepted[event.attempt_id] = self.state.index[event.node_id]
+        self._cancel_closed_attempts(result.events)
         return result
 
     def commit_or_raise(self, command: Command) -> Commit:
@@ -239,7 +247,7 @@ class RunDriver:
             if not self._wait():
                 self.detached = True
                 break
-        self._cancel_closed_attempts()
+        self._cancel_closed_attempts(())
         return self.state
 
     def _due(self) -> bool:
@@ -250,12 +258,15 @@ class RunDriver:
         """The earliest virtual time something is due: a retry, an attempt or wait deadline, the budget."""
         state = self.state
         deadlines = [deadline for _, deadline in state.pending_retries()]
-        for _, index in state.active_attempts():
-            node = state.node(index)
-            if node.attempt_deadline is not None:
-                deadlines.append(node.attempt_deadline)
-            if waits and node.wait is not None and node.wait.deadline is not None:
-                deadlines.append(node.wait.deadline)
+        # Only nodes whose spec sets an attempt deadline can have one: no scan of every attempt.
+        for index in self._timed_nodes:
+            attempt_deadline = state.node(index).attempt_deadline
+            if attempt_deadline is not None:
+                deadlines.append(attempt_deadline)
+        if waits:
+            for node in state.waiting_nodes():
+                if node.wait is not None and node.wait.deadline is not None:
+                    deadlines.append(node.wait.deadline)
         elapsed = state.spec.budgets.max_elapsed_ms
         if elapsed is not None:
             deadlines.append(elapsed)
@@ -400,13 +411,10 @@ class RunDriver:
     def _resume_accepted(self) -> bool:
         """Re-invoke attempts whose wait accepted a signal (same attempt id, signal attached)."""
         resumed = False
-        for attempt_id, index in self.state.active_attempts():
+        while self._accepted:
+            attempt_id, index = self._accepted.popitem()
             node = self.state.node(index)
-            if (
-                node.status is NodeStatus.RUNNING
-                and node.signal is not None
-                and attempt_id not in self._tasks
-            ):
+            if node.attempt_id == attempt_id and node.signal is not None and attempt_id not in self._tasks:
                 if not self.concurrent:
                     self._run_inline(index, attempt_id)
                 else:
@@ -483,13 +491,18 @@ class RunDriver:
             )
         )
 
-    def _cancel_closed_attempts(self) -> None:
-        for attempt_id, task in list(self._tasks.items()):
-            record = self.state.attempt(attempt_id)
-            if record is not None and record.outcome is not None and not task.done:
-                task.cancel(f"attempt closed: {record.outcome.kind.value}")
-            elif self.state.status.is_terminal and not task.done:
-                task.cancel("run completed")
+    def _cancel_closed_attempts(self, events: tuple[HistoryEvent, ...]) -> None:
+        """Cancel the tasks of attempts the run just closed itself (cancellation, deadline, budget)."""
+        if self.state.status.is_terminal:
+            for task in self._tasks.values():
+                if not task.done:
+                    task.cancel("run completed")
+            return
+        for event in events:
+            if isinstance(event, NodeOutcomeCommitted) and event.attempt_id is not None:
+                closed = self._tasks.get(event.attempt_id)
+                if closed is not None and not closed.done:
+                    closed.cancel(f"attempt closed: {event.outcome.kind.value}")
 
     @property
     def waiting_nodes(self) -> list[str]:
