@@ -15,6 +15,8 @@ from typing import Any
 
 import greenlet  # type: ignore[import-untyped,unused-ignore]  # no stubs shipped
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mayfly.substrate import (
     FAILURE_MESSAGE_LIMIT,
@@ -242,6 +244,26 @@ def test_equal_deadlines_fire_fifo(make_hub: Callable[[], Hub]) -> None:
 
     make_hub().run(main)
     assert woke == list("abcde")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=40))
+def test_virtual_sleepers_wake_sorted_by_deadline_then_park_order(durations: list[int]) -> None:
+    """On a VirtualClock, any set of sleepers wakes in (deadline, park order) at exactly its deadline."""
+    woke: list[tuple[int, int, int]] = []
+
+    def sleeper(index: int, ms: int) -> None:
+        sleep_until(ms)
+        woke.append((ms, index, now_ms()))
+
+    def main() -> None:
+        tasks = [spawn(sleeper, index, ms) for index, ms in enumerate(durations)]
+        for task in tasks:
+            task.join()
+
+    Hub(VirtualClock()).run(main)
+    # A deadline of 0 is already due: such sleepers only yield, in spawn order, before any timer.
+    assert woke == sorted((ms, index, ms) for index, ms in enumerate(durations))
 
 
 def test_sleep_waits_at_least_the_requested_time_on_a_real_clock() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from mayfly.substrate._timers import TimerHeap
 
 
@@ -57,3 +60,28 @@ def test_clear_drops_every_timer() -> None:
     heap.clear()
     assert heap.pop_due(10) is None
     assert len(heap) == 0
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=50), st.booleans()),
+        max_size=200,
+    ),
+    st.integers(min_value=0, max_value=60),
+)
+def test_heap_matches_a_sorted_reference_model(entries: list[tuple[int, bool]], now_ms: int) -> None:
+    """Any mix of pushes and cancels fires exactly the live due timers, by (deadline, push order)."""
+    heap = TimerHeap()
+    expected = []
+    for index, (deadline, cancel) in enumerate(entries):
+        timer = heap.push(deadline, index, 0)
+        if cancel:
+            heap.cancel(timer)
+        else:
+            expected.append((deadline, index))
+    expected.sort()
+    due = [index for deadline, index in expected if deadline <= now_ms]
+    assert _drain(heap, now_ms) == due
+    assert len(heap) == len(expected) - len(due)
+    later = [deadline for deadline, _ in expected if deadline > now_ms]
+    assert heap.next_deadline() == (min(later) if later else None)
