@@ -11,7 +11,7 @@ import pytest
 from pgserver import IDS, Proxy, batch, fresh_schema, with_options
 
 from mayfly.journal import Durability, JournalRecord
-from mayfly.model.errors import JournalUnavailable
+from mayfly.model.errors import CorruptionError, JournalUnavailable
 from mayfly.substrate import Hub, sleep, spawn
 from mayfly_postgres import PostgresJournal
 
@@ -246,3 +246,23 @@ def test_listing_queries_use_indexes_with_100k_runs(server: str) -> None:
             connection.execute(
                 psycopg.sql.SQL("DROP SCHEMA {} CASCADE").format(psycopg.sql.Identifier(schema))
             )
+
+
+def test_records_table_disagreeing_with_the_run_row_fails_closed(
+    journal: PostgresJournal, server: str
+) -> None:
+    """A stray record beyond runs.next_sequence makes the append raise CorruptionError, not loop or overwrite."""
+    run = IDS.new_id()
+    journal.append(run, 1, batch(run, 1, 1))
+    stray = batch(run, 2, 1)[0]
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(
+            psycopg.sql.SQL(
+                "INSERT INTO {} (run_id, sequence, event_id, event_type, schema_version, payload, checksum) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            ).format(psycopg.sql.Identifier(journal.schema, "records")),
+            (run, 2, stray.event_id, stray.event_type, 1, stray.payload, stray.checksum),
+        )
+    with pytest.raises(CorruptionError, match="disagree"):
+        journal.append(run, 2, batch(run, 2))
+    assert journal.next_sequence(run) == 2

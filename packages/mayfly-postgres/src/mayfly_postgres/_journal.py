@@ -41,6 +41,7 @@ from mayfly.journal import (
 from mayfly.model.errors import (
     AppendConflict,
     ConflictingRecord,
+    CorruptionError,
     FencingRejected,
     InvalidRecord,
     JournalGap,
@@ -54,6 +55,7 @@ __all__ = ["PostgresJournal", "RunSummary"]
 
 _MAX_LIST_LIMIT: Final = 100_000
 _RETRY_CEILING_S: Final = 1.0
+_MAX_UNEXPLAINED: Final = 5
 _COLUMNS: Final = "sequence, event_id::text, event_type, schema_version, payload, checksum"
 
 
@@ -252,6 +254,7 @@ class PostgresJournal:
         pool = self._store.pool
         deadline = time.monotonic() + self._store.settings.reconnect_timeout
         delay = 0.05
+        unexplained = 0
         while True:
             inserted = 0
             try:
@@ -280,7 +283,15 @@ class PostgresJournal:
             outcome = self._classify(run_id, expected_next, batch, fence)
             if outcome is not None:
                 return outcome
-            # The row changed between the append and the diagnosis (a grant, a racer); try again.
+            # The row changed between the append and the diagnosis (a grant, a racer); try again,
+            # but a refusal that keeps contradicting the run row means the tables disagree.
+            unexplained += 1
+            if unexplained >= _MAX_UNEXPLAINED:
+                raise CorruptionError(
+                    f"{self.url}: append to run {run_id} at sequence {expected_next} is refused by the "
+                    "records table although runs.next_sequence and the fence allow it; the tables "
+                    "disagree, inspect the run's rows before writing again"
+                )
 
     def _committed(
         self,
