@@ -14,6 +14,12 @@ late results safe without removing anything from the middle of a structure.
 Cancellation is cooperative and level-triggered: once a task is cancelled,
 every park point it reaches raises :class:`TaskCancelled`, so a handler that
 swallows the exception once cannot keep the task alive past its next park.
+
+Hub objects (tasks, events, channels) belong to the hub's thread: only code
+running on it may cancel, set, send or wait. Another thread (an offloaded
+call, a signal handler's helper) talks to the hub by returning from
+:func:`offload`, e.g. a task parked in ``offload(stop.wait)`` on a
+``threading.Event`` that the other side sets.
 """
 
 from __future__ import annotations
