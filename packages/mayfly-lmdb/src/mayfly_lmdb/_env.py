@@ -129,9 +129,12 @@ class SharedEnv:
         self.max_map_size = target.max_map_size
         self.pid = os.getpid()
         self.references = 0
-        self._gate = threading.Condition(threading.Lock())
+        # Transactions take the bare lock (cheap, C-level); only waits use the condition.
+        self._lock = threading.Lock()
+        self._gate = threading.Condition(self._lock)
         self._active = 0
         self._resizing = False
+        self._generation = 0
         if target.sync and not target.readonly:
             fstype = filesystem_type(target.path if target.path.exists() else target.path.parent)
             if fstype in _VOLATILE_FILESYSTEMS:
@@ -209,23 +212,30 @@ class SharedEnv:
     # -- the gate: transactions in, resizes alone -------------------------------------------
 
     def _enter(self) -> int:
-        with self._gate:
+        """Admit a transaction; return the map generation it runs under."""
+        with self._lock:
             while self._resizing:
-                self._gate.wait()
+                self._gate.wait()  # the condition is built on self._lock, held here
             self._active += 1
-            return self.env.info()["map_size"]
+            return self._generation
 
     def _leave(self) -> None:
-        with self._gate:
+        with self._lock:
             self._active -= 1
-            if self._active == 0:
+            if self._active == 0 and self._resizing:
                 self._gate.notify_all()
 
     def _resize(self, seen: int | None, operation: str) -> None:
-        """Grow the map past ``seen`` (``None``: adopt the size another process set)."""
+        """Grow the map a write running under generation ``seen`` found full (``None``: adopt).
+
+        ``None`` adopts the size another process set. A growth request from
+        an older generation is dropped: another thread already grew the map.
+        """
         with self._gate:
             while self._resizing:
                 self._gate.wait()
+            if seen is not None and seen != self._generation:
+                return
             self._resizing = True
             try:
                 while self._active:
@@ -233,10 +243,11 @@ class SharedEnv:
                 current = self.env.info()["map_size"]
                 if seen is None:
                     self.env.set_mapsize(0)
-                elif current == seen:  # another thread may have grown it meanwhile
+                else:
                     if current >= self.max_map_size:
                         raise LmdbMapFull(self.path, operation, current, self.max_map_size)
                     self.env.set_mapsize(min(self.max_map_size, max(2 * current, current + _MIN_GROWTH)))
+                self._generation += 1
             except lmdb.Error as error:
                 raise map_error(error, self.path, operation) from None
             finally:
