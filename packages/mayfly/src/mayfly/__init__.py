@@ -9,6 +9,7 @@ journal by default or any installed backend. Backend authors import from
 
 from __future__ import annotations
 
+from mayfly.inspect import RunInspection, build_inspection
 from mayfly.journal import WorkflowJournal
 from mayfly.lease import RecoveryLeaseStore
 from mayfly.model.commands import (
@@ -54,7 +55,7 @@ from mayfly.model.spec import (
     WorkflowSpec,
 )
 from mayfly.model.state import NodeStatus, RunState, RunStatus
-from mayfly.plugins import list_backends, open_journal, open_leases
+from mayfly.plugins import list_backends, open_journal, open_leases, plugin_manager
 from mayfly.recovery import inspect_run, replay_run, resume_run
 from mayfly.reducer import decide, ensure_valid, reduce, replay, validate
 from mayfly.runtime import (
@@ -64,13 +65,16 @@ from mayfly.runtime import (
     WorkflowRuntime,
     set_backend_resolver,
 )
+from mayfly.telemetry import set_metrics_publisher
 
 
 def _open_backends(url: str) -> tuple[WorkflowJournal, RecoveryLeaseStore]:
     return open_journal(url), open_leases(url)
 
 
+# The lower layers cannot import the plugin manager; the package root wires it in.
 set_backend_resolver(_open_backends)
+set_metrics_publisher(plugin_manager)
 
 __version__ = "0.1.0.dev0"
 
@@ -106,6 +110,7 @@ __all__ = [  # noqa: PLE0604  # extended with the error and identity names below
     "RetryPolicy",
     "RetryableFailure",
     "RunBudgets",
+    "RunInspection",
     "RunResult",
     "RunState",
     "RunStatus",
@@ -114,6 +119,7 @@ __all__ = [  # noqa: PLE0604  # extended with the error and identity names below
     "Succeeded",
     "WorkflowRuntime",
     "WorkflowSpec",
+    "build_inspection",
     "decide",
     "ensure_valid",
     "inspect_run",

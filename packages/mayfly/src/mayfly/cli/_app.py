@@ -569,6 +569,16 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 # -- argument parsing --------------------------------------------------------------
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     parser = argparse.ArgumentParser(
@@ -616,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("inspect", cmd_inspect, "show a run: nodes, attempts, blocking reasons, history")
     p.add_argument("run", help="run id")
     p.add_argument("--mermaid", action="store_true", help="print a Mermaid diagram coloured by node state")
-    p.add_argument("--history", type=int, default=200, help="history lines to keep (default 200)")
+    p.add_argument("--history", type=_non_negative, default=200, help="history lines to keep (default 200)")
 
     p = command("replay", cmd_replay, "replay a run's full history (ignoring snapshots) and compare")
     p.add_argument("run", help="run id")
