@@ -13,7 +13,7 @@ import pytest
 
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import JournalRecord
-from mayfly_redis.testing import RedisServer
+from mayfly_redis.testing import RedisClusterNodes, RedisServer
 
 MEMORY_URL = os.environ.get("MAYFLY_REDIS_MEMORY_URL", "redis://127.0.0.1:6379/0?durability=memory")
 
@@ -23,6 +23,13 @@ def aof_server() -> Iterator[RedisServer]:
     """A private redis-server with appendonly yes and appendfsync always, shared by the session."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def aof_cluster() -> Iterator[RedisClusterNodes]:
+    """A private three-primary Redis Cluster with AOF always, shared by the session."""
+    with RedisClusterNodes() as cluster:
+        yield cluster
 
 
 @pytest.fixture

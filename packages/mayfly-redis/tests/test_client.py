@@ -12,7 +12,8 @@ from mayfly.model.errors import DurabilityUnavailable, JournalUnavailable
 from mayfly.plugins import open_journal, open_leases
 from mayfly_redis import RedisJournal, _scripts
 from mayfly_redis._client import open_store
-from mayfly_redis.testing import RedisServer
+from mayfly_redis._connection import HubConnection
+from mayfly_redis.testing import RedisClusterNodes, RedisServer
 
 if TYPE_CHECKING:
     from conftest import Records
@@ -108,3 +109,47 @@ def test_standalone_server_serves_any_database(aof_server: RedisServer) -> None:
         assert store.target.db == 3
     finally:
         store.close()
+
+
+def test_cluster_is_detected_and_every_primary_checked(aof_cluster: RedisClusterNodes) -> None:
+    """On a Cluster the store routes by slot, checks AOF on all three primaries and uses hub sockets."""
+    store = open_store(aof_cluster.url)
+    try:
+        assert store.cluster
+        assert store.persistence.count("appendfsync always") == 3
+        store.call("ping", "SET", "mayfly-test:{probe}:k", b"v")
+        for node in store._client.get_primaries():
+            assert node.redis_connection.connection_pool.connection_class is HubConnection
+    finally:
+        store.close()
+
+
+def test_cluster_refuses_a_database_other_than_zero(aof_cluster: RedisClusterNodes) -> None:
+    """A Cluster has only database 0; another number is refused with a hint."""
+    with pytest.raises(JournalUnavailable, match="only database 0"):
+        open_store(aof_cluster.url.replace("/0", "/2"))
+
+
+def test_cluster_without_persistence_is_refused_in_aof_mode() -> None:
+    """Every primary is checked: a Cluster without AOF refuses durability=aof, accepts memory."""
+    with RedisClusterNodes(appendfsync=None) as cluster:
+        with pytest.raises(DurabilityUnavailable, match="appendonly no"):
+            open_journal(cluster.url.replace("?durability=memory", ""))
+        with open_journal(cluster.url) as journal:
+            assert journal.durability == "memory"
+
+
+def test_cluster_listing_skips_runs_that_never_committed(
+    aof_cluster: RedisClusterNodes, records: Records
+) -> None:
+    """The index is written before a first append on a Cluster; a failed one is not listed."""
+    with RedisJournal(aof_cluster.url + "?prefix=clusterlist") as journal:
+        assert journal.cluster
+        committed = records.new_id()
+        journal.append(committed, 1, records.batch(committed, 1))
+        failed = records.new_id()
+        journal.append(failed, 1, records.batch(failed, 1), fence=None)
+        journal.remove_record(failed, 1)  # as if the first append had never landed
+        listed = journal.list_runs(limit=100_000)
+        assert committed in listed
+        assert failed not in listed

@@ -12,14 +12,17 @@ from mayfly.substrate import Hub, now_ms, sleep, spawn
 from mayfly_redis import HubConnection, HubSocket
 from mayfly_redis._client import open_store
 from mayfly_redis._connection import resolve
-from mayfly_redis.testing import RedisServer
+from mayfly_redis.testing import RedisClusterNodes, RedisServer
 
 NEVER = "mayfly-test:{never}:list"
 
 
-def test_slow_command_does_not_delay_a_hub_timer(aof_server: RedisServer) -> None:
-    """While one task waits 1 s on BLPOP, a 50 ms hub timer in another task fires first."""
-    store = open_store(aof_server.url)
+@pytest.mark.parametrize("deployment", ["aof_server", "aof_cluster"])
+def test_slow_command_does_not_delay_a_hub_timer(request: pytest.FixtureRequest, deployment: str) -> None:
+    """While one task waits 1 s on BLPOP (standalone or Cluster), a 50 ms hub timer fires first."""
+    server: RedisServer | RedisClusterNodes = request.getfixturevalue(deployment)
+    store = open_store(server.url)
+    assert store.cluster == (deployment == "aof_cluster")
     order: list[str] = []
 
     def slow() -> None:

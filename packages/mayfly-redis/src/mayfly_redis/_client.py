@@ -54,7 +54,12 @@ class RedisStore:
         self._client: Any = self._standalone()
         try:
             with self.errors("open"):
-                self._client.ping()
+                try:
+                    self._client.ping()
+                except driver.ResponseError as error:
+                    if "cluster mode" in str(error):  # SELECT of a database other than 0
+                        raise JournalUnavailable(self._cluster_db_message()) from None
+                    raise
                 info = self._client.info("server")
                 self.server_version = _text(info.get("redis_version", "?"))
                 cluster_info = self._client.info("cluster")
@@ -97,15 +102,19 @@ class RedisStore:
 
     def _cluster(self) -> RedisCluster:
         if self.target.db != 0:
-            raise JournalUnavailable(
-                f"redis {self.target.address} is a Redis Cluster, which has only database 0; "
-                "drop the /db part of the URL"
-            )
+            raise JournalUnavailable(self._cluster_db_message())
+        # Only the url= form makes redis-py build each node's pool from our
+        # connection_class; a plain host/port form passes it to Redis(), which refuses it.
         return RedisCluster(
-            host=self.target.host,
-            port=self.target.port,
+            url=f"redis://{self.target.host}:{self.target.port}/0",
             connection_class=HubSSLConnection if self.target.tls else HubConnection,
             **self._options(),
+        )
+
+    def _cluster_db_message(self) -> str:
+        return (
+            f"redis {self.target.address} is a Redis Cluster, which has only database 0; "
+            "drop the /db part of the URL"
         )
 
     def _nodes(self) -> list[Any]:
@@ -167,7 +176,7 @@ class RedisStore:
                 f"{operation}: redis {self.target.address} unreachable ({error}); check the server "
                 "is running and reachable, then retry"
             ) from None
-        except driver.RedisError as error:
+        except (driver.RedisError, driver.RedisClusterException) as error:
             raise JournalUnavailable(
                 f"{operation}: redis {self.target.address} refused the command ({error})"
             ) from None

@@ -3,18 +3,21 @@
 :class:`RedisServer` starts the ``redis-server`` binary found on ``PATH`` (or
 ``MAYFLY_REDIS_SERVER``) with AOF ``appendfsync always`` by default, waits until
 it answers, and can SIGKILL and restart it on the same AOF, which is how the
-crash tests prove acknowledged records survive. A missing binary raises
+crash tests prove acknowledged records survive. :class:`RedisClusterNodes`
+forms a private Redis Cluster out of such servers. A missing binary raises
 ``FileNotFoundError``; tests never skip because of it.
 
 :func:`aof_backend` is a contract-suite factory (``mayfly_backend =
 "mayfly_redis.testing:aof_backend"``): it starts one private AOF server for the
-pytest session and returns its URL.
+pytest session and returns its URL; :func:`cluster_backend` does the same with
+a three-primary Cluster.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,16 +28,38 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self, final
 
-__all__ = ["RedisServer", "aof_backend"]
+import redis
+
+__all__ = ["RedisClusterNodes", "RedisServer", "aof_backend", "cluster_backend"]
+
+_SLOTS: Final = 16384
+_BUS_OFFSET: Final = 10000
 
 _START_TIMEOUT_S: Final = 20.0
 
 
-def _free_port() -> int:
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(*, cluster: bool = False) -> int:
+    """A free loopback port; for a Cluster node, one whose bus port (+10000) is free too."""
+    if not cluster:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+            return port
+    # Redis derives the cluster bus port as port + 10000, so the port must be <= 55535.
+    for _ in range(200):
+        candidate = random.randint(20000, 55535)
+        if _bindable(candidate) and _bindable(candidate + _BUS_OFFSET):
+            return candidate
+    raise RuntimeError("no free loopback port pair (port, port + 10000) for a cluster node")
 
 
 def _ping(port: int) -> bool:
@@ -54,7 +79,13 @@ class RedisServer:
     no persistence at all (``appendonly no``, no RDB), for refusal tests.
     """
 
-    def __init__(self, *, appendfsync: str | None = "always", directory: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        appendfsync: str | None = "always",
+        directory: Path | None = None,
+        cluster: bool = False,
+    ) -> None:
         binary = os.environ.get("MAYFLY_REDIS_SERVER") or shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server not found on PATH; install it or set MAYFLY_REDIS_SERVER")
@@ -62,7 +93,8 @@ class RedisServer:
         self._owned = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="mayfly-redis-")) if directory is None else directory
         self.appendfsync = appendfsync
-        self.port = _free_port()
+        self.cluster = cluster
+        self.port = _free_port(cluster=cluster)
         self._process: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -99,6 +131,7 @@ class RedisServer:
             "--logfile",
             str(self.directory / "redis.log"),
             *persistence,
+            *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"] if self.cluster else []),
         ]
 
     def start(self) -> None:
@@ -112,7 +145,12 @@ class RedisServer:
         while not _ping(self.port):
             if self._process.poll() is not None:
                 error = self._process.stderr.read().decode() if self._process.stderr else ""
-                raise RuntimeError(f"redis-server exited with {self._process.returncode}: {error.strip()}")
+                log = self.directory / "redis.log"
+                tail = log.read_text(errors="replace").splitlines()[-3:] if log.exists() else []
+                raise RuntimeError(
+                    f"redis-server exited with {self._process.returncode}: "
+                    + " | ".join([error.strip(), *tail]).strip(" |")
+                )
             if time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError(f"redis-server on port {self.port} did not answer within 20 s")
@@ -149,7 +187,69 @@ class RedisServer:
         self.stop()
 
 
+@final
+class RedisClusterNodes:
+    """A private Redis Cluster of ``size`` primaries (no replicas), each a :class:`RedisServer`.
+
+    Slots are split evenly with ``CLUSTER ADDSLOTSRANGE`` and the nodes meet
+    each other through ``CLUSTER MEET``; the constructor returns once every
+    node reports ``cluster_state:ok``.
+    """
+
+    def __init__(self, size: int = 3, *, appendfsync: str | None = "always") -> None:
+        self.nodes: list[RedisServer] = []
+        try:
+            for _ in range(size):
+                self.nodes.append(RedisServer(appendfsync=appendfsync, cluster=True))
+            self._form()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _form(self) -> None:
+        clients = [redis.Redis(host="127.0.0.1", port=node.port, protocol=2) for node in self.nodes]
+        try:
+            share = _SLOTS // len(clients)
+            for index, client in enumerate(clients):
+                last = _SLOTS - 1 if index == len(clients) - 1 else (index + 1) * share - 1
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", index * share, last)
+            for node in self.nodes[1:]:
+                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+            deadline = time.monotonic() + _START_TIMEOUT_S
+            while not all(client.cluster("info")["cluster_state"] == "ok" for client in clients):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("private Redis Cluster did not reach cluster_state:ok within 20 s")
+                time.sleep(0.05)
+        finally:
+            for client in clients:
+                client.close()
+
+    @property
+    def url(self) -> str:
+        """The journal URL of the cluster (its first node; the client discovers the others)."""
+        return self.nodes[0].url
+
+    def stop(self) -> None:
+        """Stop every node and remove their directories."""
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> Self:
+        """Return the running cluster."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the cluster."""
+        self.stop()
+
+
 _session_server: RedisServer | None = None
+_session_cluster: RedisClusterNodes | None = None
 
 
 def aof_backend() -> str:
@@ -159,3 +259,12 @@ def aof_backend() -> str:
         _session_server = RedisServer()
         atexit.register(_session_server.stop)
     return _session_server.url
+
+
+def cluster_backend() -> str:
+    """Contract-suite factory: start (once per process) a private 3-primary AOF Cluster, return its URL."""
+    global _session_cluster  # noqa: PLW0603  # one private cluster per test process
+    if _session_cluster is None:
+        _session_cluster = RedisClusterNodes()
+        atexit.register(_session_cluster.stop)
+    return _session_cluster.url
