@@ -212,9 +212,9 @@ class RedisClusterNodes:
             share = _SLOTS // len(clients)
             for index, client in enumerate(clients):
                 last = _SLOTS - 1 if index == len(clients) - 1 else (index + 1) * share - 1
-                client.execute_command("CLUSTER", "ADDSLOTSRANGE", index * share, last)
+                client.cluster("ADDSLOTSRANGE", index * share, last)
             for node in self.nodes[1:]:
-                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+                clients[0].cluster("MEET", "127.0.0.1", node.port)
             deadline = time.monotonic() + _START_TIMEOUT_S
             while not all(client.cluster("info")["cluster_state"] == "ok" for client in clients):
                 if time.monotonic() > deadline:
