@@ -20,6 +20,7 @@ from mayfly.model.errors import (
     CompatibilityError,
     ConflictingRecord,
     CorruptionError,
+    DurabilityUnavailable,
     InvalidBackendURL,
     JournalGap,
     JournalUnavailable,
@@ -361,3 +362,42 @@ def test_oversized_frame_length_fails_closed(journal: LocalWorkflowJournal, stor
         handle.write(HEADER.pack(b"MWJ1", 1 << 30, 0))
     with LocalWorkflowJournal(str(store)) as fresh, pytest.raises(CorruptionError, match="over the limit"):
         fresh.read(run)
+
+
+MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+30 27 0:25 / /dev/shm rw,nosuid,nodev - tmpfs tmpfs rw
+31 27 0:26 / /srv/my\\040data rw - xfs /dev/vdb rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "fstype"),
+    [("/var/lib/x", "ext4"), ("/dev/shm/j", "tmpfs"), ("/dev/shmx", "ext4"), ("/srv/my data/j", "xfs")],
+)
+def test_filesystem_type_picks_the_longest_mount(path: str, fstype: str) -> None:
+    """The filesystem of a path is that of its longest containing mount point (escapes decoded)."""
+    from mayfly.local._store import filesystem_type
+
+    assert filesystem_type(Path(path), MOUNTINFO) == fstype
+
+
+def test_fsync_durability_is_refused_on_tmpfs() -> None:
+    """fsync durability on tmpfs is refused (nothing created); write durability is accepted there."""
+    from mayfly.local._store import filesystem_type
+
+    shm = Path("/dev/shm")
+    if filesystem_type(shm) != "tmpfs":
+        pytest.skip("this host has no tmpfs at /dev/shm to try")
+    target = shm / f"mayfly-test-{IDS.new_id()}"
+    with pytest.raises(DurabilityUnavailable, match="tmpfs"):
+        LocalWorkflowJournal(f"file://{target}")
+    assert not target.exists()
+    try:
+        with LocalWorkflowJournal(f"file://{target}?durability=write") as journal:
+            assert journal.durability is Durability.WRITE
+    finally:
+        import shutil
+
+        shutil.rmtree(target, ignore_errors=True)

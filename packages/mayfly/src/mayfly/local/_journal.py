@@ -50,6 +50,7 @@ from mayfly.journal import (
 from mayfly.local import _frames
 from mayfly.local._store import (
     Layout,
+    check_durability,
     locked,
     open_run_file,
     parse_url,
@@ -78,11 +79,14 @@ class LocalWorkflowJournal:
     """The ``file://DIR`` journal: one append-only MWJ1 file per run, safe across threads and processes.
 
     ``DIR`` is created on first use. ``?durability=fsync`` (the default),
-    ``flush`` or ``write`` selects when appends are acknowledged.
+    ``flush`` or ``write`` selects when appends are acknowledged; ``fsync`` on
+    tmpfs/ramfs is refused with ``DurabilityUnavailable``, since fsync keeps
+    nothing there.
     """
 
     def __init__(self, url: str) -> None:
         target = parse_url(url)
+        check_durability(target)
         self._url = target.url
         self._durability = target.durability
         self._layout = Layout(target.root)

@@ -29,6 +29,7 @@ from mayfly.journal import Durability
 from mayfly.model.errors import (
     CompatibilityError,
     CorruptionError,
+    DurabilityUnavailable,
     InvalidBackendURL,
     JournalUnavailable,
 )
@@ -85,6 +86,52 @@ def parse_url(url: str) -> LocalTarget:
     root = Path(path).expanduser().absolute()
     canonical = f"file://{root}?durability={name}" if query else f"file://{root}"
     return LocalTarget(root=root, durability=_DURABILITY_NAMES[name], url=canonical)
+
+
+VOLATILE_FILESYSTEMS: Final = frozenset({"tmpfs", "ramfs"})
+"""Filesystems whose fsync protects nothing: their contents vanish with the host."""
+
+
+def filesystem_type(path: Path, mountinfo: str | None = None) -> str | None:
+    """The type of the filesystem holding ``path`` (``ext4``, ``tmpfs``...), or None if unknown.
+
+    Read from ``/proc/self/mountinfo`` (Linux) unless ``mountinfo`` text is given:
+    the longest mount point containing the resolved path wins.
+    """
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+                mountinfo = mounts.read()
+        except OSError:
+            return None
+    target = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        try:
+            separator = fields.index("-")
+            # Mount points escape space, tab, newline and backslash as octal (\040).
+            mount_point = fields[4].encode("latin-1").decode("unicode_escape")
+            fstype = fields[separator + 1]
+        except (ValueError, IndexError, UnicodeError):
+            continue
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and (best is None or len(mount_point) >= best[0]):
+            best = (len(mount_point), fstype)
+    return best[1] if best else None
+
+
+def check_durability(target: LocalTarget) -> None:
+    """Refuse ``fsync`` durability on a volatile filesystem, where fsync cannot keep the promise."""
+    if target.durability is not Durability.DURABLE:
+        return
+    fstype = filesystem_type(target.root)
+    if fstype in VOLATILE_FILESYSTEMS:
+        raise DurabilityUnavailable(
+            f"local journal {target.root} is on {fstype}, which loses everything when the host "
+            "stops, so fsync durability cannot be met; use a disk-backed directory, or "
+            "?durability=write to accept that"
+        )
 
 
 def sync_directory(path: Path) -> None:
