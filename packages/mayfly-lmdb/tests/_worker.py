@@ -81,10 +81,10 @@ def inspect(url: str, run_id: str, until: int, timeout: float) -> None:
     _say(json.dumps({"reads": reads, "grew": grew, "last": last}))
 
 
-def hold(url: str, run_id: str) -> None:
-    """Acquire the run's lease, report its token, then wait to be killed."""
+def hold(url: str, run_id: str, ttl_ms: int = 60_000) -> None:
+    """Acquire the run's lease, report its token, then wait (never renewing) to be killed."""
     leases = open_leases(url)
-    guard = leases.acquire(run_id, "worker", 60_000)
+    guard = leases.acquire(run_id, "worker", ttl_ms)
     _say(f"held {guard.fencing_token}")
     sys.stdin.readline()
 

@@ -16,9 +16,9 @@ Options (all optional):
 * ``readonly=true``: an inspector that reads while other processes write.
 
 Several processes of one host may share the environment: appends of any run
-are compare-and-append inside one LMDB write transaction, and recovery
-leases are ``flock`` locks released by the OS when their holder dies, with
-fencing tokens stored in the environment.
+are compare-and-append inside one LMDB write transaction. Recovery leases
+expire unless renewed, a holder's death is seen at once through a ``flock``
+the OS releases, and fencing tokens are stored in the environment.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ _SCHEMES: Final = ("lmdb",)
 def describe(url: str) -> str:
     """One line for ``mayfly backends``: where the environment is and what an acknowledgement means."""
     if url in ("lmdb://", ""):
-        return "LMDB environment journal, durability sync|nosync, map grows on demand, flock leases"
+        return "LMDB environment journal, durability sync|nosync, map grows on demand, expiring fenced leases"
     target = parse_url(url)
     if target.sync:
         durability = "sync (durable: survives a host crash)"
@@ -64,7 +64,7 @@ def describe(url: str) -> str:
     return (
         f"LMDB environment at {target.path}, durability {durability}, map_size "
         f"{format_size(target.map_size)} growing to {format_size(target.max_map_size)}{mode}, "
-        "flock leases"
+        "expiring fenced leases"
     )
 
 

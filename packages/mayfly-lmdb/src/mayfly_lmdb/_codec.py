@@ -8,13 +8,16 @@ whose byte order equals the text order of canonical lowercase UUIDs)::
     heads      R                      -> u64be next sequence || u64be fence
     snapshots  R                      -> snapshot value (below)
     runs       R                      -> b""                     (run listing)
+    leases     R                      -> lease value (below)     (current lease grant)
     meta       b"format"              -> FORMAT
 
 Record value: ``0x01 || checksum (32 B) || event id (16 B) || u64be
 schema_version || u8 len || event_type || payload``. Snapshot value:
 ``0x01 || checksum (32 B) || u64be schema_version || u64be last_sequence ||
 last event id (16 B) || last record checksum (32 B) || u16be len ||
-spec_checksum || u16be len || state_checksum || state``. Checksums are stored
+spec_checksum || u16be len || state_checksum || state``. Lease value:
+``u64be token || u64be expires (unix ms) || u8 flock-held || u32be pid ||
+owner``. Checksums are stored
 raw and every decoded record is verified against its SHA-256 checksum, so a
 damaged byte anywhere (key included) fails closed.
 """
@@ -22,6 +25,7 @@ damaged byte anywhere (key included) fails closed.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Final
 
 from mayfly.journal import JournalRecord, SnapshotRecord
@@ -29,10 +33,13 @@ from mayfly.model.errors import ChecksumMismatch, SnapshotCorrupt
 
 __all__ = [
     "FORMAT",
+    "LeaseState",
     "decode_head",
+    "decode_lease",
     "decode_record",
     "decode_snapshot",
     "encode_head",
+    "encode_lease",
     "encode_record",
     "encode_snapshot",
     "record_key",
@@ -49,6 +56,7 @@ _VERSION: Final = 1
 _RECORD_HEAD = struct.Struct(">B32s16sQB")
 _SNAPSHOT_HEAD = struct.Struct(">B32sQQ16s32sH")
 _HEAD = struct.Struct(">QQ")
+_LEASE = struct.Struct(">QQBI")
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 
@@ -208,3 +216,35 @@ def decode_snapshot(run_id: str, value: bytes) -> SnapshotRecord:
     )
     snapshot.verify()
     return snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """The stored grant of a run's lease: token, expiry, whether its holder holds the flock, who."""
+
+    token: int
+    expires_ms: int
+    locked: bool
+    pid: int
+    owner: str
+
+
+def encode_lease(state: LeaseState) -> bytes:
+    """The stored value of a lease grant (owner is validated printable ASCII)."""
+    return _LEASE.pack(
+        state.token, state.expires_ms, int(state.locked), state.pid & 0xFFFFFFFF
+    ) + state.owner.encode("ascii")
+
+
+def decode_lease(value: bytes | None, run_id: str) -> LeaseState | None:
+    """The stored lease grant of a run, ``None`` when the lease is free."""
+    if value is None:
+        return None
+    try:
+        token, expires_ms, locked, pid = _LEASE.unpack_from(value)
+        owner = value[_LEASE.size :].decode("ascii")
+    except (struct.error, UnicodeDecodeError):
+        raise ChecksumMismatch(
+            f"lease of run {run_id} is undecodable; the LMDB environment is damaged, restore it from a backup"
+        ) from None
+    return LeaseState(token=token, expires_ms=expires_ms, locked=bool(locked), pid=pid, owner=owner)

@@ -45,7 +45,7 @@ from mayfly_lmdb._url import LmdbTarget, format_size
 __all__ = ["LmdbMapFull", "SharedEnv", "acquire_env", "filesystem_type"]
 
 _T = TypeVar("_T")
-_DATABASES: Final = (b"records", b"events", b"heads", b"snapshots", b"runs", b"meta")
+_DATABASES: Final = (b"records", b"events", b"heads", b"snapshots", b"runs", b"leases", b"meta")
 _VOLATILE_FILESYSTEMS: Final = frozenset({"tmpfs", "ramfs"})
 _MAX_READERS: Final = 512
 _MIN_GROWTH: Final = 8 << 20
@@ -190,7 +190,7 @@ class SharedEnv:
             ) from None
         except lmdb.Error as error:
             raise map_error(error, self.path, "opening the journal databases") from None
-        self.records, self.events, self.heads, self.snapshots, self.runs, self.meta = handles
+        (self.records, self.events, self.heads, self.snapshots, self.runs, self.leases, self.meta) = handles
         if readonly:
             stored = self.read(lambda txn: txn.get(b"format", db=self.meta), "reading the format marker")
         else:

@@ -74,7 +74,7 @@ class LmdbJournal:
 
     @property
     def capabilities(self) -> JournalCapabilities:
-        """Cross-process, fenced, crash-durable, with fault injection; leases are process-bound."""
+        """Cross-process, fenced, crash-durable, with fault injection and expiring leases."""
         return JournalCapabilities(
             durability=self._durability,
             cross_process=True,
@@ -82,7 +82,7 @@ class LmdbJournal:
             crash_durable=True,
             fault_injection=True,
             snapshots=True,
-            lease_expiry=False,
+            lease_expiry=True,
         )
 
     @property

@@ -1,18 +1,24 @@
-"""``LmdbLeaseStore``: recovery leases from per-run OS file locks plus fencing tokens in the environment.
+"""``LmdbLeaseStore``: expiring recovery leases whose holders' deaths the OS reports at once.
 
-A lease is a non-blocking exclusive ``flock`` on ``DIR/leases/<run_id>.lock``.
-The OS releases it when the holder closes it or its process dies, so a
-crashed owner never blocks recovery and no clocks are compared. Expiry,
-honestly: a lease is held until it is released or its process dies;
-``ttl_ms`` is validated and otherwise unused, ``renew`` confirms the lease is
-still held and not superseded, and the backend declares ``lease_expiry=False``.
-A hung (not dead) holder therefore keeps its lease: the right trade-off for
-processes sharing one host, where death is what the OS can observe.
+The authority is the run's lease grant, stored in the environment (``leases``
+database: token, expiry, owner) and changed only inside LMDB write
+transactions, together with the run's fencing token in its head. Appends
+check that token in their own write transaction, so a grant and an append
+are totally ordered across processes, and a holder whose lease was taken
+over can no longer append (``FencingRejected``).
 
-Each grant bumps the run's fencing token in the run's head inside an LMDB
-write transaction, the same kind of transaction appends check it in, so a
-grant and an append are totally ordered across processes. The token is
-flushed to disk before the grant returns even with ``durability=nosync``:
+A grant is free to take when it was released, when it expired (``ttl_ms``
+passed without ``renew``), or when its holder died. Death is seen without
+waiting for the expiry through an OS file lock: a holder keeps an exclusive
+``flock`` on ``DIR/leases/<run_id>.lock``, which the kernel drops when the
+holder's process dies. An acquirer that obtains that lock while the stored
+grant says its holder held it knows the holder is gone. A holder that took
+over an expired grant while the hung previous holder still had the lock
+runs without it (its death is then seen at expiry) and picks the lock up on
+a later ``renew`` once it is free.
+
+Expiry compares wall-clock milliseconds of processes on one host. New tokens
+are flushed to disk before a grant returns, even with ``durability=nosync``:
 a token that went backwards after a host crash could be granted twice.
 """
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from types import TracebackType
 from typing import Final, Self, final
 
@@ -38,18 +45,49 @@ __all__ = ["LmdbLeaseGuard", "LmdbLeaseStore"]
 _NOTE_LIMIT: Final = 512
 
 
+def _now_ms() -> int:
+    # Wall-clock milliseconds: expiries are compared across processes of one host.
+    return time.time_ns() // 1_000_000
+
+
+def _try_lock(path: str, note: str) -> int | None:
+    """Open ``path`` and take its exclusive flock without waiting; the descriptor, or None if held."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        raise JournalUnavailable(f"cannot open lease file {path}: {error}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, note.encode("ascii", "replace")[:_NOTE_LIMIT], 0)
+    except OSError:
+        pass  # the note is for operators only; the lock is what counts
+    return fd
+
+
 @final
 class LmdbLeaseGuard:
-    """A held LMDB-store recovery lease; release it (or leave the ``with`` block) when done."""
+    """A granted LMDB-store recovery lease; renew it within its ttl, release it when done."""
 
-    __slots__ = ("_fd", "_lock", "_owner", "_run_id", "_store", "_token")
+    __slots__ = ("_fd", "_lock", "_owner", "_released", "_run_id", "_store", "_token", "_ttl_ms")
 
-    def __init__(self, store: LmdbLeaseStore, run_id: str, owner: str, token: int, fd: int) -> None:
+    def __init__(
+        self, store: LmdbLeaseStore, run_id: str, owner: str, *, token: int, ttl_ms: int, fd: int | None
+    ) -> None:
         self._store = store
         self._run_id = run_id
         self._owner = owner
         self._token = token
-        self._fd: int | None = fd
+        self._ttl_ms = ttl_ms
+        self._fd = fd
+        self._released = False
         self._lock = threading.Lock()
 
     @property
@@ -69,30 +107,46 @@ class LmdbLeaseGuard:
 
     @property
     def held(self) -> bool:
-        """Whether this guard still holds its lock."""
+        """Whether this guard was not released (it may still have expired and been taken over)."""
+        return not self._released
+
+    @property
+    def holds_lock(self) -> bool:
+        """Whether this guard holds the run's OS file lock (its death is then seen at once)."""
         return self._fd is not None
 
     def renew(self, ttl_ms: int | None = None) -> None:
-        """Confirm the lease is still held and current (leases here do not expire); else LeaseLost."""
-        if ttl_ms is not None:
-            validate_acquire(self._run_id, self._owner, ttl_ms)
+        """Extend the lease by ``ttl_ms`` (default: the acquire ttl); LeaseLost if released or taken over."""
+        ttl = self._ttl_ms if ttl_ms is None else validate_acquire(self._run_id, self._owner, ttl_ms)[2]
         with self._lock:
-            if self._fd is None:
+            if self._released:
                 raise LeaseLost(f"recovery lease of run {self._run_id} was released; acquire it again")
-            current = self._store.current_fence(self._run_id)
-            if current != self._token:
-                raise LeaseLost(
-                    f"recovery lease of run {self._run_id} was superseded: token {self._token} < "
-                    f"current {current}; acquire it again"
-                )
+            if self._fd is None:
+                self._fd = _try_lock(self._store._lock_path(self._run_id), self._note())
+            try:
+                self._store._renew(self, ttl, locked=self._fd is not None)
+            except LeaseLost:
+                # The run belongs to another grant now: free the file lock for its holder.
+                fd, self._fd = self._fd, None
+                if fd is not None:
+                    os.close(fd)
+                raise
 
     def release(self) -> None:
-        """Unlock and close the lease file; idempotent."""
+        """Give the lease up (idempotent); a grant already taken over is left to its new owner."""
         with self._lock:
+            if self._released:
+                return
+            self._released = True
             fd, self._fd = self._fd, None
-        if fd is not None:
-            self._store._forget(self)
-            os.close(fd)  # closing the last descriptor drops the flock
+        try:
+            self._store._release(self)
+        finally:
+            if fd is not None:
+                os.close(fd)  # after the grant is gone: the flock drops with the descriptor
+
+    def _note(self) -> str:
+        return f"{self._owner} (pid {os.getpid()}, token {self._token})"
 
     def __enter__(self) -> Self:
         """Return the guard itself."""
@@ -144,51 +198,98 @@ class LmdbLeaseStore:
             raise JournalUnavailable(f"lmdb lease store {self._url} is closed; open it again")
         return shared
 
+    def _lock_path(self, run_id: str) -> str:
+        return os.path.join(self._leases, f"{run_id}.lock")
+
     def acquire(self, run_id: str, owner: str, ttl_ms: int) -> LmdbLeaseGuard:
-        """Take the run's lease now with a new, higher fencing token, or raise ``LeaseHeld``."""
-        run_id, owner, _ = validate_acquire(run_id, owner, ttl_ms)
+        """Grant the run's lease now with a new, higher fencing token, or raise ``LeaseHeld``.
+
+        The lease is free if it was released, expired, or its holder's process
+        died while holding the run's file lock; acquiring never waits.
+        """
+        run_id, owner, ttl = validate_acquire(run_id, owner, ttl_ms)
         shared = self._env
-        path = os.path.join(self._leases, f"{run_id}.lock")
+        fd = _try_lock(self._lock_path(run_id), f"{owner} (pid {os.getpid()}, acquiring)")
+        locked = fd is not None
+        run = _codec.run_key(run_id)
+
+        def body(txn: lmdb.Transaction[bytes]) -> int | _codec.LeaseState:
+            now = _now_ms()
+            current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
+            # A holder that held the file lock, whose lock this acquirer now holds, is gone.
+            if current is not None and not (current.locked and locked) and current.expires_ms > now:
+                return current
+            next_sequence, fence = _codec.decode_head(txn.get(run, db=shared.heads), run_id)
+            token = fence + 1
+            txn.put(run, _codec.encode_head(next_sequence, token), db=shared.heads)
+            grant = _codec.LeaseState(
+                token=token, expires_ms=now + ttl, locked=locked, pid=os.getpid(), owner=owner
+            )
+            txn.put(run, _codec.encode_lease(grant), db=shared.leases)
+            return token
+
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as error:
-            raise JournalUnavailable(f"cannot open lease file {path}: {error}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, _NOTE_LIMIT, 0).decode("ascii", "replace").strip() or None
-            os.close(fd)
-            raise LeaseHeld(run_id, holder) from None
+            outcome = shared.write(body, f"lease grant of run {run_id}")
+            if isinstance(outcome, _codec.LeaseState):
+                raise LeaseHeld(run_id, f"{outcome.owner} (pid {outcome.pid}, token {outcome.token})")
+            if not shared.sync:
+                shared.flush(f"lease grant of run {run_id}")
         except BaseException:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             raise
-        try:
-            token = self._grant(shared, run_id)
-            note = f"{owner} (pid {os.getpid()}, token {token})".encode("ascii", "replace")
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, note, 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        guard = LmdbLeaseGuard(self, run_id, owner, token, fd)
+        guard = LmdbLeaseGuard(self, run_id, owner, token=outcome, ttl_ms=ttl, fd=fd)
+        if fd is not None:
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, guard._note().encode("ascii", "replace"), 0)
+            except OSError:
+                pass  # the note is for operators only
         with self._guard:
             self._held.add(guard)
         return guard
 
-    @staticmethod
-    def _grant(shared: SharedEnv, run_id: str) -> int:
-        """Bump the run's fencing token in its head, durably even in ``nosync`` mode."""
+    def _renew(self, guard: LmdbLeaseGuard, ttl_ms: int, *, locked: bool) -> None:
+        """Extend ``guard``'s grant if it is still the run's current one, else raise LeaseLost."""
+        shared = self._env
+        run_id = guard.run_id
         run = _codec.run_key(run_id)
 
-        def body(txn: lmdb.Transaction[bytes]) -> int:
-            next_sequence, fence = _codec.decode_head(txn.get(run, db=shared.heads), run_id)
-            txn.put(run, _codec.encode_head(next_sequence, fence + 1), db=shared.heads)
-            return fence + 1
+        def body(txn: lmdb.Transaction[bytes]) -> None:
+            current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
+            if current is None or current.token != guard.fencing_token:
+                raise LeaseLost(
+                    f"recovery lease of run {run_id} (token {guard.fencing_token}) expired and was "
+                    f"taken over{f' by {current.owner} (token {current.token})' if current else ''}; "
+                    "acquire it again"
+                )
+            renewed = _codec.LeaseState(
+                token=current.token,
+                expires_ms=_now_ms() + ttl_ms,
+                locked=locked,
+                pid=os.getpid(),
+                owner=current.owner,
+            )
+            txn.put(run, _codec.encode_lease(renewed), db=shared.leases)
 
-        token = shared.write(body, f"lease grant of run {run_id}")
-        if not shared.sync:
-            shared.flush(f"lease grant of run {run_id}")
-        return token
+        shared.write(body, f"lease renewal of run {run_id}")
+
+    def _release(self, guard: LmdbLeaseGuard) -> None:
+        """Delete ``guard``'s grant if it is still current; a taken-over grant is left alone."""
+        with self._guard:
+            self._held.discard(guard)
+        shared = self._shared
+        if shared is None:
+            return
+        run_id = guard.run_id
+        run = _codec.run_key(run_id)
+
+        def body(txn: lmdb.Transaction[bytes]) -> None:
+            current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
+            if current is not None and current.token == guard.fencing_token:
+                txn.delete(run, db=shared.leases)
+
+        shared.write(body, f"lease release of run {run_id}")
 
     def current_fence(self, run_id: str) -> int:
         """Return the newest token granted for the run (0 if never leased)."""
@@ -197,10 +298,6 @@ class LmdbLeaseStore:
         run = _codec.run_key(run_id)
         value = shared.read(lambda txn: txn.get(run, db=shared.heads), f"fence of run {run_id}")
         return _codec.decode_head(value, run_id)[1]
-
-    def _forget(self, guard: LmdbLeaseGuard) -> None:
-        with self._guard:
-            self._held.discard(guard)
 
     def close(self) -> None:
         """Release every lease this store still holds and its share of the environment."""
