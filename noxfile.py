@@ -74,7 +74,9 @@ def audit(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the docs with warnings as errors into docs/_build/html, then execute every docs example."""
-    session.install("-e", "packages/mayfly", "-r", "docs/requirements.txt", "pytest>=8")
+    for dist in _distributions():
+        session.install("-e", _rel(dist))
+    session.install("-r", "docs/requirements.txt", "pytest>=8")
     session.run(
         "sphinx-build",
         "--fail-on-warning",
