@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from redis._parsers import _RESP2Parser
 
 from mayfly.model.errors import JournalUnavailable, TaskCancelled
 from mayfly.substrate import Hub, now_ms, sleep, spawn
-from mayfly_redis import HubConnection, HubSocket
+from mayfly_redis import HubConnection, HubSocket, RedisJournal
 from mayfly_redis._client import open_store
 from mayfly_redis._connection import resolve
 from mayfly_redis.testing import RedisClusterNodes, RedisServer
+
+if TYPE_CHECKING:
+    from conftest import Records
 
 NEVER = "mayfly-test:{never}:list"
 
@@ -151,3 +156,47 @@ def test_refused_connection_maps_to_journal_unavailable() -> None:
         Hub().run(lambda: open_store(f"redis://127.0.0.1:{port}/0"))
     with pytest.raises(JournalUnavailable, match=f"127.0.0.1:{port}"):
         open_store(f"redis://127.0.0.1:{port}/0")
+
+
+TLS = Path(__file__).resolve().parent / "tls"
+
+
+def test_tls_handshake_and_commands_park_on_the_hub(records: Records) -> None:
+    """rediss:// verifies the server certificate, and its waits park on the hub like plain TCP."""
+    with RedisServer(tls=TLS) as server:
+        store = open_store(server.tls_url)
+        order: list[str] = []
+
+        def slow() -> None:
+            assert store.call("slow", "BLPOP", NEVER, 1) is None
+            order.append("slow command returned")
+
+        def main() -> None:
+            task = spawn(slow, name="slow")
+            sleep(0.05)
+            order.append("timer fired")
+            task.join()
+
+        try:
+            assert isinstance(store._client.connection_pool.get_connection()._sock, HubSocket)
+            Hub().run(main)
+            assert order == ["timer fired", "slow command returned"]
+        finally:
+            store.close()
+        fresh = Hub()
+        run = records.new_id()
+
+        def append_on_hub() -> int:
+            with RedisJournal(server.tls_url) as journal:  # connect and TLS handshake on the hub
+                journal.append(run, 1, records.batch(run, 1, 3))
+                return journal.next_sequence(run)
+
+        assert fresh.run(append_on_hub) == 4
+
+
+def test_tls_refuses_an_untrusted_server() -> None:
+    """Without the test CA the server certificate does not verify: JournalUnavailable, nothing opened."""
+    with RedisServer(tls=TLS) as server:
+        untrusted = server.tls_url.split("?", 1)[0]
+        with pytest.raises(JournalUnavailable, match="certificate verify failed"):
+            open_store(untrusted)

@@ -28,6 +28,12 @@ def test_every_option() -> None:
     assert target.address == "10.0.0.5:6380/4"
 
 
+def test_tls_trusts_a_named_ca_bundle() -> None:
+    """rediss:// takes ca_certs=PATH; plain redis:// leaves it unset."""
+    assert parse_url("rediss://h/0?ca_certs=/etc/mayfly/ca.pem").ca_certs == "/etc/mayfly/ca.pem"
+    assert parse_url("redis://h/0").ca_certs is None
+
+
 def test_keys_are_hash_tagged_by_run() -> None:
     """Run keys are PREFIX:{RUN}:NAME and the run index is PREFIX:runs."""
     target = parse_url("redis://h/0?prefix=p")
@@ -52,6 +58,8 @@ def test_keys_are_hash_tagged_by_run() -> None:
         ("redis://h/0?prefix=a&prefix=b", "given twice"),
         ("redis://h:notaport/0", "malformed"),
         ("redis://h/0#frag", "fragment"),
+        ("redis://h/0?ca_certs=/etc/ca.pem", "ca_certs needs a rediss://"),
+        ("rediss://h/0?ca_certs=", "ca_certs needs a rediss://"),
     ],
 )
 def test_malformed_urls_are_refused(url: str, complaint: str) -> None:

@@ -87,6 +87,7 @@ class RedisStore:
             # One immediate retry covers a pooled connection the server closed; never a
             # sleeping backoff, which would block the hub.
             "retry": Retry(NoBackoff(), 1),
+            **({"ssl_ca_certs": target.ca_certs} if target.tls and target.ca_certs else {}),
         }
 
     def _standalone(self) -> redis.Redis:

@@ -1,8 +1,10 @@
 """Redis backend URLs and the key layout they select.
 
 ``redis://[user[:password]@]host[:port][/db]?prefix=mayfly&durability=aof|memory&timeout=30``
-(``rediss://`` for TLS). Unknown options, a malformed prefix or a database
-number out of range raise ``InvalidBackendURL`` and nothing is opened.
+(``rediss://`` for TLS, which verifies the server's certificate and host name;
+``ca_certs=PATH`` names the CA bundle when the system one does not apply).
+Unknown options, a malformed prefix or a database number out of range raise
+``InvalidBackendURL`` and nothing is opened.
 
 Key layout (``P`` is the prefix, ``R`` a run id). Every key of a run carries the
 hash tag ``{R}``, so a run lives in one Redis Cluster slot and one Lua script
@@ -37,7 +39,7 @@ DEFAULT_TIMEOUT_S: Final = 30.0
 _MAX_DB: Final = 1 << 16
 _MAX_TIMEOUT_S: Final = 3600.0
 _PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-_OPTIONS: Final = frozenset({"prefix", "durability", "timeout"})
+_OPTIONS: Final = frozenset({"prefix", "durability", "timeout", "ca_certs"})
 
 
 class RedisDurability(enum.StrEnum):
@@ -63,6 +65,7 @@ class RedisTarget(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str
     durability: RedisDurability
     timeout_s: float
+    ca_certs: str | None = None
 
     @property
     def address(self) -> str:
@@ -124,6 +127,9 @@ def parse_url(url: str) -> RedisTarget:
             f"got {options['durability']!r}"
         ) from None
     timeout = _timeout(shown, options.get("timeout"))
+    ca_certs = options.get("ca_certs")
+    if ca_certs is not None and (scheme != "rediss" or not ca_certs):
+        raise InvalidBackendURL(f"Redis URL {shown}: ca_certs needs a rediss:// URL and a file path")
     return RedisTarget(
         url=shown,
         tls=scheme == "rediss",
@@ -135,6 +141,7 @@ def parse_url(url: str) -> RedisTarget:
         prefix=prefix,
         durability=durability,
         timeout_s=timeout,
+        ca_certs=ca_certs,
     )
 
 

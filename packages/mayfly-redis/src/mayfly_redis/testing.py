@@ -77,6 +77,8 @@ class RedisServer:
 
     ``appendfsync`` is ``"always"`` by default; ``None`` starts a server with
     no persistence at all (``appendonly no``, no RDB), for refusal tests.
+    ``tls`` names a directory holding ``ca.crt``, ``server.crt`` and
+    ``server.key``: the server then also listens with TLS (see :attr:`tls_url`).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class RedisServer:
         appendfsync: str | None = "always",
         directory: Path | None = None,
         cluster: bool = False,
+        tls: Path | None = None,
     ) -> None:
         binary = os.environ.get("MAYFLY_REDIS_SERVER") or shutil.which("redis-server")
         if binary is None:
@@ -94,7 +97,9 @@ class RedisServer:
         self.directory = Path(tempfile.mkdtemp(prefix="mayfly-redis-")) if directory is None else directory
         self.appendfsync = appendfsync
         self.cluster = cluster
+        self.tls = tls
         self.port = _free_port(cluster=cluster)
+        self.tls_port = _free_port() if tls is not None else None
         self._process: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -103,6 +108,15 @@ class RedisServer:
         """The journal URL of this server (``durability=aof`` unless the server has no AOF)."""
         base = f"redis://127.0.0.1:{self.port}/0"
         return base if self.appendfsync == "always" else f"{base}?durability=memory"
+
+    @property
+    def tls_url(self) -> str:
+        """The ``rediss://`` URL of the TLS port, trusting the CA the server was started with."""
+        assert self.tls is not None, "server was started without tls"
+        options = f"ca_certs={self.tls / 'ca.crt'}"
+        if self.appendfsync != "always":
+            options += "&durability=memory"
+        return f"rediss://127.0.0.1:{self.tls_port}/0?{options}"
 
     @property
     def pid(self) -> int:
@@ -132,6 +146,23 @@ class RedisServer:
             str(self.directory / "redis.log"),
             *persistence,
             *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"] if self.cluster else []),
+            *self._tls_arguments(),
+        ]
+
+    def _tls_arguments(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            "--tls-port",
+            str(self.tls_port),
+            "--tls-cert-file",
+            str(self.tls / "server.crt"),
+            "--tls-key-file",
+            str(self.tls / "server.key"),
+            "--tls-ca-cert-file",
+            str(self.tls / "ca.crt"),
+            "--tls-auth-clients",
+            "no",
         ]
 
     def start(self) -> None:
