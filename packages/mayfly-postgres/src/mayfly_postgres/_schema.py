@@ -39,7 +39,7 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
                 status text,
                 created_at timestamptz NOT NULL DEFAULT now(),
                 updated_at timestamptz NOT NULL DEFAULT now()
-            )""",
+            ) WITH (fillfactor = 70)""",
             """CREATE TABLE {schema}.records (
                 run_id uuid NOT NULL,
                 sequence bigint NOT NULL CHECK (sequence >= 1),
