@@ -187,3 +187,29 @@ def test_an_unwritable_directory_is_journal_unavailable(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(JournalUnavailable, match="file"):
         LmdbJournal(f"lmdb://{blocker}/env")
+
+
+def test_a_readonly_journal_sharing_a_writable_handle_still_refuses_writes(url: str) -> None:
+    """A readonly journal opened while a writable one of the same directory is open refuses appends."""
+    run = new_id()
+    with LmdbJournal(url) as writer, LmdbJournal(url + "?readonly=true") as reader:
+        assert reader._env is writer._env
+        writer.append(run, 1, batch(run, 1))
+        assert len(reader.read(run)) == 1
+        with pytest.raises(JournalUnavailable, match="readonly"):
+            reader.append(run, 2, batch(run, 2))
+        assert writer.next_sequence(run) == 2
+
+
+def test_a_readonly_inspector_with_a_small_map_adopts_growth(env_dir: Path, workers: list[Worker]) -> None:
+    """A readonly journal mapped smaller than the data another process wrote adopts the larger map."""
+    url = f"lmdb://{env_dir}?map_size=64k&durability=nosync"
+    run = new_id()
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, batch(run, 1))
+    with LmdbJournal(f"lmdb://{env_dir}?map_size=64k&readonly=true") as reader:
+        worker = Worker("append", url=url, run_id=run, batches=100, batch=3, size=1500, tag="0000000e")
+        workers.append(worker)
+        assert worker.finish()[-1] == "done"
+        assert len(reader.read(run)) == 301
+        assert reader.map_size > 64 << 10

@@ -102,6 +102,14 @@ class LmdbJournal:
             raise JournalUnavailable(f"lmdb journal {self._url} is closed; open it again")
         return shared
 
+    def _writable(self, operation: str) -> SharedEnv:
+        # A readonly journal may share a read-write handle opened by another journal of this process.
+        if self._readonly:
+            raise JournalUnavailable(
+                f"{operation} refused: lmdb journal {self._url} was opened with readonly=true"
+            )
+        return self._env
+
     # -- the journal contract ----------------------------------------------------------------
 
     def append(
@@ -113,7 +121,7 @@ class LmdbJournal:
     ) -> AppendResult:
         """Compare-and-append an atomic batch; see :meth:`mayfly.journal.WorkflowJournal.append`."""
         batch = validate_batch(run_id, expected_next, records, fence)
-        shared = self._env
+        shared = self._writable(f"append to run {run_id}")
         run = _codec.run_key(run_id)
         values = [(_codec.uuid_bytes(record.event_id), _codec.encode_record(record)) for record in batch]
         heads, events, stored, runs = shared.heads, shared.events, shared.records, shared.runs
@@ -286,7 +294,7 @@ class LmdbJournal:
             raise InvalidRecord(f"snapshot of run {snapshot.run_id} cannot be stored for run {run_id}")
         if snapshot.checksum != snapshot.expected_checksum():
             raise InvalidRecord(f"snapshot of run {run_id} does not match its checksum; reseal it")
-        shared = self._env
+        shared = self._writable(f"snapshot of run {run_id}")
         value = _codec.encode_snapshot(snapshot)
         run = _codec.run_key(run_id)
         shared.write(lambda txn: txn.put(run, value, db=shared.snapshots), f"snapshot of run {run_id}")
@@ -308,6 +316,8 @@ class LmdbJournal:
         snapshot (LMDB's ``mdb_env_copy2``, the same as ``mdb_copy``), so it
         holds every record committed before it began and nothing partial.
         ``compact`` leaves free pages out. Open the copy with its own URL.
+        The call blocks for the copy's duration: from a hub task, run it
+        through :func:`mayfly.substrate.offload`.
         """
         target = Path(destination).expanduser().absolute()
         shared = self._env
@@ -332,7 +342,7 @@ class LmdbJournal:
 
     def _edit_record(self, run_id: str, sequence: int, *, remove: bool) -> None:
         run_id = parse_run_id(run_id)
-        shared = self._env
+        shared = self._writable(f"fault injection on run {run_id}")
         key = _codec.record_key(_codec.run_key(run_id), sequence)
 
         def body(txn: lmdb.Transaction[bytes]) -> None:
@@ -351,7 +361,7 @@ class LmdbJournal:
     def corrupt_snapshot(self, run_id: str) -> None:
         """Flip one bit inside the stored snapshot (contract-suite fault hook)."""
         run_id = parse_run_id(run_id)
-        shared = self._env
+        shared = self._writable(f"fault injection on run {run_id}")
         run = _codec.run_key(run_id)
 
         def body(txn: lmdb.Transaction[bytes]) -> None:
