@@ -28,6 +28,7 @@ import ast
 import configparser
 import dataclasses
 import email.parser
+import functools
 import io
 import json
 import os
@@ -369,6 +370,12 @@ class Requirement:
         marker = f"; {self.marker}" if self.marker else ""
         target = f" @ {self.url}" if self.url else self.specifier
         return f"{self.name}{extras}{target}{marker}"
+
+
+@functools.cache
+def _parse_requirement(text: str) -> Requirement:
+    """Parse third-party Requires-Dist once per run: the walk meets each one on every target."""
+    return Requirement.parse(text)
 
 
 # ---------------------------------------------------------------------------
@@ -1100,7 +1107,7 @@ class _Walker:
         version = self.provider.resolve(req.name, req.specifier, self.target.python)
         if version is None:
             return None
-        edges = [(Requirement.parse(t), req.extras) for t in self.provider.requires(req.name, version)]
+        edges = [(_parse_requirement(t), req.extras) for t in self.provider.requires(req.name, version)]
         return version, edges
 
     def visit(
