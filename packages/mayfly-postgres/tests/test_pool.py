@@ -123,3 +123,34 @@ def test_closed_pool_refuses_work(url: str) -> None:
     pool.close()
     with pytest.raises(JournalUnavailable, match="closed"), pool.connection():
         pass
+
+
+def test_a_task_cancelled_while_waiting_passes_its_turn_on(url: str) -> None:
+    """A task cancelled while queued for a connection does not strand the tasks queued behind it."""
+    pool = ConnectionPool(parse_url(with_options(url, pool_size=1)))
+    done: list[str] = []
+
+    def hold() -> None:
+        with pool.connection() as connection:
+            connection.execute("SELECT pg_sleep(0.2)")
+        done.append("holder")
+
+    def queued(name: str) -> None:
+        with pool.connection() as connection:
+            connection.execute("SELECT 1")
+        done.append(name)
+
+    def main() -> None:
+        holder = spawn(hold)
+        doomed = spawn(queued, "doomed")
+        patient = spawn(queued, "patient")
+        sleep(0.05)
+        doomed.cancel("test")
+        holder.join()
+        patient.join()
+
+    try:
+        Hub().run(main)
+    finally:
+        pool.close()
+    assert done == ["holder", "patient"]

@@ -187,7 +187,15 @@ class ConnectionPool:
                     raise
             event = Event()
             slot.waiters.append(event)
-            event.wait()
+            try:
+                event.wait()
+            except BaseException:
+                # Cancelled while parked: leave the queue, and pass on a wake that was meant for us.
+                if event in slot.waiters:
+                    slot.waiters.remove(event)
+                elif event.is_set():
+                    self._wake(slot)
+                raise
 
     def _wake(self, slot: _ThreadSlot) -> None:
         if slot.waiters:

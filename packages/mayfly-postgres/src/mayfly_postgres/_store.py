@@ -6,6 +6,7 @@ A journal and a lease store opened on the same URL share one :class:`Store`
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Final
 
@@ -74,6 +75,7 @@ def open_store(url: str) -> Store:
     """Return the process's store for ``url``, opening (and migrating) it on first use."""
     settings = parse_url(url)
     key = (
+        os.getpid(),  # a forked child must never reuse its parent's sockets
         settings.conninfo,
         settings.schema,
         settings.durability,
