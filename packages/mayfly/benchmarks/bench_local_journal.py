@@ -4,8 +4,11 @@ Each append is one batch of 3 records (~1.5 KB of frames). The raw baselines
 write exactly the frame bytes the journal writes, to a file in the same
 directory, in the same run: ``os.write`` alone, ``os.write`` + ``os.fsync``
 and ``os.write`` + ``os.fdatasync`` (what the journal calls in fsync mode).
-Records are sealed before timing starts (sealing is the caller's work); the
-journal's own input validation and checksum verification are timed.
+The synced series (journal fsync mode, raw fsync, raw fdatasync) are measured
+op by op in rotation, so disk drift hits them alike; the unsynced series are
+measured back to back. Records are sealed before timing starts (sealing is the
+caller's work); the journal's own input validation and checksum verification
+are timed.
 
 Run: ``python packages/mayfly/benchmarks/bench_local_journal.py [--appends N] [--dir DIR]``.
 Prints figures and ratios; it asserts nothing about time.
@@ -85,6 +88,52 @@ def raw_rate(root: Path, name: str, count: int, sync: Callable[[int], None] | No
     return (count - 1) / elapsed
 
 
+def paired_synced_rates(root: Path, count: int) -> dict[str, float]:
+    """Synced appends/s of the journal and of raw writes, measured op by op in rotation.
+
+    Synced writes on a shared disk drift a lot from second to second; rotating
+    one journal append, one raw write+fsync and one raw write+fdatasync per
+    round exposes every series to the same conditions, so the ratios compare
+    like with like.
+    """
+    run_id = Uuid7IdSource().new_id()
+    work = batches(run_id, count)
+    frames = [b"".join(encode_batch(batch)) for batch in work]
+    totals = {"journal durability=fsync": 0.0, "raw os.write+os.fsync": 0.0}
+    totals["raw os.write+os.fdatasync"] = 0.0
+    fsync_fd = os.open(root / "raw-fsync.bin", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fdatasync_fd = os.open(root / "raw-fdatasync.bin", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        with LocalWorkflowJournal(f"file://{root / 'journal'}?durability=fsync") as journal:
+            journal.append(run_id, 1, work[0])
+            for fd, sync in ((fsync_fd, os.fsync), (fdatasync_fd, os.fdatasync)):
+                os.write(fd, frames[0])
+                sync(fd)
+
+            def journal_op(index: int) -> None:
+                journal.append(run_id, work[index][0].sequence, work[index])
+
+            def raw_fsync_op(index: int) -> None:
+                os.write(fsync_fd, frames[index])
+                os.fsync(fsync_fd)
+
+            def raw_fdatasync_op(index: int) -> None:
+                os.write(fdatasync_fd, frames[index])
+                os.fdatasync(fdatasync_fd)
+
+            ops = list(zip(totals, (journal_op, raw_fsync_op, raw_fdatasync_op), strict=True))
+            for index in range(1, count):
+                shift = index % len(ops)  # rotate who goes first each round
+                for name, op in ops[shift:] + ops[:shift]:
+                    started = time.perf_counter()
+                    op(index)
+                    totals[name] += time.perf_counter() - started
+    finally:
+        os.close(fsync_fd)
+        os.close(fdatasync_fd)
+    return {name: (count - 1) / total for name, total in totals.items()}
+
+
 def main() -> None:
     """Measure, print figures and ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -96,18 +145,20 @@ def main() -> None:
 
     measures: dict[str, Callable[[Path], float]] = {
         "raw os.write": lambda root: raw_rate(root, "write", unsynced, None),
-        "raw os.write+os.fsync": lambda root: raw_rate(root, "fsync", args.appends, os.fsync),
-        "raw os.write+os.fdatasync": lambda root: raw_rate(root, "fdatasync", args.appends, os.fdatasync),
         "journal durability=write": lambda root: journal_rate(root, "write", unsynced)[0],
         "journal durability=flush": lambda root: journal_rate(root, "flush", unsynced)[0],
-        "journal durability=fsync": lambda root: journal_rate(root, "fsync", args.appends)[0],
     }
     samples: dict[str, list[float]] = {name: [] for name in measures}
+    for name in ("raw os.write+os.fsync", "raw os.write+os.fdatasync", "journal durability=fsync"):
+        samples[name] = []
     # Interleave the measurements so disk and cache drift hits every series alike.
     for _ in range(args.repeat):
         for name, measure in measures.items():
             with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
                 samples[name].append(measure(Path(scratch)))
+        with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
+            for name, rate in paired_synced_rates(Path(scratch), args.appends).items():
+                samples[name].append(rate)
     results = {name: statistics.median(values) for name, values in samples.items()}
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         frame_bytes = journal_rate(Path(scratch), "write", 2)[1]
