@@ -6,16 +6,13 @@ the tests that need it; nothing here skips.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import JournalRecord
-from mayfly_redis.testing import RedisClusterNodes, RedisServer
-
-MEMORY_URL = os.environ.get("MAYFLY_REDIS_MEMORY_URL", "redis://127.0.0.1:6379/0?durability=memory")
+from mayfly_redis.testing import RedisClusterNodes, RedisServer, memory_url
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +37,9 @@ def fresh_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
-def memory_url() -> str:
+def memory_server_url() -> str:
     """The durability=memory URL of the non-persistent server (CI's default Redis on 6379)."""
-    return MEMORY_URL
+    return memory_url()
 
 
 class Records:

@@ -163,9 +163,9 @@ def test_tail_inconsistent_with_length_refuses_appends(
             journal.append(run_id, 3, records.batch(run_id, 3))
 
 
-def test_memory_mode_reports_memory(memory_url: str) -> None:
+def test_memory_mode_reports_memory(memory_server_url: str) -> None:
     """durability=memory opens on a non-persistent server and says so in durability and capabilities."""
-    with open_journal(memory_url) as journal:
+    with open_journal(memory_server_url) as journal:
         assert journal.durability is Durability.MEMORY
         assert journal.capabilities.durability is Durability.MEMORY
         assert not journal.capabilities.crash_durable

@@ -30,12 +30,13 @@ from typing import Final, Self, final
 
 import redis
 
-__all__ = ["RedisClusterNodes", "RedisServer", "aof_backend", "cluster_backend"]
+__all__ = ["RedisClusterNodes", "RedisServer", "aof_backend", "cluster_backend", "memory_url"]
 
 _SLOTS: Final = 16384
 _BUS_OFFSET: Final = 10000
 
 _START_TIMEOUT_S: Final = 20.0
+_DEFAULT_MEMORY_URL: Final = "redis://127.0.0.1:6379/0?durability=memory"
 
 
 def _bindable(port: int) -> bool:
@@ -299,3 +300,8 @@ def cluster_backend() -> str:
         _session_cluster = RedisClusterNodes()
         atexit.register(_session_cluster.stop)
     return _session_cluster.url
+
+
+def memory_url() -> str:
+    """The ``durability=memory`` URL of a non-persistent Redis: ``MAYFLY_REDIS_MEMORY_URL`` or CI's 6379."""
+    return os.environ.get("MAYFLY_REDIS_MEMORY_URL") or _DEFAULT_MEMORY_URL
