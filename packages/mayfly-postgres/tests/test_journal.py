@@ -137,12 +137,15 @@ def test_many_tasks_share_a_small_pool(url: str) -> None:
 
 
 def test_durable_mode_forces_synchronous_commit_on(server: str, schema: str) -> None:
-    """durability=durable connects with synchronous_commit=on even if the URL's options ask for off."""
-    url = with_options(server, schema=schema, options="-c%20synchronous_commit%3Doff")
+    """durability=durable connects with synchronous_commit=on even if the URL's options ask for off; other options stay."""
+    url = with_options(
+        server, schema=schema, options="-c%20synchronous_commit%3Doff%20-c%20statement_timeout%3D12345"
+    )
     with PostgresJournal(url) as journal:
         assert journal.durability is Durability.DURABLE
         with journal._store.pool.connection() as connection:
             assert connection.execute("SHOW synchronous_commit").fetchone() == ("on",)
+            assert connection.execute("SHOW statement_timeout").fetchone() == ("12345ms",)
 
 
 def test_write_mode_declares_write_and_commits_asynchronously(url: str) -> None:

@@ -32,6 +32,14 @@ def test_mayfly_options_are_removed_and_libpq_ones_kept() -> None:
     )
 
 
+def test_libpq_options_are_kept_and_mayfly_setting_comes_last() -> None:
+    """The URL's options reach the server, followed by the synchronous_commit Mayfly requires."""
+    settings = parse_url("postgresql://db/prod?options=-c%20search_path%3Dapp&durability=write")
+    assert settings.options == "-c search_path=app"
+    assert settings.startup_options == "-c search_path=app -c synchronous_commit=off"
+    assert "options" not in settings.conninfo
+
+
 def test_password_is_redacted_in_the_url() -> None:
     """The public url hides the password; only the libpq conninfo carries it."""
     settings = parse_url("postgresql://app:s3cret@db/prod")

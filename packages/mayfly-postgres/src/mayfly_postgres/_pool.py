@@ -157,7 +157,7 @@ class ConnectionPool:
             settings.conninfo,
             autocommit=True,
             # Part of the startup packet: no extra round trip, and no role default can weaken it.
-            options=f"-c synchronous_commit={settings.synchronous_commit}",
+            options=settings.startup_options,
         )
         with self._registry_lock:
             if self._closed:

@@ -41,10 +41,19 @@ class PostgresSettings:
     pool_size: int
     reconnect_timeout: float
 
+    options: str = ""
+    """The libpq ``options`` the URL gave (server settings for every connection), if any."""
+
     @property
     def synchronous_commit(self) -> str:
         """The ``synchronous_commit`` setting every connection runs with."""
         return "on" if self.durability is Durability.DURABLE else "off"
+
+    @property
+    def startup_options(self) -> str:
+        """The URL's ``options`` followed by Mayfly's own setting, which wins over any earlier one."""
+        own = f"-c synchronous_commit={self.synchronous_commit}"
+        return f"{self.options} {own}" if self.options else own
 
 
 def _fail(url: str, problem: str) -> InvalidBackendURL:
@@ -108,6 +117,9 @@ def parse_url(url: object) -> PostgresSettings:
     if pool != int(pool):
         raise _fail(url, f"pool_size={options['pool_size']} must be a whole number")
     reconnect = _number(url, "reconnect_timeout", options.get("reconnect_timeout", "15"), 0, _MAX_RECONNECT_S)
+    # libpq's options parameter is rebuilt per connection, with Mayfly's durability setting last.
+    user_options = " ".join(value for name, value in libpq if name == "options")
+    libpq = [(name, value) for name, value in libpq if name != "options"]
     if not any(name == "application_name" for name, _ in libpq):
         libpq.append(("application_name", "mayfly"))
     conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq, quote_via=quote), ""))
@@ -119,4 +131,5 @@ def parse_url(url: object) -> PostgresSettings:
         migrate=migrate,
         pool_size=int(pool),
         reconnect_timeout=reconnect,
+        options=user_options,
     )
