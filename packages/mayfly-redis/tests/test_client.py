@@ -153,3 +153,14 @@ def test_cluster_listing_skips_runs_that_never_committed(
         listed = journal.list_runs(limit=100_000)
         assert committed in listed
         assert failed not in listed
+
+
+def test_user_without_info_opens_standalone(fresh_server: RedisServer, records: Records) -> None:
+    """A user barred from INFO (but allowed CONFIG GET) still opens and appends on a standalone server."""
+    admin = _admin(fresh_server)
+    admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "+@all", "-info")
+    with open_journal(f"redis://noinfo:pw@127.0.0.1:{fresh_server.port}/0") as journal:
+        run = records.new_id()
+        journal.append(run, 1, records.batch(run, 1))
+        assert journal.next_sequence(run) == 2
+    admin.close()

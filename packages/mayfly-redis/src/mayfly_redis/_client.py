@@ -60,10 +60,7 @@ class RedisStore:
                     if "cluster mode" in str(error):  # SELECT of a database other than 0
                         raise JournalUnavailable(self._cluster_db_message()) from None
                     raise
-                info = self._client.info("server")
-                self.server_version = _text(info.get("redis_version", "?"))
-                cluster_info = self._client.info("cluster")
-                if int(cluster_info.get("cluster_enabled", 0)) == 1:
+                if self._is_cluster():
                     self._client.close()
                     self._client = self._cluster()
                     self.cluster = True
@@ -111,6 +108,13 @@ class RedisStore:
             connection_class=HubSSLConnection if self.target.tls else HubConnection,
             **self._options(),
         )
+
+    def _is_cluster(self) -> bool:
+        try:
+            cluster_info = self._client.info("cluster")
+        except driver.NoPermissionError:
+            return False  # a user barred from INFO: a Cluster would answer MOVED later, mapped
+        return int(cluster_info.get("cluster_enabled", 0)) == 1
 
     def _cluster_db_message(self) -> str:
         return (

@@ -53,14 +53,20 @@ def _on_hub() -> bool:
     return True
 
 
-def resolve(host: str, port: int, family: int = 0) -> list[tuple[Any, ...]]:
-    """Return ``getaddrinfo`` results for a TCP ``host:port`` without blocking the hub."""
+def resolve(host: str, port: int, family: int = 0, timeout: float | None = None) -> list[tuple[Any, ...]]:
+    """Return ``getaddrinfo`` results for a TCP ``host:port`` without blocking the hub.
+
+    On the hub a name lookup is offloaded and bounded by ``timeout`` seconds
+    (``OffloadTimeout``, a ``TimeoutError``, which redis-py reports as a
+    connect timeout). Off the hub the lookup blocks the calling thread, as the
+    resolver's own timeouts allow.
+    """
     try:
         return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
     except socket.gaierror:
         pass  # a name, not a numeric address: a real lookup follows
     if _on_hub():
-        return offload(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM)
+        return offload(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM, timeout=timeout)
     return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
 
 
@@ -195,7 +201,8 @@ class HubSocket:
 def _open_socket(connection: Connection) -> HubSocket:
     """Connect a TCP :class:`HubSocket` to the connection's host and port, cooperatively."""
     error: OSError | None = None
-    for family, kind, proto, _name, address in resolve(connection.host, connection.port):
+    addresses = resolve(connection.host, connection.port, timeout=connection.socket_connect_timeout)
+    for family, kind, proto, _name, address in addresses:
         raw = socket.socket(family, kind, proto)
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
