@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from redis._parsers import _RESP2Parser
+from redis._parsers import _HiredisParser, _RESP2Parser
 
 from mayfly.model.errors import JournalUnavailable, TaskCancelled
 from mayfly.substrate import Hub, now_ms, sleep, spawn
@@ -64,6 +64,13 @@ def test_connections_use_the_python_parser_and_hub_sockets(aof_server: RedisServ
             pool.release(connection)
     finally:
         store.close()
+
+
+def test_hiredis_is_never_installed_as_the_parser() -> None:
+    """Even when asked for the hiredis parser (which polls the descriptor itself), the connection uses RESP2."""
+    connection = HubConnection(host="127.0.0.1", port=1, parser_class=_HiredisParser, protocol=3)
+    assert isinstance(connection._parser, _RESP2Parser)
+    assert connection.protocol == 2
 
 
 def test_numeric_hosts_resolve_in_place_and_names_through_offload(aof_server: RedisServer) -> None:
