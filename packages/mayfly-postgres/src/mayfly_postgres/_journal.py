@@ -283,9 +283,10 @@ class PostgresJournal:
             if inserted == len(batch):
                 return acknowledged
             if inserted != 0:
-                raise JournalUnavailable(
-                    f"{self.url}: append to run {run_id} inserted {inserted} of {len(batch)} records "
-                    "and was rolled back by the server; nothing was committed, retry the append"
+                raise CorruptionError(
+                    f"{self.url}: append to run {run_id} at sequence {expected_next} inserted "
+                    f"{inserted} of {len(batch)} records, which one statement cannot do against an "
+                    "intact schema; stop writers and inspect the run's rows"
                 )
             outcome = self._classify(run_id, expected_next, batch, fence)
             if outcome is not None:
