@@ -269,3 +269,49 @@ def test_records_table_disagreeing_with_the_run_row_fails_closed(
     with pytest.raises(CorruptionError, match="disagree"):
         journal.append(run, 2, batch(run, 2))
     assert journal.next_sequence(run) == 2
+
+
+def test_backend_terminated_mid_statement_is_resolved_and_committed_once(url: str, server: str) -> None:
+    """pg_terminate_backend on an append waiting inside the server: read back, retried, stored once."""
+    name = f"mayfly_victim_{IDS.new_id()[-12:]}"
+    run = IDS.new_id()
+    records = batch(run, 2)
+    with PostgresJournal(with_options(url, application_name=name)) as journal:
+        journal.append(run, 1, batch(run, 1, 1))
+        blocker = psycopg.connect(server)
+        blocker.execute(
+            psycopg.sql.SQL("SELECT 1 FROM {} WHERE run_id = %s FOR UPDATE").format(
+                psycopg.sql.Identifier(journal.schema, "runs")
+            ),
+            (run,),
+        )
+        terminated: list[int] = []
+
+        def append() -> Any:
+            return journal.append(run, 2, records)
+
+        def terminate() -> None:
+            with psycopg.connect(server, autocommit=True) as killer:
+                while not terminated:
+                    sleep(0.01)
+                    # The append's backend is waiting for the row lock: the statement is in flight.
+                    rows = killer.execute(
+                        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+                        "WHERE application_name = %s AND wait_event_type = 'Lock'",
+                        (name,),
+                    ).fetchall()
+                    terminated.extend(1 for row in rows if row[0])
+            blocker.commit()
+
+        def main() -> Any:
+            appender, killer = spawn(append), spawn(terminate)
+            killer.join()
+            return appender.join()
+
+        try:
+            result = Hub().run(main)
+        finally:
+            blocker.close()
+        assert terminated and not result.already_committed
+        assert journal.read(run, after=1) == records
+        assert journal.next_sequence(run) == 5
