@@ -12,6 +12,10 @@
 Completed nodes produce no effects. A started attempt without a terminal fact
 produces :class:`ReconcileAttempt` with its original attempt id and
 idempotency key: it is never silently marked successful or given a new id.
+A started child-call attempt produces :class:`ReconcileChild`: the runtime
+resumes the child run (or creates it, when the parent stopped between
+``ChildStarted`` and the child's ``RunCreated``) and reports its terminal
+result to the parent.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
 from mayfly.model.errors import CorruptionError, RunNotFound, SnapshotCorrupt
 from mayfly.model.ids import idempotency_key
 from mayfly.model.signals import AcceptedSignal
-from mayfly.model.state import NodeStatus, RunState
+from mayfly.model.state import NodeState, NodeStatus, RunState
 from mayfly.reducer import Upcaster, decode_event, reduce
 from mayfly.snapshot import restore_snapshot
 
@@ -35,6 +39,7 @@ __all__ = [
     "BlockUnavailable",
     "DispatchReady",
     "ReconcileAttempt",
+    "ReconcileChild",
     "RecoveredRun",
     "RecoveryEffect",
     "RestoreRetryTimer",
@@ -58,6 +63,18 @@ class ReconcileAttempt(msgspec.Struct, frozen=True, tag=True):
     idempotency_key: str
     deadline: int | None
     signal: AcceptedSignal | None = None
+
+
+class ReconcileChild(msgspec.Struct, frozen=True, tag=True):
+    """Resume, or create if it does not exist yet, the child run a started child-call attempt awaits.
+
+    Once the child run is terminal (possibly already before the restart),
+    its result is reported to the parent attempt with ``CompleteChild``.
+    """
+
+    node_id: str
+    attempt_id: str
+    child_run_id: str
 
 
 class RestoreSignalWait(msgspec.Struct, frozen=True, tag=True):
@@ -93,7 +110,12 @@ class BlockUnavailable(msgspec.Struct, frozen=True, tag=True):
 
 
 RecoveryEffect: TypeAlias = (
-    ReconcileAttempt | RestoreSignalWait | RestoreRetryTimer | DispatchReady | BlockUnavailable
+    ReconcileAttempt
+    | ReconcileChild
+    | RestoreSignalWait
+    | RestoreRetryTimer
+    | DispatchReady
+    | BlockUnavailable
 )
 """Everything :func:`resume_run` may ask the runtime to do, in the order given."""
 
@@ -191,9 +213,11 @@ def recovery_effects(
 ) -> tuple[RecoveryEffect, ...]:
     """The ordered effects that restore a run's in-flight work; none for a terminal run.
 
-    Order: reconcile started attempts or restore their waits (in start order), block ready or
-    running nodes whose handler is unavailable, restore retry timers (by
-    deadline), then dispatch the remaining ready nodes (in spec order).
+    Order: reconcile started attempts and child runs or restore their waits (in start
+    order), block ready or running nodes whose handler is unavailable, restore
+    retry timers (by deadline), then dispatch the remaining ready nodes (in spec
+    order). A child-call node needs no handler of its own: the handlers its
+    child run needs are checked when that run is resumed.
     """
     if state.status.is_terminal:
         return ()
@@ -201,12 +225,19 @@ def recovery_effects(
     def available(handler: str | None) -> bool:
         return handler is not None and (handler_available is None or handler_available(handler))
 
+    def dispatchable(node: NodeState) -> bool:
+        return node.spec.child is not None or available(node.spec.handler)
+
     effects: list[RecoveryEffect] = []
     for attempt_id, index in state.active_attempts():
         node = state.node(index)
         handler = node.spec.handler or ""
         if node.wait is not None:
             effects.append(RestoreSignalWait(node.node_id, attempt_id, node.wait.name, node.wait.deadline))
+            continue
+        if node.spec.child is not None:
+            assert node.child_run_id is not None  # set by ChildStarted until the outcome closes it
+            effects.append(ReconcileChild(node.node_id, attempt_id, node.child_run_id))
             continue
         if not available(node.spec.handler):
             effects.append(BlockUnavailable(node.node_id, handler, attempt_id))
@@ -226,7 +257,7 @@ def recovery_effects(
     for node_id in state.ready_nodes():
         ready_node = state.node_by_id(node_id)
         assert ready_node is not None and ready_node.status is NodeStatus.READY
-        if available(ready_node.spec.handler):
+        if dispatchable(ready_node):
             ready.append(node_id)
         else:
             effects.append(BlockUnavailable(node_id, ready_node.spec.handler or "", None))

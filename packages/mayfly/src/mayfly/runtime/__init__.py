@@ -1,6 +1,6 @@
 """The handler runtime: registry, requests, and ``WorkflowRuntime`` over the greenlet hub."""
 
-from mayfly.runtime._driver import RunDriver
+from mayfly.runtime._driver import RunDriver, cancel_run_cascade
 from mayfly.runtime.registry import HandlerEntry, HandlerFunction, HandlerRegistry
 from mayfly.runtime.request import DependencyResult, HandlerRequest
 from mayfly.runtime.runtime import (
@@ -26,6 +26,7 @@ __all__ = [
     "UnsupportedInCurrentTask",
     "WaitForSignal",
     "WorkflowRuntime",
+    "cancel_run_cascade",
     "new_signal_token",
     "set_backend_resolver",
 ]

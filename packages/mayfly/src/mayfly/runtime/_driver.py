@@ -7,6 +7,17 @@ exact attempt is active (late or cross-attempt results are rejected by the
 reducer and discarded here); attempts the run closed (cancellation, deadline,
 budget) have their tasks cancelled; hub timers become ``AdvanceTime``
 commands, so the reducer never reads a clock.
+
+Child calls: once ``ChildStarted`` is committed, the driver creates the child
+run (under its own recovery lease, held by the same owner) and drives it with
+a nested driver, in a task of its own (concurrent mode) or inline (current-task
+mode); the child's terminal result is committed on the parent with
+``CompleteChild``. When the parent closes a child-call attempt (cancellation,
+deadline, budget) the child run is cancelled in turn through its own journal,
+naming the parent as requester, which cascades to its own children. A child
+parked on a signal never detaches by itself: it reports its waits, and the
+parent detaches with them (see :meth:`RunDriver.waits`); resuming the parent
+resumes the child.
 """
 
 from __future__ import annotations
@@ -16,22 +27,37 @@ from typing import Any
 
 from mayfly.commit import Commit, commit_command
 from mayfly.journal import WorkflowJournal
-from mayfly.lease import RecoveryLeaseGuard
+from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
 from mayfly.model.commands import (
     AdvanceTime,
     AttemptStart,
     CancelRun,
     Command,
     CompleteAttempt,
+    CompleteChild,
+    CreateRun,
     DeliverSignal,
     OpenSignalWait,
     Rejection,
     RejectionCode,
     StartNodes,
 )
-from mayfly.model.errors import CommandRejected, LimitExceeded, TaskCancelled, TaskFailed
+from mayfly.model.errors import (
+    CommandRejected,
+    CorruptionError,
+    LimitExceeded,
+    RunNotFound,
+    TaskCancelled,
+    TaskFailed,
+)
+from mayfly.model.events import (
+    CancellationRequested,
+    ChildCompleted,
+    ChildStarted,
+    NodeOutcomeCommitted,
+    SignalAccepted,
+)
 from mayfly.model.events import Event as HistoryEvent
-from mayfly.model.events import NodeOutcomeCommitted, SignalAccepted
 from mayfly.model.ids import IdSource, idempotency_key
 from mayfly.model.limits import MAX_REASON_BYTES
 from mayfly.model.outcomes import (
@@ -45,8 +71,18 @@ from mayfly.model.outcomes import (
     Succeeded,
 )
 from mayfly.model.signals import AcceptedSignal, SignalToken
-from mayfly.model.state import NodeStatus, RunState
-from mayfly.recovery import BlockUnavailable, ReconcileAttempt, RecoveryEffect
+from mayfly.model.state import NodeState, NodeStatus, RunState
+from mayfly.recovery import (
+    BlockUnavailable,
+    ReconcileAttempt,
+    ReconcileChild,
+    RecoveryEffect,
+    inspect_run,
+    recovery_effects,
+    resume_run,
+)
+from mayfly.reducer import decode_event
+from mayfly.reducer.children import child_completion, child_create_run
 from mayfly.runtime.registry import HandlerEntry, HandlerRegistry
 from mayfly.runtime.request import DependencyResult, HandlerRequest, clone_json
 from mayfly.runtime.signals import WaitForSignal
@@ -62,7 +98,15 @@ from mayfly.substrate import (
     offload,
 )
 
-__all__ = ["HandlerResult", "Observer", "RunDriver", "SignalRequest", "invoke_handler"]
+__all__ = [
+    "ChildReport",
+    "HandlerResult",
+    "Observer",
+    "RunDriver",
+    "SignalRequest",
+    "cancel_run_cascade",
+    "invoke_handler",
+]
 
 _OUTCOME_TYPES = (
     Succeeded,
@@ -114,8 +158,31 @@ def failure_outcome(error: TaskFailed) -> NodeOutcome:
     return RetryableFailure(reason=reason)
 
 
+class ChildReport:
+    """What driving a child run came to: its final state and either the parent's completion or its waits."""
+
+    __slots__ = ("completion", "state", "waiting")
+
+    def __init__(self, state: RunState, completion: CompleteChild | None, waiting: dict[str, str]) -> None:
+        self.state = state
+        self.completion = completion
+        """The parent's ``CompleteChild`` once the child is terminal; ``None`` while it is parked."""
+        self.waiting = waiting
+        """The parked child's waits (``node`` or ``node/child-node`` -> signal name)."""
+
+
+_Work = HandlerResult | ChildReport
+
+
 class RunDriver:
-    """Drives one run to its terminal result inside the current hub task."""
+    """Drives one run to its terminal result inside the current hub task.
+
+    ``leases`` and ``owner`` are what child runs are leased with (the
+    parent's store and owner; without a store, children run unleased like
+    their parent); ``drivers`` is the runtime's table of live drivers by run
+    id, so signals and cancellations addressed to a child run reach its
+    nested driver.
+    """
 
     def __init__(
         self,
@@ -130,6 +197,10 @@ class RunDriver:
         concurrent: bool,
         snapshot_every: int,
         lease_ttl_ms: int,
+        leases: RecoveryLeaseStore | None = None,
+        owner: str = "mayfly",
+        drivers: dict[str, RunDriver] | None = None,
+        outer: RunDriver | None = None,
     ) -> None:
         self.journal = journal
         self.registry = registry
@@ -141,15 +212,28 @@ class RunDriver:
         self.lease_ttl_ms = lease_ttl_ms
         self.detach_on_wait = detach_on_wait
         self.observer = observer
+        self.leases = leases
+        self.owner = owner
+        self.drivers = drivers
+        self.outer = outer
         self.hub = current_hub()
         # Virtual time continues from the recorded time; downtime is not counted, so
         # a restored deadline is never reached early.
         self._epoch = self.hub.now_ms() - state.now
         self._renewed_at = self.hub.now_ms()
         self._since_snapshot = 0
-        self._done: Channel[Task[HandlerResult]] = Channel()
-        self._tasks: dict[str, Task[HandlerResult]] = {}
-        self._task_attempt: dict[Task[HandlerResult], tuple[str, str]] = {}
+        self._done: Channel[Task[_Work]] = Channel()
+        self._tasks: dict[str, Task[_Work]] = {}
+        self._task_attempt: dict[Task[_Work], tuple[str, str]] = {}
+        # Child calls, by parent attempt id: started or reconciled and not yet reported ...
+        self._children: dict[str, tuple[str, str]] = {}
+        # ... and parked on a signal, with the waits they reported.
+        self._parked_children: dict[str, tuple[str, str, dict[str, str]]] = {}
+        # Nested drivers now driving a child run (child run id -> parent node, driver).
+        self._child_drivers: dict[str, tuple[str, RunDriver]] = {}
+        # Cancellations for child runs whose driver does not exist yet, and those already requested.
+        self._pending_child_cancels: dict[str, tuple[str, str]] = {}
+        self._cancelled_children: set[str] = set()
         self._cancel_requests: list[tuple[str, str]] = []
         self._signal_requests: list[SignalRequest] = []
         self._accepted: dict[str, int] = {}
@@ -209,6 +293,17 @@ class RunDriver:
         self._cancel_requests.append((requester, reason))
         # Wake the driver if it is waiting for handler results.
         self._done.send(_WAKE)
+        if not self.concurrent:
+            # Current-task mode drives a child inline, so this driver only sees the request once
+            # the child ends: cancel the child now, naming this run, and let the cascade follow.
+            why = _bounded(f"parent run {self.state.run_id} cancelled: {reason}")
+            for node_id, child_run_id in list(self._children.values()):
+                self._cancelled_children.add(child_run_id)
+                live = self._child_drivers.get(child_run_id)
+                if live is not None:
+                    live[1].request_cancel(self._child_requester(node_id), why)
+                else:  # still being opened: cancelled as soon as its driver exists
+                    self._pending_child_cancels[child_run_id] = (self._child_requester(node_id), why)
 
     def request_signal(self, request: SignalRequest) -> None:
         """Queue a signal delivery for the driver (from another task); ``request.done`` is set after."""
@@ -219,11 +314,15 @@ class RunDriver:
 
     def drive(self, effects: tuple[RecoveryEffect, ...] = ()) -> RunState:
         """Run until the terminal result is committed and return the final state."""
+        if self.state.status.is_terminal:
+            self._cancel_recorded_children()
         for effect in effects:
             if isinstance(effect, ReconcileAttempt):
                 node = self.state.node_by_id(effect.node_id)
                 assert node is not None
                 self._launch(node.index, effect.attempt_id)
+            elif isinstance(effect, ReconcileChild):
+                self._start_child(effect.node_id, effect.attempt_id, effect.child_run_id, None)
             elif isinstance(effect, BlockUnavailable):
                 self._block_unavailable(effect.node_id, effect.attempt_id)
         # Retry timers, waits and ready nodes are derived from state by the loop itself.
@@ -248,6 +347,7 @@ class RunDriver:
                 self.detached = True
                 break
         self._cancel_closed_attempts(())
+        self._join_children()
         return self.state
 
     def _due(self) -> bool:
@@ -277,7 +377,10 @@ class RunDriver:
         for node_id in ready:
             node = self.state.node_by_id(node_id)
             assert node is not None
-            if node.spec.handler is not None and self.registry.is_available(node.spec.handler):
+            # A child call has no handler of its own; its child run's handlers are checked up front.
+            if node.spec.child is not None or (
+                node.spec.handler is not None and self.registry.is_available(node.spec.handler)
+            ):
                 available.append(node_id)
             else:
                 self._block_unavailable(node_id, None)
@@ -286,8 +389,16 @@ class RunDriver:
             self.advance_time()  # attempt deadlines are measured from the recorded start time
             if self.state.status.is_terminal or self.state.ready_nodes() != ready:
                 return
-        starts = tuple(AttemptStart(node_id, self.ids.new_id()) for node_id in available)
-        self.commit_or_raise(StartNodes(starts))
+        starts = tuple(
+            AttemptStart(
+                node_id,
+                self.ids.new_id(),
+                child_run_id=self.ids.new_id() if self._node(node_id).spec.child else None,
+            )
+            for node_id in available
+        )
+        commit = self.commit_or_raise(StartNodes(starts))
+        children = {e.attempt_id: e for e in commit.events if isinstance(e, ChildStarted)}
         launched = [
             (self.state.index[s.node_id], s.attempt_id)
             for s in starts
@@ -295,12 +406,22 @@ class RunDriver:
         ]
         if self.concurrent:
             for index, attempt_id in launched:
-                self._launch(index, attempt_id)
+                self._dispatch(index, attempt_id, children.get(attempt_id))
             return
         # Current-task mode: the started attempts run serially, in specification order.
         for index, attempt_id in sorted(launched):
             if self.state.node(index).attempt_id == attempt_id:
-                self._run_inline(index, attempt_id)
+                self._dispatch(index, attempt_id, children.get(attempt_id))
+
+    def _dispatch(self, index: int, attempt_id: str, started: ChildStarted | None) -> None:
+        """Run a freshly started attempt: its handler, or the child run its ChildStarted names."""
+        if started is not None:
+            create = child_create_run(self.state, started)
+            self._start_child(started.node_id, attempt_id, started.child_run_id, create)
+        elif self.concurrent:
+            self._launch(index, attempt_id)
+        else:
+            self._run_inline(index, attempt_id)
 
     def _run_inline(self, index: int, attempt_id: str) -> None:
         entry, request = self._request(index, attempt_id, current_task().cancellation)
@@ -313,6 +434,332 @@ class RunDriver:
             failed.__cause__ = exc
             result = failure_outcome(failed)
         self._complete(index, attempt_id, result)
+
+    def _node(self, node_id: str) -> NodeState:
+        node = self.state.node_by_id(node_id)
+        assert node is not None, node_id
+        return node
+
+    # -- child runs -----------------------------------------------------------------
+
+    def _child_requester(self, node_id: str) -> str:
+        return f"parent {self.state.run_id}/{node_id}"
+
+    def _start_child(
+        self, node_id: str, attempt_id: str, child_run_id: str, create: CreateRun | None
+    ) -> None:
+        """Drive the child run of a started child-call attempt: in a task of its own, or inline.
+
+        ``create`` is the child's ``CreateRun`` for a fresh start, ``None`` to
+        reconcile after a restart (resume the child, or create it if it never was).
+        """
+        self._children[attempt_id] = (node_id, child_run_id)
+        self._parked_children.pop(attempt_id, None)
+        if self.concurrent:
+            node = self._node(node_id)
+            task: Task[_Work] = self.hub.spawn(
+                lambda: self._drive_child(node_id, attempt_id, child_run_id, create),
+                name=f"{node_id}#{node.attempt} child {child_run_id}",
+                notify=self._done,
+            )
+            self._tasks[attempt_id] = task
+            self._task_attempt[task] = (node_id, attempt_id)
+            return
+        report = self._drive_child(node_id, attempt_id, child_run_id, create)
+        if self._cancel_requests:
+            # The parent is being cancelled: its CancelRun closes this attempt, not the child's result.
+            self._children.pop(attempt_id, None)
+            return
+        self._child_done(attempt_id, report)
+
+    def _drive_child(
+        self, node_id: str, attempt_id: str, child_run_id: str, create: CreateRun | None
+    ) -> ChildReport:
+        """Open child run ``child_run_id`` (create or resume it) and drive it until it ends or parks."""
+        call = self._node(node_id).spec.child
+        assert call is not None
+        lease, state, effects = self._open_child(node_id, attempt_id, child_run_id, create)
+        try:
+            driver = RunDriver(
+                # A child never detaches on its own account: it parks only when its parent would.
+                detach_on_wait=self.detach_on_wait,
+                observer=self.observer,
+                journal=self.journal,
+                registry=self.registry,
+                ids=self.ids,
+                state=state,
+                lease=lease,
+                concurrent=self.concurrent,
+                snapshot_every=self.snapshot_every,
+                lease_ttl_ms=self.lease_ttl_ms,
+                leases=self.leases,
+                owner=self.owner,
+                drivers=self.drivers,
+                outer=self,
+            )
+            self._child_drivers[child_run_id] = (node_id, driver)
+            if self.drivers is not None:
+                self.drivers[child_run_id] = driver
+            pending = self._pending_child_cancels.pop(child_run_id, None)
+            if pending is not None:
+                driver.request_cancel(*pending)
+            try:
+                final = driver.drive(effects)
+            finally:
+                del self._child_drivers[child_run_id]
+                if self.drivers is not None:
+                    self.drivers.pop(child_run_id, None)
+        finally:
+            if lease is not None:
+                lease.release()
+        if final.status.is_terminal:
+            return ChildReport(final, child_completion(final, call.outputs), {})
+        return ChildReport(final, None, driver.waits())
+
+    def _open_child(
+        self, node_id: str, attempt_id: str, child_run_id: str, create: CreateRun | None
+    ) -> tuple[RecoveryLeaseGuard | None, RunState, tuple[RecoveryEffect, ...]]:
+        """The child run's lease, state and recovery effects: created fresh, or resumed from its journal."""
+        if create is None:
+            try:
+                lease, state, effects = self._resume_child(child_run_id)
+            except RunNotFound:
+                # The parent stopped after ChildStarted but before the child's RunCreated.
+                create = self._recorded_create(child_run_id)
+            else:
+                link = state.parent
+                if link is None or (link.run_id, link.node_id, link.attempt_id) != (
+                    self.state.run_id,
+                    node_id,
+                    attempt_id,
+                ):
+                    if lease is not None:
+                        lease.release()
+                    raise CorruptionError(
+                        f"run {child_run_id} is not the child of run {self.state.run_id} node {node_id!r} "
+                        f"attempt {attempt_id} (its parent link is {link}); inspect both runs"
+                    )
+                return lease, state, effects
+        lease = (
+            None if self.leases is None else self.leases.acquire(child_run_id, self.owner, self.lease_ttl_ms)
+        )
+        try:
+            commit = commit_command(
+                self.journal, None, create, ids=self.ids, fence=None if lease is None else lease.fencing_token
+            )
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        if self.observer is not None:
+            self.observer(commit.state, commit.events)
+        return lease, commit.state, ()
+
+    def _resume_child(
+        self, child_run_id: str
+    ) -> tuple[RecoveryLeaseGuard | None, RunState, tuple[RecoveryEffect, ...]]:
+        if self.leases is None:
+            state = inspect_run(self.journal, child_run_id).state
+            return None, state, recovery_effects(state, self.registry.is_available)
+        session = resume_run(
+            self.journal,
+            self.leases,
+            child_run_id,
+            owner=self.owner,
+            ttl_ms=self.lease_ttl_ms,
+            handler_available=self.registry.is_available,
+        )
+        return session.lease, session.state, session.effects
+
+    def _recorded_create(self, child_run_id: str) -> CreateRun:
+        """The child's ``CreateRun`` from the parent's recorded ChildStarted (with the input as recorded)."""
+        run_id = self.state.run_id
+        after = 0
+        while True:
+            records = self.journal.read(run_id, after=after, limit=1024)
+            if not records:
+                break
+            for record in records:
+                if record.event_type != "ChildStarted":
+                    continue
+                event = decode_event(record.event_type, record.schema_version, record.payload)
+                if isinstance(event, ChildStarted) and event.child_run_id == child_run_id:
+                    return child_create_run(self.state, event)
+            after = records[-1].sequence
+        raise CorruptionError(
+            f"run {run_id} records no ChildStarted for child run {child_run_id}, yet its state names it; "
+            f"inspect the run with `mayfly inspect {run_id}`"
+        )
+
+    def _child_finished(self, attempt_id: str, task: Task[_Work]) -> None:
+        try:
+            report = task.result()
+        except TaskCancelled:
+            self._children.pop(attempt_id, None)  # the hub is shutting down
+            return
+        except TaskFailed as failed:
+            # A child run that cannot be driven (journal or lease trouble) stops its parent too.
+            cause = failed.__cause__
+            raise (cause if isinstance(cause, Exception) else failed) from None
+        assert isinstance(report, ChildReport)
+        self._child_done(attempt_id, report)
+
+    def _child_done(self, attempt_id: str, report: ChildReport) -> None:
+        """Commit a terminal child's result on the parent attempt, or remember the waits it parked on."""
+        node_id, child_run_id = self._children.pop(attempt_id)
+        if self.state.status.is_terminal or self._node(node_id).attempt_id != attempt_id:
+            self.rejected_results += 1  # the run closed the attempt (and cancelled the child) meanwhile
+            if report.completion is None:
+                self._cancel_stopped_child(node_id, child_run_id)  # it parked before the cancel reached it
+            return
+        if report.completion is None:
+            self._parked_children[attempt_id] = (node_id, child_run_id, report.waiting)
+            return
+        self.advance_time()  # the parent's outcome, and any retry delay, count from now
+        if self._node(node_id).attempt_id != attempt_id:
+            self.rejected_results += 1
+            return
+        result = self.commit(report.completion)
+        if isinstance(result, Rejection):
+            if result.code in (RejectionCode.ATTEMPT_NOT_ACTIVE, RejectionCode.RUN_TERMINAL):
+                self.rejected_results += 1
+                return
+            raise CommandRejected(result, f"result of child run {child_run_id} rejected: {result}")
+
+    def _cancel_closed_children(self, events: tuple[HistoryEvent, ...]) -> None:
+        """Cancel the child runs of child-call attempts the run just closed (or all, once it is terminal)."""
+        completed = {e.attempt_id for e in events if isinstance(e, ChildCompleted)}
+        run_id = self.state.run_id
+        for event in events:
+            if isinstance(event, CancellationRequested):
+                why = f"parent run {run_id} cancelled: {event.reason}"
+                for target in event.targets:
+                    if target.child_run_id is not None:
+                        self._cancel_child(target.node_id, target.attempt_id, target.child_run_id, why)
+            elif (
+                isinstance(event, NodeOutcomeCommitted)
+                and event.attempt_id is not None
+                and event.attempt_id not in completed
+            ):
+                child = self._child_of(event.attempt_id)
+                if child is not None:
+                    detail = getattr(event.outcome, "reason", "")
+                    why = f"parent attempt closed: {event.outcome.kind.value} ({detail})"
+                    self._cancel_child(child[0], event.attempt_id, child[1], why)
+        if self.state.status.is_terminal:
+            for attempt_id in [*self._children, *self._parked_children]:
+                child = self._child_of(attempt_id)
+                assert child is not None
+                self._cancel_child(child[0], attempt_id, child[1], f"parent run {run_id} ended")
+
+    def _child_of(self, attempt_id: str) -> tuple[str, str] | None:
+        child = self._children.get(attempt_id)
+        if child is not None:
+            return child
+        parked = self._parked_children.get(attempt_id)
+        return None if parked is None else (parked[0], parked[1])
+
+    def _cancel_child(self, node_id: str, attempt_id: str, child_run_id: str, reason: str) -> None:
+        """Cancel child run ``child_run_id`` once, naming this run's node as the requester."""
+        self._parked_children.pop(attempt_id, None)
+        if child_run_id in self._cancelled_children:
+            return
+        self._cancelled_children.add(child_run_id)
+        requester, reason = self._child_requester(node_id), _bounded(reason)
+        live = self._child_drivers.get(child_run_id)
+        if live is not None:
+            live[1].request_cancel(requester, reason)
+        elif attempt_id in self._tasks:
+            self._pending_child_cancels[child_run_id] = (requester, reason)  # its task has not opened it yet
+        else:  # parked, or left behind by an earlier process: cancel it through its journal
+            cancel_run_cascade(
+                self.journal,
+                self.leases,
+                child_run_id,
+                requester=requester,
+                reason=reason,
+                owner=self.owner,
+                ids=self.ids,
+                ttl_ms=self.lease_ttl_ms,
+                observer=self.observer,
+            )
+
+    def _join_children(self) -> None:
+        """Once the run is terminal, wait for the child runs still being driven (being cancelled).
+
+        A child whose driver had already stopped short of its end (parked on a
+        signal) when the cancellation came is cancelled through its journal,
+        so no child run outlives its parent.
+        """
+        if not self.state.status.is_terminal:
+            return
+        for attempt_id, task in list(self._tasks.items()):
+            child = self._children.get(attempt_id)
+            if child is None:
+                continue
+            try:
+                report = task.join()
+            except TaskCancelled:
+                continue  # the hub is shutting down
+            except TaskFailed as failed:
+                cause = failed.__cause__
+                raise (cause if isinstance(cause, Exception) else failed) from None
+            del self._tasks[attempt_id]
+            assert isinstance(report, ChildReport)
+            if not report.state.status.is_terminal:
+                self._cancel_stopped_child(*child)
+
+    def _cancel_stopped_child(self, node_id: str, child_run_id: str) -> None:
+        """Cancel, through its journal, a child run whose driver stopped before a cancellation reached it."""
+        requester, reason = self._pending_child_cancels.pop(
+            child_run_id, (self._child_requester(node_id), f"parent run {self.state.run_id} ended")
+        )
+        self._cancelled_children.add(child_run_id)
+        cancel_run_cascade(
+            self.journal,
+            self.leases,
+            child_run_id,
+            requester=requester,
+            reason=reason,
+            owner=self.owner,
+            ids=self.ids,
+            ttl_ms=self.lease_ttl_ms,
+            observer=self.observer,
+        )
+
+    def _cancel_recorded_children(self) -> None:
+        """For a run that is already cancelled: cancel the child runs its cancellation named, if still open.
+
+        A process that cancelled the run without cascading (``mayfly cancel``)
+        leaves them running; resuming the parent finishes the cascade.
+        """
+        cancellation = self.state.cancellation
+        if cancellation is None:
+            return
+        for target in cancellation.targets:
+            if target.child_run_id is not None:
+                self._cancelled_children.add(target.child_run_id)
+                cancel_run_cascade(
+                    self.journal,
+                    self.leases,
+                    target.child_run_id,
+                    requester=self._child_requester(target.node_id),
+                    reason=_bounded(f"parent run {self.state.run_id} cancelled: {cancellation.reason}"),
+                    owner=self.owner,
+                    ids=self.ids,
+                    ttl_ms=self.lease_ttl_ms,
+                    observer=self.observer,
+                )
+
+    def waits(self) -> dict[str, str]:
+        """The durable waits this run is parked on, its own and ``node/child-node`` for parked children."""
+        waiting = {
+            node.node_id: node.wait.name for node in self.state.waiting_nodes() if node.wait is not None
+        }
+        for node_id, _, child_waits in self._parked_children.values():
+            for path, name in child_waits.items():
+                waiting[f"{node_id}/{path}"] = name
+        return waiting
 
     def _block_unavailable(self, node_id: str, attempt_id: str | None) -> None:
         """Record a node whose handler is missing as Blocked (ARCHITECTURE section 11)."""
@@ -367,10 +814,10 @@ class RunDriver:
         # The task's own cancellation handle is the one the handler sees.
         holder: dict[str, HandlerRequest] = {}
 
-        def attempt() -> HandlerResult:
+        def attempt() -> _Work:
             return invoke_handler(entry, holder["request"])
 
-        task: Task[HandlerResult] = self.hub.spawn(attempt, name=name, notify=self._done)
+        task: Task[_Work] = self.hub.spawn(attempt, name=name, notify=self._done)
         entry, request = self._request(index, attempt_id, task.cancellation)
         holder["request"] = request
         self._tasks[attempt_id] = task
@@ -384,7 +831,7 @@ class RunDriver:
         durably parked for whoever delivers the signal and resumes it.
         """
         if not self._tasks:
-            waiting = bool(self.state.waiting_nodes())
+            waiting = bool(self.state.waiting_nodes()) or bool(self._parked_children)
             if waiting and self.detach_on_wait and self._next_deadline(waits=False) is None:
                 return False
             if not waiting and self._next_deadline() is None:
@@ -436,6 +883,8 @@ class RunDriver:
         request.done.set()
 
     def _renew_if_due(self) -> None:
+        if self.outer is not None and not self.concurrent:
+            self.outer._renew_if_due()  # an inline child blocks its parent's loop: renew for it
         if self.lease is None:
             return
         now = self.hub.now_ms()
@@ -443,15 +892,19 @@ class RunDriver:
             self.lease.renew(self.lease_ttl_ms)
             self._renewed_at = now
 
-    def _finished(self, task: Task[HandlerResult]) -> None:
+    def _finished(self, task: Task[_Work]) -> None:
         node_id, attempt_id = self._task_attempt.pop(task)
         self._tasks.pop(attempt_id, None)
+        if attempt_id in self._children:
+            self._child_finished(attempt_id, task)
+            return
         try:
             result = task.result()
         except TaskCancelled:
             return  # the run closed this attempt; its outcome is already committed
         except TaskFailed as failed:
             result = failure_outcome(failed)
+        assert not isinstance(result, ChildReport)
         self._complete(self.state.index[node_id], attempt_id, result)
 
     def _complete(self, index: int, attempt_id: str, outcome: HandlerResult) -> None:
@@ -494,15 +947,18 @@ class RunDriver:
     def _cancel_closed_attempts(self, events: tuple[HistoryEvent, ...]) -> None:
         """Cancel the tasks of attempts the run just closed itself (cancellation, deadline, budget)."""
         if self.state.status.is_terminal:
-            for task in self._tasks.values():
-                if not task.done:
+            for attempt_id, task in self._tasks.items():
+                # A child run's task is not killed: its run is cancelled through its journal below.
+                if attempt_id not in self._children and not task.done:
                     task.cancel("run completed")
-            return
-        for event in events:
-            if isinstance(event, NodeOutcomeCommitted) and event.attempt_id is not None:
-                closed = self._tasks.get(event.attempt_id)
-                if closed is not None and not closed.done:
-                    closed.cancel(f"attempt closed: {event.outcome.kind.value}")
+        else:
+            for event in events:
+                if isinstance(event, NodeOutcomeCommitted) and event.attempt_id is not None:
+                    closed = self._tasks.get(event.attempt_id)
+                    if closed is not None and not closed.done and event.attempt_id not in self._children:
+                        closed.cancel(f"attempt closed: {event.outcome.kind.value}")
+        if self._children or self._parked_children:
+            self._cancel_closed_children(events)
 
     @property
     def waiting_nodes(self) -> list[str]:
@@ -531,3 +987,55 @@ class SignalRequest:
         self.name = name
         self.done = Event()
         self.result: Any = None
+
+
+def cancel_run_cascade(
+    journal: WorkflowJournal,
+    leases: RecoveryLeaseStore | None,
+    run_id: str,
+    *,
+    requester: str,
+    reason: str,
+    owner: str,
+    ids: IdSource,
+    ttl_ms: int = 30_000,
+    observer: Observer | None = None,
+) -> None:
+    """Cancel run ``run_id`` through its journal, then in turn every child run its cancellation targets.
+
+    For runs no live driver is driving (a parked child, a run left behind by
+    an earlier process, or a root cancelled from a command line). A run that
+    was never created, or is already terminal, is left as it is. Each run is
+    leased while it is cancelled; ``LeaseHeld`` means another process drives
+    it and must cancel it. Child runs name their parent (``"parent
+    <run>/<node>"``) as requester.
+    """
+    pending = [(run_id, requester, reason)]
+    while pending:
+        run, who, why = pending.pop()
+        lease = None if leases is None else leases.acquire(run, owner, ttl_ms)
+        try:
+            try:
+                state = inspect_run(journal, run).state
+            except RunNotFound:
+                continue
+            if state.status.is_terminal:
+                continue
+            commit = commit_command(
+                journal,
+                state,
+                CancelRun(who, why),
+                ids=ids,
+                fence=None if lease is None else lease.fencing_token,
+            )
+        finally:
+            if lease is not None:
+                lease.release()
+        if observer is not None:
+            observer(commit.state, commit.events)
+        for event in commit.events:
+            if isinstance(event, CancellationRequested):
+                for target in event.targets:
+                    if target.child_run_id is not None:
+                        nested = _bounded(f"parent run {run} cancelled: {why}")
+                        pending.append((target.child_run_id, f"parent {run}/{target.node_id}", nested))

@@ -11,13 +11,21 @@ Two ownership modes, as ADR-0032 Story 1.9 defines them:
   handlers run serially in specification order, and specifications with
   attempt deadlines are rejected, because enforcing a concurrent timeout needs
   the standalone mode.
+
+Child calls run as child runs of the same journal, leased by the same owner
+and driven by the same runtime: concurrently beside the parent's other
+branches in the standalone mode, inline (serially) in the current-task mode.
+A child that parks on a signal keeps its parent running: ``execute`` returns
+with the child's waits in :attr:`RunResult.waiting` as ``"node/child-node"``;
+deliver the signal to the child run (:attr:`NodeSummary.child_run_id`), then
+resume the *parent*, which resumes the child.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, final
 
 import msgspec
@@ -91,6 +99,8 @@ class NodeSummary(msgspec.Struct, frozen=True):
     outcome: NodeOutcomeKind | None
     attempts: int
     reason: str = ""
+    child_run_id: str | None = None
+    """For a child-call node: the child run of its latest attempt."""
 
 
 @final
@@ -103,7 +113,11 @@ class RunResult(msgspec.Struct, frozen=True):
     nodes: dict[str, NodeSummary]
     outputs: dict[str, JsonValue]
     waiting: dict[str, str] = {}
-    """Nodes parked on a durable wait, with the signal name each waits for."""
+    """Nodes parked on a durable wait, with the signal name each waits for.
+
+    A wait inside a parked child run is listed as ``"node/child-node"``
+    (one more ``/child-node`` per nesting level).
+    """
 
     @property
     def succeeded(self) -> bool:
@@ -111,8 +125,14 @@ class RunResult(msgspec.Struct, frozen=True):
         return self.status is RunStatus.SUCCEEDED
 
     @classmethod
-    def of(cls, state: RunState) -> RunResult:
-        """Summarize ``state``."""
+    def of(cls, state: RunState, *, waiting: Mapping[str, str] | None = None) -> RunResult:
+        """Summarize ``state``; ``waiting`` replaces the waits read from it (a driver adds its children's)."""
+        children: dict[str, str] = {}
+        if any(node.spec.child is not None for node in state.nodes):
+            # Attempt records keep every child run id, in start order; the node's latest wins.
+            for record in state.to_record().attempts:
+                if record.child_run_id is not None:
+                    children[record.node_id] = record.child_run_id
         nodes: dict[str, NodeSummary] = {}
         outputs: dict[str, JsonValue] = {}
         for node in state.nodes:
@@ -122,11 +142,13 @@ class RunResult(msgspec.Struct, frozen=True):
                 outcome=None if outcome is None else outcome.kind,
                 attempts=node.total_attempts,
                 reason="" if outcome is None else getattr(outcome, "reason", ""),
+                child_run_id=children.get(node.node_id),
             )
             if isinstance(outcome, Succeeded) and node.status is NodeStatus.SUCCEEDED:
                 outputs[node.node_id] = outcome.output
-        waiting = {node.node_id: node.wait.name for node in state.nodes if node.wait is not None}
-        return cls(state.run_id, state.status, state.sequence, nodes, outputs, waiting)
+        if waiting is None:
+            waiting = {node.node_id: node.wait.name for node in state.nodes if node.wait is not None}
+        return cls(state.run_id, state.status, state.sequence, nodes, outputs, dict(waiting))
 
 
 def _default_owner() -> str:
@@ -232,7 +254,9 @@ class WorkflowRuntime:
         If this runtime is driving the run (called from another task of the
         same hub), the driver records it; otherwise the run's lease is taken
         for the delivery (``LeaseHeld`` if another process owns the run) and
-        the run stays parked until it is resumed.
+        the run stays parked until it is resumed. A wait inside a child run
+        is answered on the child run (``result.nodes[node].child_run_id``);
+        resume the root run afterwards.
         """
         raw = token if isinstance(token, SignalToken) else SignalToken(token)
         signal_id = signal_id if signal_id is not None else self.ids.new_id()
@@ -257,7 +281,11 @@ class WorkflowRuntime:
             return SignalDisposition.of(signal_id, list(commit.events))
 
     def cancel(self, run_id: str, *, reason: str, requester: str = "runtime") -> None:
-        """Cancel a run this runtime is driving on the current hub (from another task)."""
+        """Cancel a run this runtime is driving on the current hub (from another task).
+
+        Its open child runs are cancelled in turn, each naming its parent
+        (``"parent <run>/<node>"``) as the requester.
+        """
         driver = self._drivers.get(run_id)
         if driver is None:
             raise MayflyError(
@@ -284,6 +312,13 @@ class WorkflowRuntime:
     @staticmethod
     def _reject_deadlines(spec: WorkflowSpec) -> None:
         with_deadlines = [n.id for n in spec.nodes if n.retry.attempt_deadline_ms is not None]
+        # Child runs are driven inline too, so their catalog workflows must not need deadlines either.
+        with_deadlines += [
+            f"{child.workflow_id}@{child.version}/{n.id}"
+            for child in spec.catalog
+            for n in child.nodes
+            if n.retry.attempt_deadline_ms is not None
+        ]
         if with_deadlines:
             raise UnsupportedInCurrentTask(
                 f"attempt deadlines need the standalone runtime (WorkflowRuntime.execute); "
@@ -336,12 +371,16 @@ class WorkflowRuntime:
             concurrent=concurrent,
             snapshot_every=self.snapshot_every,
             lease_ttl_ms=self.lease_ttl_ms,
+            leases=self.leases,
+            owner=self.owner,
+            drivers=self._drivers,
         )
 
     def _drive(self, driver: RunDriver, effects: tuple[Any, ...]) -> RunResult:
         run_id = driver.state.run_id
         self._drivers[run_id] = driver
         try:
-            return RunResult.of(driver.drive(effects))
+            state = driver.drive(effects)
+            return RunResult.of(state, waiting=driver.waits())
         finally:
             del self._drivers[run_id]
