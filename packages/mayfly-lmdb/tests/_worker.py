@@ -7,11 +7,13 @@ reports through stdout lines, flushed at once.
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
+import uuid
 
 from mayfly.journal import JournalRecord
-from mayfly.model.errors import AppendConflict
+from mayfly.model.errors import AppendConflict, LeaseHeld
 from mayfly.plugins import open_journal, open_leases
 
 
@@ -89,9 +91,40 @@ def hold(url: str, run_id: str, ttl_ms: int = 60_000) -> None:
     sys.stdin.readline()
 
 
+def fenced(url: str, run_id: str, seed: int) -> None:
+    """Forever: take the run's lease, append a few batches under its fence, print each ack, release."""
+    rng = random.Random(seed)
+    journal = open_journal(url)
+    leases = open_leases(url)
+    _say("ready")
+    while True:
+        try:
+            guard = leases.acquire(run_id, f"chaos-{seed}", 2_000)
+        except LeaseHeld:
+            time.sleep(rng.random() / 100)
+            continue
+        for _ in range(rng.randint(1, 5)):
+            first = journal.next_sequence(run_id)
+            batch = [
+                JournalRecord.seal(
+                    run_id=run_id,
+                    sequence=sequence,
+                    event_id=str(uuid.uuid4()),
+                    event_type="Chaos",
+                    schema_version=1,
+                    payload=b'{"fill":"' + b"x" * rng.randint(0, 3000) + b'"}',
+                )
+                for sequence in range(first, first + rng.randint(1, 4))
+            ]
+            journal.append(run_id, first, batch, fence=guard.fencing_token)
+            _say("ack " + json.dumps([[r.sequence, r.event_id] for r in batch]))
+            guard.renew()
+        guard.release()
+
+
 def main() -> None:
     """Dispatch to the mode named on the command line."""
-    modes = {"append": append, "inspect": inspect, "hold": hold}
+    modes = {"append": append, "inspect": inspect, "hold": hold, "fenced": fenced}
     modes[sys.argv[1]](**json.loads(sys.argv[2]))
 
 

@@ -12,10 +12,11 @@ passed without ``renew``), or when its holder died. Death is seen without
 waiting for the expiry through an OS file lock: a holder keeps an exclusive
 ``flock`` on ``DIR/leases/<run_id>.lock``, which the kernel drops when the
 holder's process dies. An acquirer that obtains that lock while the stored
-grant says its holder held it knows the holder is gone. A holder that took
-over an expired grant while the hung previous holder still had the lock
-runs without it (its death is then seen at expiry) and picks the lock up on
-a later ``renew`` once it is free.
+grant says its holder held it knows the holder is gone. A holder granted
+the lease while another process momentarily had the lock (a hung
+predecessor whose grant expired, or a contender being refused) runs without
+it, its death then seen at expiry, and picks the lock up on a later
+``renew`` once it is free.
 
 Expiry compares wall-clock milliseconds of processes on one host. New tokens
 are flushed to disk before a grant returns, even with ``durability=nosync``:
@@ -139,11 +140,11 @@ class LmdbLeaseGuard:
                 return
             self._released = True
             fd, self._fd = self._fd, None
-        try:
-            self._store._release(self)
-        finally:
-            if fd is not None:
-                os.close(fd)  # after the grant is gone: the flock drops with the descriptor
+        if fd is not None:
+            # Drop the file lock first: an acquirer that gets it while this grant (marked as
+            # holding the lock) is still stored takes over at once, and holds the lock itself.
+            os.close(fd)
+        self._store._release(self)
 
     def _note(self) -> str:
         return f"{self._owner} (pid {os.getpid()}, token {self._token})"
