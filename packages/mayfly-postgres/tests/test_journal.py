@@ -315,3 +315,13 @@ def test_backend_terminated_mid_statement_is_resolved_and_committed_once(url: st
         assert terminated and not result.already_committed
         assert journal.read(run, after=1) == records
         assert journal.next_sequence(run) == 5
+
+
+def test_read_only_server_is_retried_then_unavailable(url: str) -> None:
+    """A server refusing writes (read-only, as a demoted primary) is retried, then JournalUnavailable; nothing written."""
+    read_only = with_options(url, reconnect_timeout=0.5, options="-c%20default_transaction_read_only%3Don")
+    run = IDS.new_id()
+    with PostgresJournal(read_only) as journal:
+        with pytest.raises(JournalUnavailable, match="25006"):
+            journal.append(run, 1, batch(run, 1))
+        assert journal.next_sequence(run) == 1

@@ -37,9 +37,10 @@ RV = TypeVar("RV")
 
 _READY_NONE: Final = 0
 # SQLSTATEs worth retrying on a fresh connection: connection exceptions (08),
-# server shutdown or startup (57P01-57P03), too many connections, and the
-# serialization/deadlock classes.
-_TRANSIENT_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
+# server shutdown or startup (57P01-57P03), too many connections, the
+# serialization/deadlock classes, and a read-only server (25006: a demoted
+# primary; reconnecting with target_session_attrs=read-write finds the new one).
+_TRANSIENT_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01", "25006"})
 # libpq reports a refused login without a SQLSTATE; these texts mean retrying cannot help.
 _PERMANENT_LOGIN: Final = (
     "does not exist",
@@ -214,12 +215,18 @@ class ConnectionPool:
         connection = self._checkout(cooperative)
         connection.cooperative = cooperative
         slot = self._slot()
+        discard = False
         try:
             yield connection
+        except BaseException as error:
+            # A transient failure is retried on a fresh connection, never on this one.
+            discard = is_transient(error)
+            raise
         finally:
             connection.cooperative = False
             reusable = (
-                not self._closed
+                not discard
+                and not self._closed
                 and not connection.closed
                 and not connection.broken
                 and connection.info.transaction_status == TransactionStatus.IDLE
