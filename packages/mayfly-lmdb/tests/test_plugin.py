@@ -36,3 +36,26 @@ def test_descriptions_name_path_durability_and_map() -> None:
     line = describe("lmdb:///srv/env?map_size=64MiB&max_map_size=2GiB")
     assert "/srv/env" in line and "sync (durable" in line and "64MiB growing to 2GiB" in line
     assert "sync|nosync" in describe("lmdb://")
+
+
+def test_a_workflow_runs_end_to_end_on_an_lmdb_url(url: str) -> None:
+    """WorkflowRuntime given an lmdb:// URL runs a chain to success and leaves its history there."""
+    from mayfly.model.outcomes import Succeeded
+    from mayfly.model.spec import Node, WorkflowSpec
+    from mayfly.runtime import HandlerRegistry, HandlerRequest, WorkflowRuntime
+
+    def step(request: HandlerRequest) -> Succeeded:
+        return Succeeded(output={"node": request.node_id})
+
+    registry = HandlerRegistry()
+    registry.register("step", 1, step, cooperative=True)
+    nodes = (Node("a", handler="step@1"), Node("b", handler="step@1", depends_on=("a",)))
+    result = WorkflowRuntime(url, registry).execute(
+        WorkflowSpec(workflow_id="lmdb.e2e", version=1, nodes=nodes)
+    )
+    assert result.succeeded
+    assert result.outputs == {"a": {"node": "a"}, "b": {"node": "b"}}
+    with LmdbJournal(url) as journal:
+        assert journal.list_runs() == [result.run_id]
+        assert len(journal.read(result.run_id)) == result.sequence
+        assert journal.read_snapshot(result.run_id) is not None

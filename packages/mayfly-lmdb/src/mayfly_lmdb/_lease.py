@@ -62,6 +62,11 @@ def _try_lock(path: str, note: str) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError as error:
+        os.close(fd)
+        raise JournalUnavailable(
+            f"cannot lock lease file {path}: {error}; keep the environment on a local filesystem"
+        ) from None
     except BaseException:
         os.close(fd)
         raise
