@@ -34,12 +34,17 @@ if length > 0 then
 end
 local actual = length + 1
 local count = tonumber(ARGV[3])
+local wanted = {}
+for i = 1, count do wanted[i] = ARGV[4 + (i - 1) * 3 + 1] end
+-- One HMGET per chunk of ids (unpack() is bounded by Lua's C stack).
 local stored = {}
+for first = 1, count, 500 do
+  local found = redis.call('HMGET', KEYS[2], unpack(wanted, first, math.min(first + 499, count)))
+  for offset = 1, #found do stored[first + offset - 1] = found[offset] end
+end
 local replay = true
 for i = 1, count do
-  local base = 4 + (i - 1) * 3
-  stored[i] = redis.call('HGET', KEYS[2], ARGV[base + 1])
-  if stored[i] ~= ARGV[base + 2] then replay = false end
+  if stored[i] ~= ARGV[4 + (i - 1) * 3 + 2] then replay = false end
 end
 if tostring(actual) ~= ARGV[2] then
   if replay then return {'replay'} end
