@@ -108,19 +108,21 @@ def decode_head(value: bytes | None, run_id: str) -> tuple[int, int]:
     return int(next_sequence), int(fence)
 
 
-def encode_record(record: JournalRecord) -> bytes:
-    """The stored value of a validated, sealed record."""
+def encode_record(record: JournalRecord, event_id: bytes | None = None) -> bytes:
+    """The stored value of a validated, sealed record (``event_id``: its 16 bytes, if known)."""
     event_type = record.event_type.encode("ascii")
-    return (
-        _RECORD_HEAD.pack(
-            _VERSION,
-            bytes.fromhex(record.checksum),
-            uuid_bytes(record.event_id),
-            record.schema_version,
-            len(event_type),
+    return b"".join(
+        (
+            _RECORD_HEAD.pack(
+                _VERSION,
+                bytes.fromhex(record.checksum),
+                uuid_bytes(record.event_id) if event_id is None else event_id,
+                record.schema_version,
+                len(event_type),
+            ),
+            event_type,
+            record.payload,
         )
-        + event_type
-        + record.payload
     )
 
 

@@ -121,9 +121,14 @@ class LmdbJournal:
     ) -> AppendResult:
         """Compare-and-append an atomic batch; see :meth:`mayfly.journal.WorkflowJournal.append`."""
         batch = validate_batch(run_id, expected_next, records, fence)
-        shared = self._writable(f"append to run {run_id}")
+        operation = f"append to run {run_id}"
+        shared = self._writable(operation)
         run = _codec.run_key(run_id)
-        values = [(_codec.uuid_bytes(record.event_id), _codec.encode_record(record)) for record in batch]
+        events_of = [_codec.uuid_bytes(record.event_id) for record in batch]
+        values = [
+            (event, _codec.encode_record(record, event))
+            for event, record in zip(events_of, batch, strict=True)
+        ]
         heads, events, stored, runs = shared.heads, shared.events, shared.records, shared.runs
 
         def body(txn: lmdb.Transaction[bytes]) -> AppendResult:
@@ -156,7 +161,7 @@ class LmdbJournal:
                 txn.put(run, _EMPTY_RUN, db=runs)
             return AppendResult(run_id=run_id, last_sequence=sequence - 1, records=batch)
 
-        return shared.write(body, f"append to run {run_id}")
+        return shared.write(body, operation)
 
     def _replayed(
         self,
