@@ -10,7 +10,8 @@ import json
 import sys
 from collections.abc import Callable
 
-from mayfly.model.errors import AppendConflict
+from mayfly.lease import RecoveryLeaseGuard
+from mayfly.model.errors import AppendConflict, LeaseHeld
 from mayfly.plugins import open_journal, open_leases
 from mayfly_contract.support import Records
 
@@ -28,6 +29,24 @@ def hold_lease(url: str, run_id: str, ttl_ms: int) -> None:
     if sys.stdin.readline().strip() == "release":
         guard.release()
         _say("released")
+    leases.close()
+
+
+def try_lease(url: str, run_id: str, ttl_ms: int) -> None:
+    """On "go", try once to acquire the run's lease; report the outcome, hold until "exit"."""
+    leases = open_leases(url)
+    _say("ready")
+    sys.stdin.readline()
+    guard: RecoveryLeaseGuard | None = None
+    try:
+        guard = leases.acquire(run_id, "contract-racer", ttl_ms)
+    except LeaseHeld:
+        _say("held")
+    else:
+        _say(f"won {guard.fencing_token}")
+    sys.stdin.readline()
+    if guard is not None:
+        guard.release()
     leases.close()
 
 
@@ -73,6 +92,7 @@ def main() -> None:
         "hold-lease": hold_lease,
         "append-until-killed": append_until_killed,
         "race": race,
+        "try-lease": try_lease,
     }
     modes[mode](**arguments)
 

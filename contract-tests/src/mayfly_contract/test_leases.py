@@ -118,3 +118,26 @@ def test_lease_of_a_killed_holder_becomes_available(
         guard.release()
     finally:
         child.close()
+
+
+@pytest.mark.clause("lease.cross-process.race")
+@pytest.mark.capability("cross_process")
+def test_processes_racing_for_a_lease_get_one_grant(mayfly_leases_url: str, run_id: str) -> None:
+    """Processes racing to acquire one run's lease at the same moment: exactly one is granted."""
+    children = [Child("try-lease", url=mayfly_leases_url, run_id=run_id, ttl_ms=60_000) for _ in range(4)]
+    try:
+        for child in children:
+            assert child.readline() == "ready"
+        for child in children:
+            child.send("go")
+        outcomes = [child.readline() for child in children]
+        for child in children:
+            child.send("exit")
+        for child in children:
+            child.finish()
+    finally:
+        for child in children:
+            child.close()
+    winners = [outcome for outcome in outcomes if outcome.startswith("won ")]
+    assert len(winners) == 1, outcomes
+    assert sorted(outcomes) == sorted([winners[0], "held", "held", "held"])
