@@ -493,6 +493,50 @@ def test_a_child_call_attempt_closed_by_its_deadline_cancels_the_child(env: Env)
     assert observed == [True]
 
 
+def test_a_retried_child_call_starts_a_fresh_child_run_after_cancelling_the_timed_out_one(env: Env) -> None:
+    """A deadline retry is a new parent attempt with a new child run; the timed-out child is cancelled."""
+    calls: list[str] = []
+
+    def scan(req: HandlerRequest) -> Succeeded:
+        calls.append(req.run_id)
+        if len(calls) == 1:
+            sleep(3600)  # the first child outlives the parent attempt's deadline
+        return SCAN_OK
+
+    env.registry.register("scan", 1, scan, cooperative=True)
+    retry = RetryPolicy(max_attempts=2, attempt_deadline_ms=60_000, backoff=mayfly.ImmediateBackoff())
+    result = env.runtime(clock=VirtualClock).execute(ci(retry=retry), {"repo": "acme/app"})
+    assert result.succeeded and result.outputs["lint"] == {"warnings": 2}
+    assert result.nodes["lint"].attempts == 2
+    first, second = calls
+    assert first != second and result.nodes["lint"].child_run_id == second
+    assert env.state(first).status is RunStatus.CANCELLED
+    assert cancellation_of(env, first).requester == f"parent {result.run_id}/lint"
+    assert env.state(second).status is RunStatus.SUCCEEDED
+
+
+def test_independent_child_calls_run_concurrently(env: Env) -> None:
+    """Two child calls without a dependency overlap: each child's 60 s handler ends at 60 s of virtual time."""
+    ends: list[int] = []
+
+    def scan(req: HandlerRequest) -> Succeeded:
+        sleep(60)
+        ends.append(mayfly.substrate.now_ms())
+        return SCAN_OK
+
+    env.registry.register("scan", 1, scan, cooperative=True)
+    spec = WorkflowSpec(
+        "acme.ci",
+        1,
+        (Node("lint_a", child=lint_call()), Node("lint_b", child=lint_call())),
+        catalog=(LINT,),
+    )
+    result = env.runtime(clock=VirtualClock).execute(spec, {"repo": "acme/app"})
+    assert result.succeeded
+    assert result.nodes["lint_a"].child_run_id != result.nodes["lint_b"].child_run_id
+    assert ends == [60_000, 60_000]
+
+
 # -- signals inside a child ------------------------------------------------------------
 
 TOKENS: dict[str, str] = {}
