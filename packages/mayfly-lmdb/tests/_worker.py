@@ -7,6 +7,7 @@ reports through stdout lines, flushed at once.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -122,9 +123,17 @@ def fenced(url: str, run_id: str, seed: int) -> None:
         guard.release()
 
 
+def read_hold(url: str) -> None:
+    """Open a read transaction, report this pid, and hold the transaction until killed."""
+    journal = open_journal(url)
+    txn = journal._env.env.begin()  # type: ignore[attr-defined]  # an LmdbJournal
+    _say(f"reading {os.getpid()} {txn.id()}")
+    sys.stdin.readline()
+
+
 def main() -> None:
     """Dispatch to the mode named on the command line."""
-    modes = {"append": append, "inspect": inspect, "hold": hold, "fenced": fenced}
+    modes = {"append": append, "inspect": inspect, "hold": hold, "fenced": fenced, "read-hold": read_hold}
     modes[sys.argv[1]](**json.loads(sys.argv[2]))
 
 

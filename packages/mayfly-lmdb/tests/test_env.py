@@ -213,3 +213,18 @@ def test_a_readonly_inspector_with_a_small_map_adopts_growth(env_dir: Path, work
         assert worker.finish()[-1] == "done"
         assert len(reader.read(run)) == 301
         assert reader.map_size > 64 << 10
+
+
+def test_reader_slots_of_killed_processes_are_cleared(url: str, workers: list[Worker]) -> None:
+    """A reader slot left by a SIGKILLed process is cleared when the environment is opened again."""
+    with LmdbJournal(url):
+        pass
+    reader = Worker("read-hold", url=url)
+    workers.append(reader)
+    _, pid, _ = reader.readline().split()
+    with LmdbJournal(url) as journal:
+        assert f"{pid} " in journal._env.env.readers().replace("\n", " ")
+    reader.kill()
+    with LmdbJournal(url) as journal:
+        slots = journal._env.env.readers()
+    assert f"{pid} " not in slots.replace("\n", " ")

@@ -170,7 +170,12 @@ class SharedEnv:
                     f"lmdb environment {self.path} did not enable synchronous commits; "
                     "refusing to acknowledge appends as durable"
                 )
+            # Reader slots left by killed processes pin old pages and fill the reader table.
+            self.env.reader_check()
             self._open_databases(target.readonly)
+        except lmdb.Error as error:
+            self.env.close()
+            raise map_error(error, self.path, "opening the journal") from None
         except BaseException:
             self.env.close()
             raise
@@ -243,6 +248,9 @@ class SharedEnv:
                 current = self.env.info()["map_size"]
                 if seen is None:
                     self.env.set_mapsize(0)
+                elif self.env.reader_check():
+                    # Readers of killed processes pinned old pages; freed now, retry before growing.
+                    pass
                 else:
                     if current >= self.max_map_size:
                         raise LmdbMapFull(self.path, operation, current, self.max_map_size)
@@ -283,6 +291,9 @@ class SharedEnv:
                 grow: int | None = seen
             except lmdb.MapResizedError:
                 grow = None
+            except lmdb.ReadersFullError as error:
+                self._clear_stale_readers(error, operation)
+                continue
             except lmdb.Error as error:
                 raise map_error(error, self.path, operation) from None
             finally:
@@ -301,11 +312,23 @@ class SharedEnv:
                     txn.abort()
             except lmdb.MapResizedError:
                 pass
+            except lmdb.ReadersFullError as error:
+                self._clear_stale_readers(error, operation)
+                continue
             except lmdb.Error as error:
                 raise map_error(error, self.path, operation) from None
             finally:
                 self._leave()
             self._resize(None, operation)
+
+    def _clear_stale_readers(self, error: lmdb.ReadersFullError, operation: str) -> None:
+        """Free reader slots of dead processes, or raise the mapped error if none were stale."""
+        try:
+            cleared = self.env.reader_check()
+        except lmdb.Error as failure:
+            raise map_error(failure, self.path, operation) from None
+        if not cleared:
+            raise map_error(error, self.path, operation) from None
 
     def copy(self, destination: str, *, compact: bool, operation: str) -> None:
         """Copy the environment into the empty directory ``destination`` (a consistent snapshot)."""
