@@ -119,7 +119,7 @@ def test_cluster_is_detected_and_every_primary_checked(aof_cluster: RedisCluster
         assert store.persistence.count("appendfsync always") == 3
         store.call("ping", "SET", "mayfly-test:{probe}:k", b"v")
         for node in store._client.get_primaries():
-            assert node.redis_connection.connection_pool.connection_class is HubConnection
+            assert issubclass(node.redis_connection.connection_pool.connection_class, HubConnection)
     finally:
         store.close()
 
@@ -164,3 +164,34 @@ def test_user_without_info_opens_standalone(fresh_server: RedisServer, records: 
         journal.append(run, 1, records.batch(run, 1))
         assert journal.next_sequence(run) == 2
     admin.close()
+
+
+def test_server_restarted_without_aof_is_refused_on_reconnect(
+    fresh_server: RedisServer, run_id: str, records: Records
+) -> None:
+    """An aof journal whose server comes back without AOF refuses to append; with AOF back, it appends."""
+    with RedisJournal(fresh_server.url) as journal:
+        journal.append(run_id, 1, records.batch(run_id, 1))
+        fresh_server.kill()
+        fresh_server.appendfsync = "everysec"
+        fresh_server.start()
+        with pytest.raises(DurabilityUnavailable, match="appendfsync everysec"):
+            journal.append(run_id, 2, records.batch(run_id, 2))
+        with pytest.raises(DurabilityUnavailable):
+            journal.next_sequence(run_id)
+        fresh_server.kill()
+        fresh_server.appendfsync = "always"
+        fresh_server.start()
+        journal.append(run_id, 2, records.batch(run_id, 2))
+        assert [record.sequence for record in journal.read(run_id)] == [1, 2]
+
+
+def test_memory_mode_does_not_recheck_on_reconnect(fresh_server: RedisServer, records: Records) -> None:
+    """A durability=memory journal keeps working when the server comes back without persistence."""
+    with RedisJournal(fresh_server.url + "?durability=memory") as journal:
+        fresh_server.kill()
+        fresh_server.appendfsync = None
+        fresh_server.start()
+        run = records.new_id()
+        journal.append(run, 1, records.batch(run, 1))
+        assert journal.next_sequence(run) == 2

@@ -18,7 +18,13 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from mayfly.model.errors import DurabilityUnavailable, JournalUnavailable
-from mayfly_redis._connection import HubConnection, HubSSLConnection
+from mayfly_redis._connection import (
+    AofPolicy,
+    DurabilityLost,
+    HubConnection,
+    HubSSLConnection,
+    bound_to,
+)
 from mayfly_redis._url import RedisDurability, RedisTarget, parse_url
 
 __all__ = ["RedisStore", "open_store"]
@@ -51,6 +57,8 @@ class RedisStore:
         self.cluster = False
         self._shas: dict[str, str] = {}
         self._closed = False
+        self._aof = AofPolicy()
+        self._connection_class = bound_to(HubSSLConnection if target.tls else HubConnection, self._aof)
         self._client: Any = self._standalone()
         try:
             with self.errors("open"):
@@ -65,6 +73,9 @@ class RedisStore:
                     self._client = self._cluster()
                     self.cluster = True
                 self.persistence = self._check_durability()
+                # From now on every (re)connection re-verifies AOF: a server restarted
+                # without it must not acknowledge appends.
+                self._aof.required = target.durability is RedisDurability.AOF
         except BaseException:
             self.close()
             raise
@@ -90,7 +101,7 @@ class RedisStore:
     def _standalone(self) -> redis.Redis:
         target = self.target
         pool = redis.ConnectionPool(
-            connection_class=HubSSLConnection if target.tls else HubConnection,
+            connection_class=self._connection_class,
             host=target.host,
             port=target.port,
             db=target.db,
@@ -105,7 +116,7 @@ class RedisStore:
         # connection_class; a plain host/port form passes it to Redis(), which refuses it.
         return RedisCluster(
             url=f"redis://{self.target.host}:{self.target.port}/0",
-            connection_class=HubSSLConnection if self.target.tls else HubConnection,
+            connection_class=self._connection_class,
             **self._options(),
         )
 
@@ -171,6 +182,11 @@ class RedisStore:
             raise JournalUnavailable(f"{operation}: the Redis backend {self.target.url} is closed")
         try:
             yield
+        except DurabilityLost as error:
+            raise DurabilityUnavailable(
+                f"{operation}: {error}, so acknowledged records could be lost in a crash; restore "
+                "'appendonly yes' and 'appendfsync always', or reopen with ?durability=memory"
+            ) from None
         except driver.AuthenticationError as error:
             raise JournalUnavailable(
                 f"{operation}: redis {self.target.address} rejected the credentials ({error}); "

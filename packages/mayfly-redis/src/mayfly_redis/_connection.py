@@ -32,11 +32,20 @@ from typing import Any, Final, TypeVar
 
 from redis._parsers import _RESP2Parser
 from redis.connection import Connection, SSLConnection
+from redis.exceptions import ConnectionError
 
 from mayfly.model.errors import HubNotRunning, WaitTimeout
 from mayfly.substrate import current_hub, offload, wait_readable, wait_writable
 
-__all__ = ["HubConnection", "HubSSLConnection", "HubSocket", "resolve"]
+__all__ = [
+    "AofPolicy",
+    "DurabilityLost",
+    "HubConnection",
+    "HubSSLConnection",
+    "HubSocket",
+    "bound_to",
+    "resolve",
+]
 
 T = TypeVar("T")
 
@@ -221,8 +230,47 @@ def _open_socket(connection: Connection) -> HubSocket:
     raise error if error is not None else OSError(f"no address found for {connection.host}")
 
 
+class DurabilityLost(ConnectionError):
+    """A (re)connected server no longer runs ``appendonly yes`` with ``appendfsync always``."""
+
+
+def _config_value(connection: Connection, name: str) -> str:
+    connection.send_command("CONFIG", "GET", name, check_health=False)  # type: ignore[no-untyped-call]
+    reply = connection.read_response()
+    items = [item.decode() if isinstance(item, bytes) else str(item) for item in reply]
+    return dict(zip(items[0::2], items[1::2], strict=True)).get(name, "?")
+
+
+def _check_aof(connection: Connection) -> None:
+    """Refuse a connection whose server cannot fsync every append (it may have restarted otherwise)."""
+    appendonly = _config_value(connection, "appendonly")
+    appendfsync = _config_value(connection, "appendfsync")
+    if appendonly != "yes" or appendfsync != "always":
+        raise DurabilityLost(
+            f"redis {connection.host}:{connection.port} now has appendonly {appendonly} and "
+            f"appendfsync {appendfsync}"
+        )
+
+
+class AofPolicy:
+    """Whether a store's connections must re-verify AOF ``always`` whenever they (re)connect."""
+
+    __slots__ = ("required",)
+
+    def __init__(self) -> None:
+        self.required = False
+
+
 class HubConnection(Connection):
-    """A redis-py TCP connection whose socket parks on the hub; always the pure-Python parser."""
+    """A redis-py TCP connection whose socket parks on the hub; always the pure-Python parser.
+
+    On a subclass made by :func:`bound_to` whose policy is ``required``, every
+    (re)connection re-reads the server's AOF settings after its handshake, so a
+    server restarted without ``appendfsync always`` is refused
+    (``DurabilityLost``) instead of acknowledging appends.
+    """
+
+    aof_policy: AofPolicy | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs["parser_class"] = _RESP2Parser
@@ -232,14 +280,28 @@ class HubConnection(Connection):
     def _connect(self) -> Any:
         return _open_socket(self)
 
+    def on_connect_check_health(self, check_health: bool = True) -> None:
+        """Authenticate and select the database, then verify AOF if the store requires it."""
+        super().on_connect_check_health(check_health)
+        if self.aof_policy is not None and self.aof_policy.required:
+            _check_aof(self)
+
 
 class HubSSLConnection(SSLConnection):
-    """A redis-py TLS connection: cooperative TCP connect, handshake and reads."""
+    """A redis-py TLS connection: cooperative TCP connect, handshake and reads; AOF re-checked like TCP."""
+
+    aof_policy: AofPolicy | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs["parser_class"] = _RESP2Parser
         kwargs["protocol"] = 2
         super().__init__(**kwargs)
+
+    def on_connect_check_health(self, check_health: bool = True) -> None:
+        """Authenticate and select the database, then verify AOF if the store requires it."""
+        super().on_connect_check_health(check_health)
+        if self.aof_policy is not None and self.aof_policy.required:
+            _check_aof(self)
 
     def _connect(self) -> Any:
         plain = _open_socket(self)
@@ -264,3 +326,15 @@ class HubSSLConnection(SSLConnection):
             raise
         sock.settimeout(self.socket_timeout)
         return sock
+
+
+def bound_to(
+    connection_class: type[HubConnection] | type[HubSSLConnection], policy: AofPolicy
+) -> type[HubConnection] | type[HubSSLConnection]:
+    """Return a subclass of ``connection_class`` whose connections all follow ``policy``.
+
+    A class attribute reaches every connection of the store, those already
+    pooled and those redis-py creates later (also for Cluster nodes found
+    after a failover), which per-connection keyword arguments cannot.
+    """
+    return type(connection_class.__name__, (connection_class,), {"aof_policy": policy})
