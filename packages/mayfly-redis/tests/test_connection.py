@@ -207,3 +207,32 @@ def test_tls_refuses_an_untrusted_server() -> None:
         untrusted = server.tls_url.split("?", 1)[0]
         with pytest.raises(JournalUnavailable, match="certificate verify failed"):
             open_store(untrusted)
+
+
+def test_concurrent_hub_tasks_each_get_their_own_connection(
+    aof_server: RedisServer, records: Records
+) -> None:
+    """Twenty hub tasks appending at once to their own runs all succeed over one journal's pool."""
+    journal = RedisJournal(aof_server.url)
+    runs = [records.new_id() for _ in range(20)]
+    work = {run: [records.batch(run, 1 + 2 * i, 2) for i in range(10)] for run in runs}
+
+    def writer(run: str) -> int:
+        for batch in work[run]:
+            journal.append(run, batch[0].sequence, batch)
+        return journal.next_sequence(run)
+
+    def main() -> list[int]:
+        tasks = [spawn(lambda run=run: writer(run), name=f"writer-{index}") for index, run in enumerate(runs)]
+        return [task.join() for task in tasks]
+
+    try:
+        hub = Hub()
+        assert hub.run(main) == [21] * len(runs)
+        assert hub.stats().offloads_completed == 0
+        for run in runs:
+            assert journal.read(run) == [record for batch in work[run] for record in batch]
+        pool = journal._store._client.connection_pool
+        assert 1 < len(pool._available_connections) <= len(runs)
+    finally:
+        journal.close()
