@@ -219,6 +219,16 @@ def check_counters(state: RunState) -> None:
         assert n.succeeded_prereqs == statuses.count(NodeStatus.SUCCEEDED)
         assert n.blocked_prereqs == statuses.count(NodeStatus.BLOCKED)
         assert n.cancelled_prereqs == statuses.count(NodeStatus.CANCELLED)
+    for n in nodes:
+        closed = [
+            k
+            for k, edge in enumerate(state.spec.edges)
+            if edge.target == n.node_id
+            and (source := state.node_by_id(edge.source)) is not None
+            and source.status.is_terminal
+            and not source.in_edges
+        ]
+        assert n.closed_in == len(closed)
     if state.status.is_terminal:
         assert state.open_nodes == 0
 

@@ -420,7 +420,7 @@ def test_parallel_edges_fan_out_in_specification_order() -> None:
     harness.start("a")
     before = harness.state.transitions_used
     events = harness.complete("a", Succeeded())
-    assert brief(events) == ["outcome a succeeded", "edge 0 a->y @4", "edge 1 a->x @4"]
+    assert brief(events) == ["outcome a succeeded", "edge 0 a->y @4", "edge 1 a->x @4", "outcome z skipped"]
     assert harness.state.transitions_used == before + 2
     harness.run_script({"x": [Succeeded()], "y": [Succeeded()]})
     assert harness.state.node_by_id("z").status is NodeStatus.SKIPPED  # type: ignore[union-attr]
@@ -474,6 +474,42 @@ def test_exclusive_group_selects_one_branch(
     # all_completed releases report once the unselected branch is skipped.
     assert state.node_by_id("report").status is NodeStatus.SUCCEEDED  # type: ignore[union-attr]
     assert state.status is RunStatus.SUCCEEDED
+
+
+def test_an_unselected_branch_is_skipped_while_other_work_runs() -> None:
+    """A branch whose only sources can never run again is skipped in the batch that settles the choice."""
+    spec = workflow(
+        node("classify"),
+        node("slow_job"),
+        node("fast"),
+        node("slow"),
+        node("join", "fast", "slow", policy="all_completed"),
+        edges=(
+            Edge("classify", "fast", OnField("size", "small"), exclusive="route"),
+            Edge("classify", "slow", OnField("size", "large"), exclusive="route"),
+        ),
+    )
+    harness = ReducerHarness(spec)
+    harness.start("classify", "slow_job")
+    events = harness.complete("classify", Succeeded(output={"size": "small"}))
+    assert brief(events) == ["outcome classify succeeded", "edge 0 classify->fast @6", "outcome slow skipped"]
+    assert harness.state.node_by_id("slow_job").status is NodeStatus.RUNNING  # type: ignore[union-attr]
+    harness.start("fast")
+    events = harness.complete("fast", Succeeded())
+    assert brief(events) == ["outcome fast succeeded", "ready join (dependencies)"]
+
+
+def test_a_requester_no_edge_can_reach_fails_at_once() -> None:
+    """ChangesRequested routed to another node, with no edge back, fails without waiting for quiescence."""
+    spec = workflow(node("review"), node("fix"), node("other"), edges=(Edge("review", "fix", OnOutcome(CR)),))
+    harness = ReducerHarness(spec)
+    harness.start("review", "other")
+    events = harness.complete("review", ChangesRequested(reason="x"))
+    assert brief(events) == [
+        "outcome review changes_requested",
+        "edge 0 review->fix @6",
+        "failed review correction_unresolved",
+    ]
 
 
 def test_integer_field_predicate_ignores_float_output() -> None:

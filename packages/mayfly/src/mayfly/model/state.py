@@ -117,8 +117,10 @@ class NodeState:
         "blocked_prereqs",
         "cancelled_prereqs",
         "child_run_id",
+        "closed_in",
         "dependents",
         "done_prereqs",
+        "edge_targets",
         "failure",
         "in_edges",
         "index",
@@ -145,6 +147,7 @@ class NodeState:
         dependents: tuple[int, ...],
         *,
         out_edges: tuple[int, ...] = (),
+        edge_targets: tuple[int, ...] = (),
         in_edges: int = 0,
     ) -> None:
         self.index = index
@@ -166,8 +169,12 @@ class NodeState:
         self.dependents = dependents
         self.out_edges = out_edges
         """Positions of the edges leaving this node, in specification order."""
+        self.edge_targets = edge_targets
+        """The target node index of each edge in ``out_edges``."""
         self.in_edges = in_edges
         """How many edges enter this node."""
+        self.closed_in = 0
+        """Incoming edges that can never fire again: their source finished and has no incoming edge."""
         self.outcome_seq = 0
         """Sequence of the outcome that ended this node's last activation (tracked for edge sources)."""
         self.child_run_id: str | None = None
@@ -318,9 +325,11 @@ class RunState:
             for prereq in node.depends_on:
                 dependents[index[prereq]].append(i)
         out_edges: list[list[int]] = [[] for _ in spec.nodes]
+        edge_targets: list[list[int]] = [[] for _ in spec.nodes]
         in_edges = [0] * len(spec.nodes)
         for k, edge in enumerate(spec.edges):
             out_edges[index[edge.source]].append(k)
+            edge_targets[index[edge.source]].append(index[edge.target])
             in_edges[index[edge.target]] += 1
         self.index = index
         self.nodes = [
@@ -330,6 +339,7 @@ class RunState:
                 len(node.depends_on),
                 tuple(dependents[i]),
                 out_edges=tuple(out_edges[i]),
+                edge_targets=tuple(edge_targets[i]),
                 in_edges=in_edges[i],
             )
             for i, node in enumerate(spec.nodes)
@@ -596,7 +606,9 @@ def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
     """Update run totals and the dependents' counters for ``node`` entering its terminal status.
 
     Dependents keep counters instead of rescanning their prerequisites, so a
-    release decision costs O(1) per edge however large the graph grows.
+    release decision costs O(1) per edge however large the graph grows. Edge
+    targets count, in ``closed_in``, the incoming edges that can never fire
+    again (their source finished and nothing can re-activate it).
     """
     status = node.status
     if status is NodeStatus.FAILED:
@@ -614,6 +626,10 @@ def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
             dep.blocked_prereqs += 1
         elif status is NodeStatus.CANCELLED:
             dep.cancelled_prereqs += 1
+    if not node.in_edges:
+        # No edge can re-activate this node, so its edges can never fire again.
+        for t in node.edge_targets:
+            run.node_mut(t).closed_in += 1
 
 
 def uncount_terminal(run: _TerminalCounts, node: NodeState) -> None:
@@ -637,3 +653,6 @@ def uncount_terminal(run: _TerminalCounts, node: NodeState) -> None:
             dep.blocked_prereqs -= 1
         elif status is NodeStatus.CANCELLED:
             dep.cancelled_prereqs -= 1
+    if not node.in_edges:
+        for t in node.edge_targets:
+            run.node_mut(t).closed_in -= 1

@@ -324,28 +324,37 @@ def _node(run: RunView, seq: int, event: Event, node_id: str) -> NodeState:
     return run.node_mut(i)
 
 
+# Hashing an Enum member is a Python-level call; sets of member ids keep this hot path in C.
+_TERMINAL = frozenset(id(status) for status in NodeStatus if status.is_terminal)
+_IDLE = frozenset(id(status) for status in NodeStatus if status.is_idle)
+
+
 def _set_status(run: RunView, node: NodeState, status: NodeStatus) -> None:
     """Move ``node`` to ``status``, keeping every run counter and index exact (both directions)."""
     old = node.status
     if old is status:
         return
-    if old.is_terminal:
+    if id(old) in _TERMINAL:
         uncount_terminal(run, node)
         run.open_nodes += 1
     if old is NodeStatus.READY:
         run.set_ready(node.index, False)
     elif old is NodeStatus.WAITING:
         run.set_waiting(node.index, False)
-    run.n_idle += int(status.is_idle) - int(old.is_idle)
-    parked = is_parked(node, status)
-    if parked != is_parked(node, old):
-        run.set_parked(node.index, parked)
+    was_idle = id(old) in _IDLE
+    now_idle = id(status) in _IDLE
+    if was_idle or now_idle:
+        # Parked nodes are a subset of idle ones; skip the check on the hot active paths.
+        run.n_idle += now_idle - was_idle
+        parked = now_idle and is_parked(node, status)
+        if parked != (was_idle and is_parked(node, old)):
+            run.set_parked(node.index, parked)
     node.status = status
     if status is NodeStatus.READY:
         run.set_ready(node.index, True)
     elif status is NodeStatus.WAITING:
         run.set_waiting(node.index, True)
-    if status.is_terminal:
+    if id(status) in _TERMINAL:
         if node.retry_deadline is not None:
             node.retry_deadline = None
             run.set_retry(node.index, None)

@@ -9,11 +9,15 @@ Consequences are found by applying each proposed event to a copy-on-write
 
 When an activation ends (its final committed outcome: terminal, or
 ChangesRequested, never an outcome that is then retried) the source's edges
-are evaluated in specification order, then its dependents are settled. When
-every open node is idle (Pending or ChangesRequested) no outcome can ever
-arrive again, so the parked nodes are resolved: a Pending node only edges
-could start is Skipped ("branch not selected"), a ChangesRequested node whose
-correction never came back fails (docs/transitions.md).
+are evaluated in specification order, then its dependents are settled.
+
+A parked node (Pending with only edges to start it, or ChangesRequested
+awaiting its correction) is resolved once provably no edge can activate it:
+Skipped ("branch not selected"), or failed (``correction_unresolved``). Two
+exact rules, neither a graph search: every incoming edge comes from a node
+that finished and has no incoming edge itself (``closed_in``, checked when
+that node settles), or the run is quiescent — every open node is idle, so no
+outcome can ever arrive again (docs/transitions.md).
 
 Deterministic: the same state and command always give the same events.
 """
@@ -409,6 +413,8 @@ def _commit_outcome(draft: Draft, i: int, outcome: NodeOutcome, attempt_id: str 
                     detail="changes requested, no correction edge matched",
                 )
             )
+        else:
+            _close_if_unreachable(draft, i)
         _settle(draft, i)
         return
     if draft.node(i).status.is_terminal:
@@ -544,6 +550,41 @@ def _settle(draft: Draft, start: int) -> None:
             elif verdict is not None:
                 draft.emit(NodeOutcomeCommitted(node_id=dep.node_id, outcome=verdict, at=draft.now))
                 work.append(d)
+        node = draft.node(i)
+        if not node.in_edges:
+            # Its edges were evaluated (or never will be) and it can never run again.
+            for t in node.edge_targets:
+                if _close_if_unreachable(draft, t):
+                    work.append(t)
+
+
+def _close_if_unreachable(draft: Draft, i: int) -> bool:
+    """Resolve a parked node that no edge can ever activate again; whether it was resolved.
+
+    Exact without a graph search: every incoming edge comes from a node that
+    finished and has no incoming edge itself. Parked nodes on cycles wait for
+    the quiescence rule in :func:`_finish`.
+    """
+    node = draft.node(i)
+    if node.closed_in != node.in_edges:
+        return False
+    if node.status is NodeStatus.PENDING and not node.spec.depends_on:
+        draft.emit(
+            NodeOutcomeCommitted(
+                node_id=node.node_id, outcome=Skipped(reason="branch not selected"), at=draft.now
+            )
+        )
+        return True
+    if node.status is NodeStatus.CHANGES_REQUESTED:
+        draft.emit(
+            NodeFailed(
+                node_id=node.node_id,
+                cause=FailureCause.CORRECTION_UNRESOLVED,
+                detail="changes requested, but no correction can re-activate the node",
+            )
+        )
+        return True
+    return False
 
 
 _RELEASE = Succeeded()
