@@ -401,3 +401,23 @@ def test_fsync_durability_is_refused_on_tmpfs() -> None:
         import shutil
 
         shutil.rmtree(target, ignore_errors=True)
+
+
+def test_scan_in_small_windows_matches_a_whole_scan(
+    journal: LocalWorkflowJournal, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scanning in windows smaller than a frame or a batch yields the same index as one read."""
+    import mayfly.local._journal as journal_module
+
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 2))
+    journal.append(run, 3, records(run, 3, 5, size=900))
+    journal.append(run, 8, records(run, 8, 1))
+    with run_file(store, run).open("ab") as handle:
+        handle.write(b"MWJ1\x00\x00")  # a torn header at the end
+    monkeypatch.setattr(journal_module, "_SCAN_WINDOW", 100)
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert fresh.next_sequence(run) == 9
+        assert [r.sequence for r in fresh.read(run)] == list(range(1, 9))
+        fresh.append(run, 9, records(run, 9, 1))
+        assert fresh.next_sequence(run) == 10

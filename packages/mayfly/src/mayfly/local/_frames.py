@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -122,7 +123,11 @@ def decode_journal_body(body: bytes, where: str) -> tuple[JournalRecord, int]:
 
 @dataclass(slots=True)
 class RunIndex:
-    """What a scan learned about one run file: frame offsets, checksums and event ids.
+    """What a scan learned about one run file: frame offsets and event ids.
+
+    Kept small (an 8-byte offset and one dict entry per record), since it
+    stays in memory for every recently used run; stored checksums are read
+    back from the file on the rare replay path instead.
 
     ``end`` is the offset just past the last committed batch; ``size`` is the
     file size the scan saw. ``size > end`` means a torn tail: bytes of a batch
@@ -132,8 +137,7 @@ class RunIndex:
     inode: int = -1
     size: int = 0
     end: int = 0
-    offsets: list[int] = field(default_factory=list)
-    checksums: list[str] = field(default_factory=list)
+    offsets: array[int] = field(default_factory=lambda: array("q"))
     event_ids: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -199,7 +203,6 @@ def scan(index: RunIndex, data: bytes, base: int, run_id: str) -> None:
                         f"{index.event_ids[committed.event_id]} and {committed.sequence}"
                     )
                 index.offsets.append(offset)
-                index.checksums.append(committed.checksum)
                 index.event_ids[committed.event_id] = committed.sequence
             pending.clear()
             index.end = base + position

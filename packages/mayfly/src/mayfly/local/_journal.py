@@ -22,7 +22,7 @@ the ADR's guarantees:
   file makes compare-and-append atomic across processes, and a shared one
   keeps readers from seeing a batch while it is being written.
 
-An in-process index (frame offsets, checksums, event ids) keeps appends
+An in-process index (frame offsets, event ids) keeps appends
 O(batch); it is refreshed from the file's tail when another process grew it.
 """
 
@@ -69,7 +69,8 @@ from mayfly.model.ids import is_uuid, parse_run_id
 
 __all__ = ["LocalWorkflowJournal"]
 
-_INDEX_CACHE_LIMIT: Final = 4096
+_INDEX_CACHE_LIMIT: Final = 1024
+_SCAN_WINDOW: Final = 4 << 20
 _MAX_LIST_LIMIT: Final = 100_000
 _LISTING_SETTLE_NS: Final = 2_000_000_000
 
@@ -150,9 +151,8 @@ class LocalWorkflowJournal:
         else:
             index = _frames.RunIndex(inode=stat.st_ino)
             base = 0
-        data = os.pread(fd, stat.st_size - base, base) if stat.st_size > base else b""
         try:
-            _frames.scan(index, data, base, run_id)
+            self._scan(run_id, fd, index, base, stat.st_size)
         except BaseException:
             self._forget(run_id)
             raise
@@ -168,6 +168,21 @@ class LocalWorkflowJournal:
                 self._indexes.pop(next(iter(self._indexes)))
             self._indexes[run_id] = index
         return index
+
+    @staticmethod
+    def _scan(run_id: str, fd: int, index: _frames.RunIndex, base: int, size: int) -> None:
+        """Scan the file from ``base`` to ``size`` in bounded windows (memory stays O(window))."""
+        index.end = base
+        window = _SCAN_WINDOW
+        while index.end < size:
+            start = index.end
+            length = min(window, size - start)
+            _frames.scan(index, os.pread(fd, length, start), start, run_id)
+            if start + length >= size:
+                break  # reached the end: whatever is left past index.end is a torn tail
+            # A batch larger than the window made no progress: widen the window for it.
+            window = _SCAN_WINDOW if index.end > start else window * 2
+        index.size = size
 
     def _forget(self, run_id: str) -> None:
         with self._guard:
@@ -196,7 +211,7 @@ class LocalWorkflowJournal:
                 if (fence is None and current != 0) or (fence is not None and fence != current):
                     raise FencingRejected(run_id, 0 if fence is None else fence, current)
                 if expected_next != index.next_sequence:
-                    return self._replayed(run_id, batch, index, expected_next)
+                    return self._replayed(run_id, fd, batch, index, expected_next)
                 for record in batch:
                     used = index.event_ids.get(record.event_id)
                     if used is not None:
@@ -214,6 +229,7 @@ class LocalWorkflowJournal:
     def _replayed(
         self,
         run_id: str,
+        fd: int,
         batch: tuple[JournalRecord, ...],
         index: _frames.RunIndex,
         expected_next: int,
@@ -227,7 +243,8 @@ class LocalWorkflowJournal:
         """
         actual_next = index.next_sequence
         replay = all(
-            record.sequence < actual_next and index.checksums[record.sequence - 1] == record.checksum
+            record.sequence < actual_next
+            and self._stored(fd, index, run_id, record.sequence).checksum == record.checksum
             for record in batch
         )
         if replay:
@@ -239,12 +256,22 @@ class LocalWorkflowJournal:
             )
         for record in batch:
             used = index.event_ids.get(record.event_id)
-            if used is not None and (used != record.sequence or index.checksums[used - 1] != record.checksum):
+            if used is not None and (
+                used != record.sequence or self._stored(fd, index, run_id, used).checksum != record.checksum
+            ):
                 raise ConflictingRecord(
                     f"append rejected: run {run_id} event id {record.event_id} is already "
                     f"committed at sequence {used} with different content"
                 )
         raise AppendConflict(run_id, expected_next, actual_next)
+
+    @staticmethod
+    def _stored(fd: int, index: _frames.RunIndex, run_id: str, sequence: int) -> JournalRecord:
+        """Read back and verify the committed record at ``sequence`` (caller holds the flock)."""
+        start = index.offsets[sequence - 1]
+        end = index.offsets[sequence] if sequence < len(index.offsets) else index.end
+        (record,) = _frames.decode_frames(os.pread(fd, end - start, start), run_id, sequence)
+        return record
 
     def _write(
         self,
@@ -274,7 +301,6 @@ class LocalWorkflowJournal:
         offset = index.end
         for frame, record in zip(frames, batch, strict=True):
             index.offsets.append(offset)
-            index.checksums.append(record.checksum)
             index.event_ids[record.event_id] = record.sequence
             offset += len(frame)
         index.end = index.size = offset
