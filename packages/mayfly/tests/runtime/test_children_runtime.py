@@ -25,7 +25,7 @@ from mayfly import (
 from mayfly.commit import commit_command
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 from mayfly.model.commands import AttemptStart, CancelRun, CompleteAttempt, CreateRun, StartNodes
-from mayfly.model.errors import HandlerUnavailable
+from mayfly.model.errors import CorruptionError, HandlerUnavailable
 from mayfly.model.events import CancellationRequested, ChildStarted, RunCreated
 from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.state import NodeStatus, RunState
@@ -339,6 +339,29 @@ def test_resume_completes_the_parent_of_a_child_that_had_already_finished(env: E
     assert env.seen == []
 
 
+def test_resume_in_current_task_finishes_a_child_inline(env: Env) -> None:
+    """The current-task mode resumes an interrupted child run inline and completes its parent."""
+    ids = mayfly.DeterministicIdSource(39)
+    parent, started = started_parent(env, ids)
+    commit_command(env.journal, None, child_create_run(parent, started), ids=ids)
+    env.scan(SCAN_OK)
+    result = Hub().run(env.runtime().resume_in_current_task, parent.run_id)
+    assert result.succeeded and result.outputs == {"lint": {"warnings": 2}}
+    assert [r.run_id for r in env.seen] == [started.child_run_id]
+
+
+def test_resume_refuses_a_child_id_that_names_a_run_of_another_parent(env: Env) -> None:
+    """If the recorded child run id holds a run that is not this call's child, resume fails closed."""
+    ids = mayfly.DeterministicIdSource(40)
+    parent, started = started_parent(env, ids)
+    # A root run squatting on the child's id: its parent link is missing.
+    commit_command(env.journal, None, CreateRun(run_id=started.child_run_id, spec=lint_only()), ids=ids)
+    env.scan(SCAN_OK)
+    with pytest.raises(CorruptionError, match=f"run {started.child_run_id} is not the child of run"):
+        env.runtime().resume(parent.run_id)
+    assert env.state(parent.run_id).node_by_id("lint").status is NodeStatus.RUNNING  # type: ignore[union-attr]
+
+
 # -- cancellation ----------------------------------------------------------------------
 
 
@@ -586,13 +609,12 @@ def test_a_signal_to_a_child_reaches_its_nested_driver_while_the_parent_runs(env
         task = spawn(
             lambda: results.append(runtime.execute_in_current_task(ci(), {"repo": "r"}, run_id=run_id))
         )
-        while not TOKENS.keys() - {*done_tokens}:
-            sleep(0.01)
-        (child_id,) = TOKENS.keys() - {*done_tokens}
+        while not env.seen or not env.state(env.seen[0].run_id).waiting_nodes():
+            sleep(0.01)  # until the child's scan has durably opened its wait
+        child_id = env.seen[0].run_id
         assert runtime.signal(child_id, "scan", TOKENS[child_id], {"warnings": 7}).status == "accepted"
         task.join()
 
-    done_tokens = set(TOKENS)
     Hub().run(main)
     (result,) = results
     assert result.succeeded and result.outputs["lint"] == {"warnings": 7}

@@ -322,7 +322,9 @@ class RunDriver:
                 assert node is not None
                 self._launch(node.index, effect.attempt_id)
             elif isinstance(effect, ReconcileChild):
-                self._start_child(effect.node_id, effect.attempt_id, effect.child_run_id, None)
+                # An inline child reported earlier in this loop may have closed the run meanwhile.
+                if self._node(effect.node_id).attempt_id == effect.attempt_id:
+                    self._start_child(effect.node_id, effect.attempt_id, effect.child_run_id, None)
             elif isinstance(effect, BlockUnavailable):
                 self._block_unavailable(effect.node_id, effect.attempt_id)
         # Retry timers, waits and ready nodes are derived from state by the loop itself.
