@@ -177,7 +177,7 @@ def test_user_errors_are_one_line_with_documented_exit_codes(tmp_path: Path) -> 
     run_id = RUN_ID.search(parked.stdout).group(1)  # type: ignore[union-attr]
     with LocalLeaseStore(f"file://{tmp_path}/journal").acquire(run_id, "someone-else", 60_000):
         owned = mayfly(tmp_path, "cancel", run_id, "--reason", "x", check=4)
-    assert "owned by a live process" in owned.stderr
+    assert "another process owns it" in owned.stderr
 
 
 def test_help_and_backends(tmp_path: Path) -> None:
