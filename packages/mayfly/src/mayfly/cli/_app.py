@@ -688,7 +688,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     except RunNotFound as exc:
         return _fail(err, "not_found", str(exc))
     except LeaseHeld as exc:
-        return _fail(err, "owned", f"{exc}; another process owns it until it releases the lease or it expires")
+        return _fail(err, "owned", f"{exc}; another process owns it until it releases or its lease expires")
     except CommandRejected as exc:
         rejection = exc.rejection
         message = str(rejection) if isinstance(rejection, Rejection) else str(exc)
