@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +365,57 @@ def test_resume_refuses_a_child_id_that_names_a_run_of_another_parent(env: Env) 
     with pytest.raises(CorruptionError, match=f"run {started.child_run_id} is not the child of run"):
         env.runtime().resume(parent.run_id)
     assert env.state(parent.run_id).node_by_id("lint").status is NodeStatus.RUNNING  # type: ignore[union-attr]
+
+
+CRASH_WORKER = """
+import sys, time
+from mayfly import ChildCall, ChildDefinition, HandlerRegistry, Node, Succeeded, WorkflowRuntime, WorkflowSpec
+from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
+
+url, run_id, marker = sys.argv[1:4]
+
+def scan(req):
+    with open(marker, "a") as log:
+        log.write(f"{req.run_id} {req.attempt_id}\\n")
+    time.sleep(3600)  # killed here, with the child's scan attempt durably started
+
+registry = HandlerRegistry()
+registry.register("scan", 1, scan)
+lint = ChildDefinition("acme.lint", 1, (Node("scan", handler="scan@1", outputs=("warnings",)),),
+                       inputs=("repo",), outputs=("warnings",))
+spec = WorkflowSpec("acme.ci", 1, (Node("lint", child=ChildCall("acme.lint", 1, "require_success",
+                    ("repo",), ("warnings",))),), catalog=(lint,))
+runtime = WorkflowRuntime(LocalWorkflowJournal(url), registry, leases=LocalLeaseStore(url), owner="doomed")
+runtime.execute(spec, {"repo": "acme/app"}, run_id=run_id)
+"""
+
+
+def test_sigkill_while_the_child_runs_then_another_process_resumes_both(env: Env, tmp_path: Path) -> None:
+    """A process killed inside the child's handler leaves both runs open; resuming the parent elsewhere ends both."""
+    run_id = mayfly.DeterministicIdSource(41).new_id()
+    marker = tmp_path / "scan.log"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", CRASH_WORKER, env.url, run_id, str(marker)], stderr=subprocess.PIPE, text=True
+    )
+    started = time.monotonic()
+    while not (marker.exists() and marker.read_text().endswith("\n")):
+        assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+        assert time.monotonic() - started < 60, "the worker never reached the child's handler"
+        time.sleep(0.01)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=30)
+    assert worker.returncode == -signal.SIGKILL
+    child_id, scan_attempt = marker.read_text().split()
+    assert env.state(run_id).status is RunStatus.RUNNING
+    assert env.state(child_id).status is RunStatus.RUNNING
+
+    env.scan(SCAN_OK)
+    result = env.runtime(owner="survivor").resume(run_id)
+    assert result.succeeded and result.outputs == {"lint": {"warnings": 2}}
+    assert result.nodes["lint"].child_run_id == child_id and result.nodes["lint"].attempts == 1
+    (request,) = env.seen
+    assert (request.run_id, request.attempt_id) == (child_id, scan_attempt)  # same attempt, reconciled
+    assert env.state(child_id).status is RunStatus.SUCCEEDED
 
 
 # -- cancellation ----------------------------------------------------------------------
