@@ -228,3 +228,18 @@ def test_reader_slots_of_killed_processes_are_cleared(url: str, workers: list[Wo
     with LmdbJournal(url) as journal:
         slots = journal._env.env.readers()
     assert f"{pid} " not in slots.replace("\n", " ")
+
+
+def test_an_environment_of_another_program_is_left_alone(env_dir: Path) -> None:
+    """An LMDB environment holding another program's data raises CompatibilityError, gains nothing."""
+    env_dir.mkdir()
+    env = lmdb.open(str(env_dir), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(b"hello", b"world")
+    env.close()
+    with pytest.raises(CompatibilityError, match="another program"):
+        LmdbJournal(f"lmdb://{env_dir}")
+    env = lmdb.open(str(env_dir), max_dbs=8)
+    with env.begin() as txn:
+        assert [key for key, _ in txn.cursor()] == [b"hello"]
+    env.close()

@@ -157,7 +157,7 @@ class SharedEnv:
                 lock=True,
                 max_dbs=len(_DATABASES),
                 max_readers=_MAX_READERS,
-                mode=0o755,
+                mode=0o644,
             )
         except lmdb.Error as error:
             raise map_error(error, self.path, "opening the journal") from None
@@ -182,6 +182,20 @@ class SharedEnv:
 
     def _open_databases(self, readonly: bool) -> None:
         try:
+            while True:
+                try:
+                    with self.env.begin() as txn:
+                        names = {key for key, _ in txn.cursor()}
+                    break
+                except lmdb.MapResizedError:
+                    self.env.set_mapsize(0)
+            foreign = sorted(names - set(_DATABASES))
+            if foreign:
+                # Never add Mayfly's databases to an environment another program owns.
+                raise CompatibilityError(
+                    f"{self.path} is an LMDB environment of another program (its main database "
+                    f"holds {foreign[:3]!r}); point the journal at a directory of its own"
+                )
             while True:
                 try:
                     handles = [self.env.open_db(name, create=not readonly) for name in _DATABASES]
