@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import mayfly
@@ -569,6 +570,22 @@ def test_a_child_call_attempt_closed_by_its_deadline_cancels_the_child(env: Env)
     assert child_cancel.requester == f"parent {result.run_id}/lint"
     assert child_cancel.reason.startswith("parent attempt closed: retryable_failure")
     assert env.state(child_id).status is RunStatus.CANCELLED
+    assert observed == [True]
+
+
+def test_a_run_budget_that_runs_out_cancels_the_open_child_run(env: Env) -> None:
+    """When the parent's elapsed-time budget ends the run, its open child run is cancelled too."""
+    observed: list[bool] = []
+    long_scan(env, observed)
+    spec = msgspec.structs.replace(ci(), budgets=mayfly.RunBudgets(max_elapsed_ms=60_000))
+    result = env.runtime(clock=VirtualClock).execute(spec, {"repo": "acme/app"})
+    assert result.status is RunStatus.FAILED
+    lint = result.nodes["lint"]
+    assert lint.status is NodeStatus.CANCELLED
+    child_cancel = cancellation_of(env, str(lint.child_run_id))
+    assert child_cancel.requester == f"parent {result.run_id}/lint"
+    assert child_cancel.reason == "parent attempt closed: cancelled (run budget exhausted (run_elapsed))"
+    assert env.state(str(lint.child_run_id)).status is RunStatus.CANCELLED
     assert observed == [True]
 
 
