@@ -17,12 +17,14 @@ from mayfly.model.commands import (
     RejectionCode,
     StartNodes,
 )
+from mayfly.model.errors import CorruptionError
 from mayfly.model.events import (
     CancellationRequested,
     ChildCompleted,
     ChildStarted,
     Event,
     NodeOutcomeCommitted,
+    NodeStarted,
     ParentLink,
     RunCreated,
     RunResult,
@@ -621,3 +623,31 @@ def test_a_retryable_child_outcome_follows_the_retry_policy() -> None:
     run.execute(CompleteChild("lint", second.attempt_id, second.child_run_id, "succeeded", {"warnings": 0}))  # type: ignore[arg-type]
     assert run.state.status is RunStatus.SUCCEEDED
     assert replay(run.history).to_record() == run.state.to_record()
+
+
+def test_forged_child_history_fails_closed() -> None:
+    """Replay rejects a reused child run id, a handler start of a child node and a foreign completion."""
+    run, start = started_child()
+    started = run.history[-1]
+    assert isinstance(started, ChildStarted)
+    state = replay(run.history)
+    foreign = ChildCompleted(
+        node_id="lint", attempt_id=start.attempt_id, child_run_id=IDS.new_id(), result="succeeded"
+    )
+    with pytest.raises(CorruptionError, match="is not the open child of attempt"):
+        reduce(state, foreign, state.sequence + 1)
+    # A second start of the same node reusing the child run id (after a forged ready) is corruption too.
+    retry = RetryPolicy(
+        max_attempts=2, retry_on=(NodeOutcomeKind.PERMANENT_FAILURE,), backoff=FixedBackoff(0)
+    )
+    run, start = started_child(retry=retry)
+    run.execute(CompleteChild("lint", start.attempt_id, start.child_run_id, "failed"))  # type: ignore[arg-type]
+    state = replay(run.history)
+    reused = msgspec.structs.replace(
+        started, attempt_id=IDS.new_id(), attempt=2, child_run_id=start.child_run_id
+    )
+    with pytest.raises(CorruptionError, match="was already used"):
+        reduce(state, reused, state.sequence + 1)
+    as_handler = NodeStarted(node_id="lint", attempt_id=IDS.new_id(), attempt=2, at=0)
+    with pytest.raises(CorruptionError, match="it starts with ChildStarted"):
+        reduce(state, as_handler, state.sequence + 1)
