@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import asyncio_tripwire
@@ -16,6 +17,8 @@ POLICY_DIR = str(Path(asyncio_tripwire.__file__).resolve().parent)
 def tripwire(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A pytester whose subprocesses can load the plugin from policy/."""
     monkeypatch.setenv("PYTHONPATH", POLICY_DIR)
+    # This suite may itself run under the tripwire; the inner sessions get their own.
+    monkeypatch.delenv(asyncio_tripwire.LOG_ENV, raising=False)
     return pytester
 
 
@@ -138,3 +141,69 @@ def test_thread_loop():
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*event loop created*thread Thread-1*"])
+
+
+def test_loop_in_a_spawned_child_process_fails_the_test(tripwire: pytest.Pytester) -> None:
+    """A Python child started by the test that runs an event loop fails that test, naming the child."""
+    result = run(
+        tripwire,
+        """
+import subprocess
+import sys
+
+def test_child_runs_a_loop():
+    code = "import asyncio; asyncio.run(asyncio.sleep(0))"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+def test_child_without_a_loop():
+    subprocess.run([sys.executable, "-c", "import asyncio"], check=True)
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*event loop created (_UnixSelectorEventLoop) at <string>:1*child process*"])
+
+
+def test_loop_in_a_forked_child_fails_the_test(tripwire: pytest.Pytester) -> None:
+    """A forked child that creates a loop reports it through the log and fails the test."""
+    result = run(
+        tripwire,
+        """
+import asyncio
+import os
+
+def test_fork():
+    pid = os.fork()
+    if pid == 0:
+        asyncio.new_event_loop()
+        os._exit(0)
+    os.waitpid(pid, 0)
+""",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*event loop created*forked process*"])
+
+
+def test_an_existing_sitecustomize_still_runs_in_children(
+    tripwire: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child hook hands over to the sitecustomize the environment already had."""
+    own = tripwire.mkdir("own_site")
+    marker = tripwire.path / "marker.txt"
+    (own / "sitecustomize.py").write_text(
+        f"import os\nopen({str(marker)!r}, 'a').write(os.environ.get('WHO', 'session') + '\\n')\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([POLICY_DIR, str(own)]))
+    result = run(
+        tripwire,
+        """
+import os
+import subprocess
+import sys
+
+def test_child():
+    subprocess.run([sys.executable, "-c", "pass"], check=True, env={**os.environ, "WHO": "child"})
+""",
+    )
+    result.assert_outcomes(passed=1)
+    assert "child" in marker.read_text(encoding="utf-8").split()
