@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import msgspec
 import pytest
 from hypothesis import given
@@ -48,6 +51,7 @@ from mayfly.reducer import decide, reduce, validate
 from mayfly.reducer.transitions import first_overlaps, matches, overlap_reason, scalar_equals
 from mayfly.testing import ReducerHarness
 
+GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 CR = NodeOutcomeKind.CHANGES_REQUESTED
 OK = NodeOutcomeKind.SUCCEEDED
 NO_RETRY = RetryPolicy(max_attempts=1)
@@ -972,3 +976,15 @@ def test_reactivation_keeps_dependents_counters_exact() -> None:
     harness.run_script({"b": [Succeeded()]})
     assert harness.state.status is RunStatus.SUCCEEDED
     assert harness.replayed().to_record() == harness.state.to_record()
+
+
+def test_mid_loop_state_record_matches_its_golden_fixture() -> None:
+    """A state taken mid-correction (edge activations, fingerprints, a waiting requester) has pinned bytes."""
+    harness = _looped_once()
+    data = msgspec.json.encode(harness.state.to_record())
+    path = GOLDEN / "state-transitions.v1.json"
+    if not path.exists() and os.environ.get("MAYFLY_UPDATE_GOLDEN") == "1":
+        path.write_bytes(data + b"\n")
+    assert data == path.read_bytes().rstrip(b"\n")
+    restored = RunState.from_record(msgspec.json.decode(data, type=RunStateRecord))
+    assert restored.to_record() == harness.state.to_record()
