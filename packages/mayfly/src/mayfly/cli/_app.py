@@ -31,10 +31,9 @@ import msgspec
 
 import mayfly
 from mayfly import demo as demo_module
-from mayfly.commit import commit_command
 from mayfly.identity import Uuid7IdSource
 from mayfly.inspect import build_inspection, render_mermaid, render_table, to_json
-from mayfly.model.commands import CancelRun, Rejection
+from mayfly.model.commands import Rejection
 from mayfly.model.errors import (
     BackendNotInstalled,
     CommandRejected,
@@ -74,6 +73,7 @@ from mayfly.plugins import list_backends, open_journal, open_leases, plugin_mana
 from mayfly.recovery import (
     DispatchReady,
     ReconcileAttempt,
+    ReconcileChild,
     RecoveryEffect,
     RestoreRetryTimer,
     RestoreSignalWait,
@@ -81,7 +81,7 @@ from mayfly.recovery import (
     recovery_effects,
     replay_run,
 )
-from mayfly.runtime import HandlerRegistry, RunResult, WorkflowRuntime
+from mayfly.runtime import HandlerRegistry, RunResult, WorkflowRuntime, cancel_run_cascade
 
 __all__ = ["EXIT", "main"]
 
@@ -226,10 +226,12 @@ class Timeline:
 
     def __call__(self, state: RunState, events: tuple[Event, ...]) -> None:
         if self.verbose:
+            # Child runs report through the same observer: label them with their parent node.
+            prefix = "" if state.parent is None else f"[child of {state.parent.node_id}] "
             for event in events:
                 line = describe_event(event)
                 if line is not None:
-                    self.out.write(f"  {time.monotonic() - self.start:6.2f}s  {line}\n")
+                    self.out.write(f"  {time.monotonic() - self.start:6.2f}s  {prefix}{line}\n")
             self.out.flush()
         elif self.progress:
             now = time.monotonic()
@@ -259,6 +261,8 @@ def describe_effect(effect: RecoveryEffect) -> str:
         return f"{effect.node_id} retry {effect.next_attempt} due at {effect.deadline} ms"
     if isinstance(effect, DispatchReady):
         return f"dispatching ready nodes: {', '.join(effect.node_ids)}"
+    if isinstance(effect, ReconcileChild):
+        return f"{effect.node_id} resumes child run {effect.child_run_id} (attempt {effect.attempt_id})"
     return f"{effect.node_id} is blocked: handler {effect.handler} is not available"
 
 
@@ -460,21 +464,30 @@ def cmd_signal(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """``mayfly cancel RUN --reason R``."""
+    """``mayfly cancel RUN --reason R``: cancel a run and its open child runs."""
     url = _journal_url(args)
     journal, leases = open_journal(url), open_leases(url)
     run_id = _run_id(args.run)
-    ids = Uuid7IdSource()
-    with leases.acquire(run_id, f"mayfly-cli:{os.getpid()}", 30_000) as lease:
-        state = inspect_run(journal, run_id).state
-        commit = commit_command(
-            journal, state, CancelRun(args.requester, args.reason), ids=ids, fence=lease.fencing_token
+    before = inspect_run(journal, run_id).state
+    if before.status.is_terminal:
+        raise UsageError(
+            f"run_terminal: run {run_id} already {before.status.value}; it accepts no more commands"
         )
-    report = {"run_id": run_id, "status": commit.state.status.value, "events": len(commit.events)}
+    cancel_run_cascade(
+        journal,
+        leases,
+        run_id,
+        requester=args.requester,
+        reason=args.reason,
+        owner=f"mayfly-cli:{os.getpid()}",
+        ids=Uuid7IdSource(),
+    )
+    state = inspect_run(journal, run_id).state
+    report = {"run_id": run_id, "status": state.status.value}
     if args.json:
         _emit_json(report, out)
     else:
-        out.write(f"run {run_id}: {commit.state.status.value} ({len(commit.events)} facts recorded)\n")
+        out.write(f"run {run_id}: {state.status.value}\n")
     return EXIT["ok"]
 
 
