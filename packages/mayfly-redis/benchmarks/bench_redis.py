@@ -120,8 +120,7 @@ def script_rate(port: int, count: int) -> float:
     started = time.perf_counter()
     for batch in work:
         args: list[str | bytes | int] = ["", str(batch[0].sequence), len(batch), run_id]
-        for record in batch:
-            args += (record.event_id, f"{record.sequence} {record.checksum}", encode_element(record))
+        args += [encode_element(record) for record in batch]
         assert client.evalsha(sha, len(keys), *keys, *args)[0] == b"ok"
     elapsed = time.perf_counter() - started
     client.close()

@@ -81,10 +81,6 @@ def decode_element(run_id: str, element: bytes) -> JournalRecord:
         ) from None
 
 
-def _identity(record: JournalRecord) -> str:
-    return f"{record.sequence} {record.checksum}"
-
-
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -164,8 +160,7 @@ class RedisJournal:
         else:
             keys.append(target.runs_key)
         args: list[Any] = ["" if fence is None else str(fence), str(expected_next), len(batch), run_id]
-        for record in batch:
-            args += (record.event_id, _identity(record), encode_element(record))
+        args += [encode_element(record) for record in batch]
         reply = self._store.script(f"append to run {run_id}", _scripts.APPEND, keys, args)
         status = _text(reply[0])
         if status == "ok":

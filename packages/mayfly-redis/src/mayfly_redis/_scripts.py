@@ -17,8 +17,9 @@ __all__ = ["ACQUIRE", "APPEND", "RELEASE", "RENEW"]
 
 APPEND: Final = """
 -- KEYS: records list, ids hash, fence string [, runs index zset (standalone only)]
--- ARGV: fence ('' = none), expected_next, count, run_id,
---       then per record: event_id, identity ('<seq> <checksum>'), element
+-- ARGV: fence ('' = none), expected_next, count, run_id, then one list element per
+--       record ('<seq>\\n<event_id>\\n<type>\\n<version>\\n<checksum>\\n<payload>'), exactly the
+--       bytes stored; the event id and the identity '<seq> <checksum>' are read from it.
 local fence = redis.call('GET', KEYS[3]) or '0'
 if (ARGV[1] == '' and fence ~= '0') or (ARGV[1] ~= '' and ARGV[1] ~= fence) then
   return {'fence', fence}
@@ -34,45 +35,44 @@ if length > 0 then
 end
 local actual = length + 1
 local count = tonumber(ARGV[3])
-local wanted = {}
-for i = 1, count do wanted[i] = ARGV[4 + (i - 1) * 3 + 1] end
--- One HMGET per chunk of ids (unpack() is bounded by Lua's C stack).
+local ids = {}
+local identities = {}
+for i = 1, count do
+  local sequence, event_id, checksum =
+    string.match(ARGV[4 + i], '^(%d+)\\n([^\\n]+)\\n[^\\n]*\\n[^\\n]*\\n([^\\n]+)\\n')
+  if not checksum then return {'corrupt', 'malformed element ' .. i .. ' in the append request'} end
+  ids[i] = event_id
+  identities[i] = sequence .. ' ' .. checksum
+end
+-- unpack() is bounded by Lua's C stack, so long batches go in chunks of 500.
 local stored = {}
 for first = 1, count, 500 do
-  local found = redis.call('HMGET', KEYS[2], unpack(wanted, first, math.min(first + 499, count)))
+  local found = redis.call('HMGET', KEYS[2], unpack(ids, first, math.min(first + 499, count)))
   for offset = 1, #found do stored[first + offset - 1] = found[offset] end
 end
 local replay = true
 for i = 1, count do
-  if stored[i] ~= ARGV[4 + (i - 1) * 3 + 2] then replay = false end
+  if stored[i] ~= identities[i] then replay = false end
 end
 if tostring(actual) ~= ARGV[2] then
   if replay then return {'replay'} end
   for i = 1, count do
-    local base = 4 + (i - 1) * 3
-    if stored[i] and stored[i] ~= ARGV[base + 2] then
-      return {'conflict', ARGV[base + 1], stored[i]}
-    end
+    if stored[i] and stored[i] ~= identities[i] then return {'conflict', ids[i], stored[i]} end
   end
   return {'cas', tostring(actual)}
 end
 for i = 1, count do
-  local base = 4 + (i - 1) * 3
-  if stored[i] then return {'conflict', ARGV[base + 1], stored[i]} end
+  if stored[i] then return {'conflict', ids[i], stored[i]} end
 end
--- unpack() is bounded by Lua's C stack, so large batches are pushed in chunks.
 for first = 1, count, 500 do
   local last = math.min(first + 499, count)
-  local elements = {}
-  local ids = {}
+  local fields = {}
   for i = first, last do
-    local base = 4 + (i - 1) * 3
-    elements[#elements + 1] = ARGV[base + 3]
-    ids[#ids + 1] = ARGV[base + 1]
-    ids[#ids + 1] = ARGV[base + 2]
+    fields[#fields + 1] = ids[i]
+    fields[#fields + 1] = identities[i]
   end
-  redis.call('RPUSH', KEYS[1], unpack(elements))
-  redis.call('HSET', KEYS[2], unpack(ids))
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, 4 + first, 4 + last))
+  redis.call('HSET', KEYS[2], unpack(fields))
 end
 if actual == 1 and KEYS[4] then redis.call('ZADD', KEYS[4], 0, ARGV[4]) end
 return {'ok', tostring(length + count)}
