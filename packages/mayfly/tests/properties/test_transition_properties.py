@@ -22,10 +22,12 @@ from mayfly.model.commands import (
     CompleteChild,
     CreateRun,
     Rejection,
+    RejectionCode,
     StartNodes,
 )
 from mayfly.model.events import (
     ChildCompleted,
+    ChildStarted,
     EdgeActivated,
     Event,
     FailureCause,
@@ -62,6 +64,7 @@ from mayfly.model.spec import (
 )
 from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.reducer import decide, decode_event, encode_event, reduce, replay, validate
+from mayfly.reducer.children import child_completion, child_create_run
 
 settings.register_profile("mayfly", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("mayfly")
@@ -165,11 +168,14 @@ def transition_graphs(draw: st.DrawFn, max_nodes: int = 7) -> WorkflowSpec:
 class Driver:
     """Applies commands through decide and reduce, checking every property after each accepted one."""
 
-    def __init__(self, spec: WorkflowSpec) -> None:
-        self.ids = DeterministicIdSource(namespace=3)
+    def __init__(
+        self, spec: WorkflowSpec, create: CreateRun | None = None, ids: DeterministicIdSource | None = None
+    ) -> None:
+        self.ids = ids or DeterministicIdSource(namespace=3)
         self.history: list[Event] = []
         self.state_: RunState | None = None
-        assert not isinstance(self.execute(CreateRun(run_id=self.ids.new_id(), spec=spec)), Rejection)
+        command = create or CreateRun(run_id=self.ids.new_id(), spec=spec)
+        assert not isinstance(self.execute(command), Rejection)
 
     @property
     def state(self) -> RunState:
@@ -372,3 +378,149 @@ def test_the_same_commands_give_the_same_history(spec: WorkflowSpec, data: st.Da
     for command in commands:
         second.execute(command)
     assert second.history == first.history
+
+
+# -- nested child runs ----------------------------------------------------------
+
+
+@st.composite
+def nested_specs(draw: st.DrawFn) -> WorkflowSpec:
+    """root calls mid, mid calls inner (a correction loop); modes and policies are random."""
+    inner = ChildDefinition(
+        "inner",
+        1,
+        (Node("a", handler="a@1", outputs=("v",)), Node("b", handler="b@1", outputs=("v",))),
+        edges=(
+            Edge("a", "b", OnOutcome(NodeOutcomeKind.SUCCEEDED)),
+            Edge("b", "a", OnOutcome(NodeOutcomeKind.CHANGES_REQUESTED)),
+        ),
+        initial=("a",),
+        budgets=RunBudgets(max_attempts=draw(st.integers(2, 8))),
+        inputs=("v",),
+        outputs=("v",),
+    )
+    mid = ChildDefinition(
+        "mid",
+        1,
+        (
+            Node(
+                "c",
+                child=ChildCall(
+                    "inner", 1, draw(st.sampled_from(["propagate", "require_success"])), ("v",), ("v",)
+                ),
+                input={"v": "mid"},
+                outputs=("v",),
+            ),
+            Node(
+                "d", handler="d@1", depends_on=("c",), policy=draw(st.sampled_from(POLICIES)), outputs=("v",)
+            ),
+        ),
+        inputs=("v",),
+        outputs=("v",),
+    )
+    root = WorkflowSpec(
+        "root",
+        1,
+        (
+            Node(
+                "r",
+                child=ChildCall(
+                    "mid", 1, draw(st.sampled_from(["propagate", "require_success"])), ("v",), ("v",)
+                ),
+                # A retried call starts a new child run under a fresh child run id.
+                retry=RetryPolicy(
+                    max_attempts=draw(st.integers(1, 3)),
+                    retry_on=(NodeOutcomeKind.RETRYABLE_FAILURE, NodeOutcomeKind.PERMANENT_FAILURE),
+                    backoff=FixedBackoff(draw(st.sampled_from([0, 10]))),
+                ),
+            ),
+            Node("s", handler="s@1"),
+        ),
+        edges=(Edge("r", "s", draw(predicates())),),
+        catalog=(inner, mid),
+    )
+    assert validate(root) == []
+    return root
+
+
+@given(spec=nested_specs(), data=st.data())
+def test_nested_child_runs_end_and_map_back_through_their_calls(
+    spec: WorkflowSpec, data: st.DataObject
+) -> None:
+    """Parent and child runs interleave randomly; all end, and each call maps its child's result by its mode."""
+    ids = DeterministicIdSource(namespace=9)
+    root = Driver(spec, ids=ids)
+    runs: dict[str, Driver] = {root.state.run_id: root}
+    reported: set[str] = set()
+    for _step in range(600):
+        movable = [r for r in runs.values() if not r.state.status.is_terminal and _can_move(r.state)]
+        finished = [
+            r
+            for r in runs.values()
+            if r.state.status.is_terminal and r.state.parent and r.state.run_id not in reported
+        ]
+        if not movable and not finished:
+            break
+        if finished and (not movable or data.draw(st.booleans(), label="report first?")):
+            child = data.draw(st.sampled_from(finished), label="report")
+            reported.add(child.state.run_id)
+            assert child.state.parent is not None
+            parent = runs[child.state.parent.run_id]
+            decision = parent.execute(child_completion(child.state, ("v",)))
+            if isinstance(decision, Rejection):
+                # Only a parent that already closed the attempt (or ended) may refuse its child's result.
+                assert decision.code in (RejectionCode.RUN_TERMINAL, RejectionCode.ATTEMPT_NOT_ACTIVE), (
+                    decision
+                )
+            continue
+        run = data.draw(st.sampled_from(movable), label="run")
+        state = run.state
+        ready = state.ready_nodes()
+        active = [
+            (state.node(i), a) for a, i in state.active_attempts() if state.node(i).child_run_id is None
+        ]
+        retries = sorted(d for _, d in state.pending_retries())
+        command: Command
+        if ready:
+            node_id = ready[0]
+            is_child = state.node_by_id(node_id).spec.child is not None  # type: ignore[union-attr]
+            command = StartNodes((AttemptStart(node_id, ids.new_id(), ids.new_id() if is_child else None),))
+        elif active:
+            node, attempt_id = active[0]
+            outcome = data.draw(st.sampled_from(OUTCOMES), label="outcome")
+            command = CompleteAttempt(node.node_id, attempt_id, outcome)
+        else:
+            command = AdvanceTime(max(retries[0], state.now))
+        events = run.execute(command)
+        assert not isinstance(events, Rejection), events
+        for fact in events:
+            if isinstance(fact, ChildStarted):
+                create = child_create_run(run.state, fact)
+                child = Driver(create.spec, create=create, ids=ids)
+                assert child.state.depth == run.state.depth + 1 <= 2
+                runs[child.state.run_id] = child
+    assert all(r.state.status.is_terminal for r in runs.values()), "a run did not end"
+    event(f"child runs: {min(len(runs) - 1, 3)}{'+' if len(runs) > 3 else ''}")
+    event(f"root result {root.state.status.value}")
+    for run in runs.values():
+        for fact in run.history:
+            if isinstance(fact, ChildCompleted):
+                committed = next(
+                    e
+                    for e in run.history
+                    if isinstance(e, NodeOutcomeCommitted) and e.attempt_id == fact.attempt_id
+                )
+                call = run.state.node_by_id(fact.node_id).spec.child  # type: ignore[union-attr]
+                assert call is not None
+                assert isinstance(committed.outcome, Succeeded) is (fact.result == "succeeded")
+                if fact.result != "succeeded" and call.mode == "require_success":
+                    assert isinstance(committed.outcome, PermanentFailure)
+
+
+def _can_move(state: RunState) -> bool:
+    """Whether the run itself can take a step (not only wait for its open child runs)."""
+    return bool(
+        state.ready_nodes()
+        or any(state.node(i).child_run_id is None for _, i in state.active_attempts())
+        or any(True for _ in state.pending_retries())
+    )
