@@ -131,9 +131,24 @@ def read_hold(url: str) -> None:
     sys.stdin.readline()
 
 
+def die_writing(url: str) -> None:
+    """Take LMDB's writer lock, report it, and hold it until killed (the lock's owner then dies)."""
+    journal = open_journal(url)
+    txn = journal._env.env.begin(write=True)  # type: ignore[attr-defined]  # an LmdbJournal
+    _say(f"writing {txn.id()}")
+    sys.stdin.readline()
+
+
 def main() -> None:
     """Dispatch to the mode named on the command line."""
-    modes = {"append": append, "inspect": inspect, "hold": hold, "fenced": fenced, "read-hold": read_hold}
+    modes = {
+        "append": append,
+        "inspect": inspect,
+        "hold": hold,
+        "fenced": fenced,
+        "read-hold": read_hold,
+        "die-writing": die_writing,
+    }
     modes[sys.argv[1]](**json.loads(sys.argv[2]))
 
 

@@ -243,3 +243,35 @@ def test_an_environment_of_another_program_is_left_alone(env_dir: Path) -> None:
     with env.begin() as txn:
         assert [key for key, _ in txn.cursor()] == [b"hello"]
     env.close()
+
+
+_LOCK_TXNID_OFFSET = 48  # MDB_txbody.mtb_txnid in lock.mdb (LMDB 0.9, 64-bit Linux, robust mutexes)
+
+
+def test_readers_recover_from_a_writer_killed_inside_its_commit(env_dir: Path, workers: list[Worker]) -> None:
+    """After a writer died between writing its meta page and publishing it, reads see its commit."""
+    url = f"lmdb://{env_dir}?durability=nosync"
+    run = new_id()
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, batch(run, 1, 2))
+        last = journal._env.env.info()["last_txnid"]
+        writer = Worker("die-writing", url=url)
+        workers.append(writer)
+        assert writer.readline() == f"writing {last + 1}"
+        writer.kill()  # dies owning LMDB's writer mutex
+        # Leave the lock table one transaction behind the newest meta page, as a commit cut
+        # between its meta write and its txnid publication does.
+        fd = os.open(env_dir / "lock.mdb", os.O_RDWR)
+        try:
+            published = int.from_bytes(os.pread(fd, 8, _LOCK_TXNID_OFFSET), "little")
+            assert published == last, "lock.mdb layout differs from LMDB 0.9 on 64-bit Linux"
+            os.pwrite(fd, (last - 1).to_bytes(8, "little"), _LOCK_TXNID_OFFSET)
+        finally:
+            os.close(fd)
+        stale = journal._env.env.begin()
+        assert stale.id() == last - 1  # what any reader would see without the repair
+        stale.abort()
+        assert journal.next_sequence(run) == 3
+        assert [r.sequence for r in journal.read(run)] == [1, 2]
+        journal.append(run, 3, batch(run, 3))
+        assert journal.next_sequence(run) == 4

@@ -315,12 +315,27 @@ class SharedEnv:
             self._resize(grow, operation)
 
     def read(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
-        """Run ``body`` in one read-only transaction (a consistent snapshot) and end it."""
+        """Run ``body`` in one read-only transaction (a consistent snapshot) and end it.
+
+        A writer killed inside its commit, after writing the new meta page but
+        before publishing the transaction id to readers, leaves readers one
+        transaction behind until the next writer repairs the lock table. Such
+        a lagging snapshot would disagree with the next append, so it is
+        detected and the repair forced before reading.
+        """
+        repaired = self.readonly
         while True:
             self._enter()
             try:
                 txn = self.env.begin()
                 try:
+                    if not repaired and txn.id() < self.env.info()["last_txnid"]:
+                        repaired = True
+                        txn.abort()
+                        # Taking the writer lock runs LMDB's dead-owner recovery, which
+                        # publishes the newest committed transaction to readers.
+                        self.env.begin(write=True).abort()
+                        continue
                     return body(txn)
                 finally:
                     txn.abort()
