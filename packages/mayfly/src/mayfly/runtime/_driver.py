@@ -96,6 +96,7 @@ from mayfly.substrate import (
     current_hub,
     current_task,
     offload,
+    sleep,
 )
 
 __all__ = [
@@ -329,6 +330,8 @@ class RunDriver:
                 self._block_unavailable(effect.node_id, effect.attempt_id)
         # Retry timers, waits and ready nodes are derived from state by the loop itself.
         while not self.state.status.is_terminal:
+            # Current-task mode can run handler after handler without ever parking in _wait.
+            self._renew_if_due()
             if self._cancel_requests:
                 requester, reason = self._cancel_requests.pop(0)
                 self.commit(CancelRun(requester, reason))
@@ -427,6 +430,8 @@ class RunDriver:
 
     def _run_inline(self, index: int, attempt_id: str) -> None:
         entry, request = self._request(index, attempt_id, current_task().cancellation)
+        # This task is busy in the handler, so another one keeps the lease alive meanwhile.
+        keeper = self.hub.spawn(self._keep_lease, name=f"lease keeper of {self.state.run_id}")
         try:
             result = invoke_handler(entry, request)
         except TaskCancelled:
@@ -435,7 +440,15 @@ class RunDriver:
             failed = TaskFailed(entry.ref, type(exc).__qualname__, str(exc))
             failed.__cause__ = exc
             result = failure_outcome(failed)
+        finally:
+            keeper.cancel("inline handler returned")
         self._complete(index, attempt_id, result)
+
+    def _keep_lease(self) -> None:
+        """Renew the lease (and inline parents' leases) every third of the TTL while a handler runs inline."""
+        while True:
+            sleep(self.lease_ttl_ms / 3 / 1000)
+            self._renew_if_due()
 
     def _node(self, node_id: str) -> NodeState:
         node = self.state.node_by_id(node_id)
@@ -905,6 +918,10 @@ class RunDriver:
         except TaskCancelled:
             return  # the run closed this attempt; its outcome is already committed
         except TaskFailed as failed:
+            if not isinstance(failed.__cause__, Exception):
+                # KeyboardInterrupt or SystemExit stops the process, not the attempt: the hub
+                # re-raises it, and the attempt stays in flight for resume to re-invoke.
+                return
             result = failure_outcome(failed)
         assert not isinstance(result, ChildReport)
         self._complete(self.state.index[node_id], attempt_id, result)

@@ -1,0 +1,188 @@
+"""Adversarial runtime tests: SIGKILL at every step of a run, BaseException handlers, lease upkeep."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mayfly import HandlerRegistry, HandlerRequest, Node, RunStatus, Succeeded, WorkflowRuntime, WorkflowSpec
+from mayfly.identity import Uuid7IdSource
+from mayfly.lease import RecoveryLeaseGuard
+from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
+from mayfly.model.events import NodeOutcomeCommitted, NodeStarted, RetryReleased, RetryScheduled
+from mayfly.model.ids import idempotency_key
+from mayfly.model.state import NodeStatus
+from mayfly.reducer import decode_event
+from mayfly.substrate import Hub, VirtualClock, now_ms, sleep
+
+WORKER = Path(__file__).with_name("adversarial_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+import adversarial_worker  # noqa: E402
+
+
+def events(journal: LocalWorkflowJournal, run_id: str) -> list[Any]:
+    return [decode_event(r.event_type, r.schema_version, r.payload) for r in journal.read(run_id)]
+
+
+def worker(url: str, run_id: str, mode: str, kill_at: str, log: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(WORKER), url, run_id, mode, kill_at, str(log)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("kill_at", ["started", "handler", "returned", "wait", "backoff"])
+def test_sigkill_at_each_step_then_resume_loses_and_duplicates_nothing(tmp_path: Path, kill_at: str) -> None:
+    """After SIGKILL at any step, a new process resumes: one outcome per attempt, original ids, retry never early."""
+    url = f"file://{tmp_path}/journal?durability=fsync"
+    run_id = Uuid7IdSource().new_id()
+    log = tmp_path / "invocations.log"
+    killed = worker(url, run_id, "execute", kill_at, log)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    journal = LocalWorkflowJournal(url)
+    before = events(journal, run_id)
+    in_flight = {e.node_id: e.attempt_id for e in before if isinstance(e, NodeStarted)}
+
+    resumed = worker(url, run_id, "resume", "none", log)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[-1] == "done running gate"
+
+    # Answer the approval in this process and finish the run.
+    registry = HandlerRegistry()
+    registry.register("step", 1, lambda req: Succeeded())
+    registry.register("gate", 1, lambda req: Succeeded(output=req.signal.decision if req.signal else None))
+    runtime = WorkflowRuntime(journal, registry, leases=LocalLeaseStore(url))
+    assert runtime.signal(run_id, "gate", adversarial_worker.TOKEN, "go").status == "accepted"
+    assert runtime.resume(run_id).status is RunStatus.SUCCEEDED
+
+    history = events(journal, run_id)
+    outcomes = [e for e in history if isinstance(e, NodeOutcomeCommitted) and e.attempt_id is not None]
+    assert len({e.attempt_id for e in outcomes}) == len(outcomes)  # never two outcomes for one attempt
+    assert sorted(e.node_id for e in outcomes) == ["a", "flaky", "flaky", "gate", "z"]
+    invocations = [line.split() for line in log.read_text().splitlines()]
+    for node_id, attempt_id, key, _ in invocations:
+        assert key == idempotency_key(run_id, node_id, attempt_id)
+    if kill_at in ("started", "handler", "returned"):
+        # The in-flight attempt of `a` is re-invoked under its original attempt id and key.
+        assert [i[1] for i in invocations if i[0] == "a"][-1] == in_flight["a"]
+        assert [e.attempt_id for e in history if isinstance(e, NodeStarted) and e.node_id == "a"] == [
+            in_flight["a"]
+        ]
+    scheduled = [e for e in history if isinstance(e, RetryScheduled)]
+    released = [e for e in history if isinstance(e, RetryReleased)]
+    assert len(scheduled) == len(released) == 1
+    assert released[0].at >= scheduled[0].deadline
+
+
+class CountingGuard:
+    """A real local lease guard that records when it is renewed."""
+
+    def __init__(self, guard: RecoveryLeaseGuard, renewals: list[int]) -> None:
+        self._guard = guard
+        self._renewals = renewals
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._guard, name)
+
+    def renew(self, ttl_ms: int) -> None:
+        self._renewals.append(now_ms())
+        self._guard.renew(ttl_ms)
+
+    def __enter__(self) -> CountingGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._guard.release()
+
+
+class CountingLeases:
+    """The real local lease store, handing out guards that record their renewals (hub time, ms)."""
+
+    def __init__(self, url: str) -> None:
+        self._store = LocalLeaseStore(url)
+        self.renewals: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def acquire(self, run_id: str, owner: str, ttl_ms: int) -> RecoveryLeaseGuard:
+        return CountingGuard(self._store.acquire(run_id, owner, ttl_ms), self.renewals)  # type: ignore[return-value]
+
+
+def test_current_task_mode_renews_its_lease_between_serial_handlers(tmp_path: Path) -> None:
+    """A current-task run longer than its lease TTL renews the lease, so no other owner can take it mid-run."""
+    url = f"file://{tmp_path}/j?durability=write"
+    leases = CountingLeases(url)
+    registry = HandlerRegistry()
+
+    @registry.handler("nap", cooperative=True)
+    def nap(req: HandlerRequest) -> Succeeded:
+        sleep(4)  # virtual seconds: the chain takes 24 s against a 10 s lease
+        return Succeeded()
+
+    nodes = tuple(Node(f"n{i}", handler="nap@1", depends_on=(f"n{i - 1}",) if i else ()) for i in range(6))
+    runtime = WorkflowRuntime(LocalWorkflowJournal(url), registry, leases=leases, lease_ttl_ms=10_000)
+    spec = WorkflowSpec(workflow_id="adv.chain", version=1, nodes=nodes)
+    result = Hub(VirtualClock()).run(runtime.execute_in_current_task, spec)
+    assert result.status is RunStatus.SUCCEEDED
+    marks = [0, *leases.renewals, 24_000]
+    assert max(b - a for a, b in itertools.pairwise(marks)) < 10_000, leases.renewals
+
+
+def test_a_long_inline_handler_does_not_outlive_the_lease(tmp_path: Path) -> None:
+    """One inline handler running past the lease TTL still has the lease renewed while it runs."""
+    url = f"file://{tmp_path}/j?durability=write"
+    leases = CountingLeases(url)
+    registry = HandlerRegistry()
+
+    @registry.handler("long", cooperative=True)
+    def long(req: HandlerRequest) -> Succeeded:
+        sleep(35)
+        return Succeeded()
+
+    runtime = WorkflowRuntime(LocalWorkflowJournal(url), registry, leases=leases, lease_ttl_ms=10_000)
+    spec = WorkflowSpec(workflow_id="adv.long", version=1, nodes=(Node("a", handler="long@1"),))
+    result = Hub(VirtualClock()).run(runtime.execute_in_current_task, spec)
+    assert result.status is RunStatus.SUCCEEDED
+    marks = [0, *leases.renewals, 35_000]
+    assert max(b - a for a, b in itertools.pairwise(marks)) < 10_000, leases.renewals
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_a_handler_raising_a_base_exception_stops_the_run_resumably(
+    tmp_path: Path, error: type[BaseException], cooperative: bool
+) -> None:
+    """KeyboardInterrupt/SystemExit in a handler propagates out of execute; the attempt stays in flight for resume."""
+    url = f"file://{tmp_path}/j?durability=write"
+    journal = LocalWorkflowJournal(url)
+    calls: list[str] = []
+    registry = HandlerRegistry()
+
+    def stop(req: HandlerRequest) -> Succeeded:
+        calls.append(req.attempt_id)
+        if len(calls) == 1:
+            raise error
+        return Succeeded()
+
+    registry.register("stop", 1, stop, cooperative=cooperative)
+    runtime = WorkflowRuntime(journal, registry, leases=LocalLeaseStore(url))
+    spec = WorkflowSpec(workflow_id="adv.base", version=1, nodes=(Node("a", handler="stop@1"),))
+    run_id = runtime.ids.new_id()
+    with pytest.raises(error):
+        runtime.execute(spec, run_id=run_id)
+    # No outcome was recorded for the interrupted attempt, and the lease was released.
+    assert not [e for e in events(journal, run_id) if isinstance(e, NodeOutcomeCommitted)]
+    result = runtime.resume(run_id)
+    assert result.status is RunStatus.SUCCEEDED
+    assert result.nodes["a"].status is NodeStatus.SUCCEEDED
+    assert calls[0] == calls[1]  # re-invoked under the original attempt id
