@@ -10,7 +10,10 @@ Prints, measured in one run:
    same directory; ``efficiency = nodes/s / (raw commits/s / commits per node)``
    says how close the engine gets to the journal's own limit;
 2. resuming a run of ``--events`` events from a snapshot versus a full replay
-   (target: snapshot resume <= 5 % of full replay).
+   (target: snapshot resume <= 5 % of full replay). The run is a chain whose
+   nodes each fail retryably ``RETRIES`` times before succeeding, so 100k
+   events fit a specification under the 1 MiB record limit (a plain chain of
+   33k nodes would need a 2.8 MB ``RunCreated``).
 
 Timings are printed, never asserted.
 """
@@ -27,20 +30,31 @@ from mayfly.identity import Uuid7IdSource
 from mayfly.journal import JournalRecord
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 from mayfly.model.commands import AttemptStart, CompleteAttempt, CreateRun, StartNodes
-from mayfly.model.outcomes import Succeeded
-from mayfly.model.spec import Node, RetryPolicy, RunBudgets, WorkflowSpec
+from mayfly.model.outcomes import RetryableFailure, Succeeded
+from mayfly.model.spec import ImmediateBackoff, Node, RetryPolicy, RunBudgets, WorkflowSpec
 from mayfly.recovery import inspect_run, replay_run
 from mayfly.runtime import HandlerRegistry, HandlerRequest, WorkflowRuntime
 from mayfly.snapshot import make_snapshot
 
 ONE = RetryPolicy(max_attempts=1)
 BIG = RunBudgets(max_attempts=10_000_000, max_transitions=10_000_000)
+RETRIES = 4
+# Per node: RETRIES x (NodeStarted, NodeOutcomeCommitted, RetryScheduled, RetryReleased),
+# then NodeStarted, NodeOutcomeCommitted and the next node's NodeReady.
+EVENTS_PER_NODE = 4 * RETRIES + 3
 
 
 def chain(n: int) -> WorkflowSpec:
     nodes = [Node("n0", handler="noop@1", retry=ONE)]
     nodes += [Node(f"n{i}", handler="noop@1", depends_on=(f"n{i - 1}",), retry=ONE) for i in range(1, n)]
     return WorkflowSpec(workflow_id="bench.chain", version=1, nodes=tuple(nodes), budgets=BIG)
+
+
+def retrying_chain(n: int) -> WorkflowSpec:
+    retry = RetryPolicy(max_attempts=RETRIES + 1, backoff=ImmediateBackoff())
+    nodes = [Node("n0", handler="noop@1", retry=retry)]
+    nodes += [Node(f"n{i}", handler="noop@1", depends_on=(f"n{i - 1}",), retry=retry) for i in range(1, n)]
+    return WorkflowSpec(workflow_id="bench.retrying", version=1, nodes=tuple(nodes), budgets=BIG)
 
 
 def fan(n: int) -> WorkflowSpec:
@@ -109,15 +123,19 @@ def recovery(root: Path, events: int) -> tuple[int, float, float]:
     url = f"file://{root}/recovery?durability=write"
     journal = LocalWorkflowJournal(url)
     ids = Uuid7IdSource()
-    nodes = max(events // 3, 1)
+    nodes = max(events // EVENTS_PER_NODE, 1)
     run_id = ids.new_id()
-    state = commit_command(journal, None, CreateRun(run_id=run_id, spec=chain(nodes)), ids=ids).state
+    spec = retrying_chain(nodes)
+    state = commit_command(journal, None, CreateRun(run_id=run_id, spec=spec), ids=ids).state
     last = None
     while not state.status.is_terminal:
         (node_id,) = state.ready_nodes()
         attempt = ids.new_id()
         commit_command(journal, state, StartNodes((AttemptStart(node_id, attempt),)), ids=ids)
-        last = commit_command(journal, state, CompleteAttempt(node_id, attempt, Succeeded()), ids=ids)
+        node = state.node_by_id(node_id)
+        assert node is not None
+        outcome = Succeeded() if node.attempt > RETRIES else RetryableFailure(reason="bench")
+        last = commit_command(journal, state, CompleteAttempt(node_id, attempt, outcome), ids=ids)
     assert last is not None
     journal.write_snapshot(run_id, make_snapshot(state, last.records[-1]))
     fresh = LocalWorkflowJournal(url)

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import shutil
+import struct
+import zlib
+from array import array
 from pathlib import Path
 
 from mayfly.journal import JournalRecord, SnapshotRecord
 from mayfly.local import LocalWorkflowJournal
 from mayfly.local._frames import (
     HEADER,
+    HINT_HEADER,
     RunIndex,
+    decode_frame,
     decode_frames,
+    decode_hint,
     decode_snapshot,
     encode_batch,
+    encode_hint,
     encode_snapshot,
     scan,
+    walk,
 )
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -92,3 +100,38 @@ def test_header_layout() -> None:
     """A frame header is 12 bytes: 4-byte magic, big-endian u32 length and u32 CRC-32."""
     assert HEADER.size == 12
     assert HEADER.format == ">4sII"
+
+
+def test_hint_layout_is_pinned() -> None:
+    """An MWX1 hint is a 36-byte big-endian header (magic, version, inode, end, count, CRC) and little-endian i64s."""
+    offsets = array("q", [0, 40, 95])
+    body = struct.pack("<3q", 0, 40, 95)
+    expected = struct.pack(">4sIQQQI", b"MWX1", 1, 7, 130, 3, zlib.crc32(body)) + body
+    assert HINT_HEADER.size == 36
+    assert encode_hint(7, 130, offsets) == expected
+    assert decode_hint(expected) == (7, 130, offsets)
+
+
+def test_damaged_hints_decode_to_none() -> None:
+    """A hint with a bad CRC, magic, count or first offset is rejected, never half-trusted."""
+    good = encode_hint(7, 130, array("q", [0, 40, 95]))
+    flipped = bytearray(good)
+    flipped[-1] ^= 0x01
+    assert decode_hint(bytes(flipped)) is None
+    assert decode_hint(b"MWX2" + good[4:]) is None
+    assert decode_hint(good[:-8]) is None
+    assert decode_hint(encode_hint(7, 130, array("q", [8, 40]))) is None
+    assert decode_hint(encode_hint(7, 40, array("q", [0, 40]))) is None
+
+
+def test_walk_locates_complete_frames_from_headers() -> None:
+    """The header walk counts complete frames without checking bodies and stops before an incomplete one."""
+    frames = encode_batch(golden_records())
+    data = b"".join(frames)
+    offsets: array[int] = array("q")
+    consumed = walk(data + frames[0][:-1], 100, offsets, RUN)
+    assert consumed == len(data)
+    assert list(offsets) == [100 + sum(len(f) for f in frames[:i]) for i in range(len(frames))]
+    record, batch_last = decode_frame(frames[-1], RUN, len(frames))
+    assert record == golden_records()[-1]
+    assert batch_last == len(frames)

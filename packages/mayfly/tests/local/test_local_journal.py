@@ -13,7 +13,7 @@ import pytest
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import Durability, JournalRecord, SnapshotRecord
 from mayfly.local import LocalWorkflowJournal
-from mayfly.local._frames import HEADER, SNAPSHOT_MAGIC
+from mayfly.local._frames import HEADER, SNAPSHOT_MAGIC, decode_hint, encode_hint
 from mayfly.model.errors import (
     AppendConflict,
     ChecksumMismatch,
@@ -287,7 +287,7 @@ def snapshot_for(record: JournalRecord, state: bytes = b'{"s":1}') -> SnapshotRe
 
 
 def test_snapshot_frames_round_trip_and_replace(journal: LocalWorkflowJournal, store: Path) -> None:
-    """Snapshots are MWS1 frames, read back equal, replaced whole and never leave temp files."""
+    """Snapshots are MWS1 frames, read back equal, replaced whole, beside an MWX1 hint, never with temp files."""
     run = IDS.new_id()
     batch = records(run, 1, 2)
     journal.append(run, 1, batch)
@@ -296,7 +296,7 @@ def test_snapshot_frames_round_trip_and_replace(journal: LocalWorkflowJournal, s
     journal.write_snapshot(run, snapshot_for(batch[1], b"\x00\xff"))
     assert journal.read_snapshot(run) == snapshot_for(batch[1], b"\x00\xff")
     assert (store / "snapshots" / f"{run}.mws").read_bytes()[:4] == SNAPSHOT_MAGIC
-    assert sorted(os.listdir(store / "snapshots")) == [f"{run}.mws"]
+    assert sorted(os.listdir(store / "snapshots")) == [f"{run}.idx", f"{run}.mws"]
 
 
 def test_snapshot_with_unknown_frame_version_is_corrupt(journal: LocalWorkflowJournal, store: Path) -> None:
@@ -421,3 +421,138 @@ def test_scan_in_small_windows_matches_a_whole_scan(
         assert [r.sequence for r in fresh.read(run)] == list(range(1, 9))
         fresh.append(run, 9, records(run, 9, 1))
         assert fresh.next_sequence(run) == 10
+
+
+def test_reads_verify_the_frames_they_return_and_appends_verify_all(store: Path) -> None:
+    """After open, a damaged middle frame fails only the reads that return it, the first append and verify_run."""
+    run = IDS.new_id()
+    with LocalWorkflowJournal(str(store)) as journal:
+        journal.append(run, 1, records(run, 1, 2))
+        journal.append(run, 3, records(run, 3, 2))
+    path = run_file(store, run)
+    data = bytearray(path.read_bytes())
+    data[HEADER.size + 5] ^= 0x01  # inside the body of sequence 1
+    path.write_bytes(bytes(data))
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert fresh.next_sequence(run) == 5
+        assert [r.sequence for r in fresh.read(run, after=1)] == [2, 3, 4]
+        with pytest.raises(ChecksumMismatch):
+            fresh.read(run, limit=1)
+        with pytest.raises(ChecksumMismatch):
+            fresh.verify_run(run)
+        with pytest.raises(ChecksumMismatch):
+            fresh.append(run, 5, records(run, 5, 1))
+    assert path.read_bytes() == bytes(data)
+
+
+def test_first_append_after_open_sees_every_committed_event_id(
+    journal: LocalWorkflowJournal, store: Path
+) -> None:
+    """An event id committed long before is still a conflict for a fresh instance that only read the tail."""
+    run = IDS.new_id()
+    early = records(run, 1, 3)
+    journal.append(run, 1, early)
+    journal.append(run, 4, records(run, 4, 3))
+    journal.write_snapshot(run, snapshot_for(journal.read(run, after=5)[0]))
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert [r.sequence for r in fresh.read(run, after=5)] == [6]
+        reused = JournalRecord.seal(
+            run_id=run,
+            sequence=7,
+            event_id=early[0].event_id,
+            event_type="Tested",
+            schema_version=1,
+            payload=b"{}",
+        )
+        with pytest.raises(ConflictingRecord):
+            fresh.append(run, 7, [reused])
+        assert fresh.next_sequence(run) == 7
+
+
+def test_verify_run_counts_a_sound_history(journal: LocalWorkflowJournal) -> None:
+    """verify_run returns the number of committed records of a sound run and 0 for an unknown one."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 3))
+    assert journal.verify_run(run) == 3
+    assert journal.verify_run(IDS.new_id()) == 0
+
+
+def test_snapshot_writes_a_hint_that_a_fresh_instance_uses(
+    journal: LocalWorkflowJournal, store: Path
+) -> None:
+    """The MWX1 hint written beside a snapshot names every committed frame; later appends are walked."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 3))
+    journal.write_snapshot(run, snapshot_for(journal.read(run)[-1]))
+    decoded = decode_hint((store / "snapshots" / f"{run}.idx").read_bytes())
+    assert decoded is not None
+    inode, end, offsets = decoded
+    assert (inode, end, len(offsets)) == (
+        run_file(store, run).stat().st_ino,
+        run_file(store, run).stat().st_size,
+        3,
+    )
+    journal.append(run, 4, records(run, 4, 2))
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert [r.sequence for r in fresh.read(run, after=2)] == [3, 4, 5]
+        assert fresh.next_sequence(run) == 6
+
+
+@pytest.mark.parametrize("damage", ["shifted", "garbage", "other-file", "beyond-the-file"])
+def test_a_wrong_hint_never_changes_what_reads_return(
+    journal: LocalWorkflowJournal, store: Path, damage: str
+) -> None:
+    """A hint that does not match the run file is ignored or retried from the file: reads stay exact."""
+    run = IDS.new_id()
+    batch = records(run, 1, 4)
+    journal.append(run, 1, batch)
+    journal.write_snapshot(run, snapshot_for(batch[-1]))
+    hint = store / "snapshots" / f"{run}.idx"
+    decoded = decode_hint(hint.read_bytes())
+    assert decoded is not None
+    inode, end, offsets = decoded
+    if damage == "shifted":  # last frame still right, the middle offsets wrong
+        offsets[1] += 3
+        offsets[2] -= 5
+        hint.write_bytes(encode_hint(inode, end, offsets))
+    elif damage == "garbage":
+        hint.write_bytes(b"MWX1" + b"\x00" * 40)
+    elif damage == "other-file":
+        hint.write_bytes(encode_hint(inode + 1, end, offsets))
+    else:
+        hint.write_bytes(encode_hint(inode, end + 100, offsets))
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert fresh.read(run, after=1) == batch[1:]
+        assert fresh.read(run) == batch
+        assert fresh.next_sequence(run) == 5
+
+
+def test_fault_hooks_drop_the_hint(journal: LocalWorkflowJournal, store: Path) -> None:
+    """Editing frames in place removes the hint, and the gap is still reported by reads and verify_run."""
+    run = IDS.new_id()
+    batch = records(run, 1, 3)
+    journal.append(run, 1, batch)
+    journal.write_snapshot(run, snapshot_for(batch[-1]))
+    journal.remove_record(run, 2)
+    assert not (store / "snapshots" / f"{run}.idx").exists()
+    with LocalWorkflowJournal(str(store)) as fresh:
+        with pytest.raises(JournalGap):
+            fresh.read(run, after=1)
+        with pytest.raises(JournalGap):
+            fresh.verify_run(run)
+
+
+def test_torn_batch_with_complete_frames_is_found_from_the_end(
+    journal: LocalWorkflowJournal, store: Path
+) -> None:
+    """Complete frames of a batch whose closing frame is torn are not committed, for readers and writers."""
+    run = IDS.new_id()
+    journal.append(run, 1, records(run, 1, 2))
+    journal.append(run, 3, records(run, 3, 3))
+    path = run_file(store, run)
+    os.truncate(path, path.stat().st_size - 4)  # frames 3 and 4 complete, 5 torn
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert fresh.next_sequence(run) == 3
+        assert [r.sequence for r in fresh.read(run)] == [1, 2]
+        fresh.append(run, 3, records(run, 3, 1))
+        assert [r.sequence for r in fresh.read(run)] == [1, 2, 3]

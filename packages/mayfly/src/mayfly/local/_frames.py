@@ -6,11 +6,23 @@ body carries one record envelope plus ``batch_last``, the sequence of the last
 record of the atomic batch the record was appended in: a batch is committed
 only once its closing frame (``sequence == batch_last``) is on disk, which is
 what lets torn-tail recovery drop a half-written batch as a whole.
+
+Readers do not need every frame verified to find their records: :func:`walk`
+locates frames from their headers alone (magic and length, no CRC, no JSON),
+and only the frames a read returns are CRC-checked and decoded. The batch
+boundary at the end of the file is found by decoding backwards from the last
+complete frame to the nearest batch-closing one (:func:`decode_frame`).
+
+MWX1 offset hints (``snapshots/<run>.idx``) persist a run's frame offsets so
+that a fresh process can locate the records after a snapshot without walking
+the whole file. A hint is derived data: :func:`decode_hint` checks its own
+CRC, and the journal verifies it against the run file before trusting it.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -32,6 +44,9 @@ JOURNAL_MAGIC: Final = b"MWJ1"
 SNAPSHOT_MAGIC: Final = b"MWS1"
 FRAME_VERSION: Final = 1
 HEADER: Final = struct.Struct(">4sII")
+HINT_MAGIC: Final = b"MWX1"
+# magic, version, run file inode, committed end covered, frame count, CRC-32 of the offsets.
+HINT_HEADER: Final = struct.Struct(">4sIQQQI")
 # JSON escaping can grow a payload up to 6x (\u00XX for control bytes); the
 # envelope fields add well under 1 KiB. Anything longer was never written by us.
 MAX_JOURNAL_BODY: Final = 6 * MAX_RECORD_PAYLOAD + (64 << 10)
@@ -132,6 +147,11 @@ class RunIndex:
     ``end`` is the offset just past the last committed batch; ``size`` is the
     file size the scan saw. ``size > end`` means a torn tail: bytes of a batch
     that never completed, so it was never acknowledged.
+
+    ``verified`` says every committed frame was CRC-checked and decoded and
+    ``event_ids`` is complete (:func:`scan`); appends need that. Otherwise the
+    offsets come from a header walk (``hinted`` False) or partly from an MWX1
+    hint (``hinted`` True), and readers verify each frame they return.
     """
 
     inode: int = -1
@@ -139,6 +159,9 @@ class RunIndex:
     end: int = 0
     offsets: array[int] = field(default_factory=lambda: array("q"))
     event_ids: dict[str, int] = field(default_factory=dict)
+    verified: bool = False
+    hinted: bool = False
+    hint_end: int = -1
 
     @property
     def next_sequence(self) -> int:
@@ -207,6 +230,87 @@ def scan(index: RunIndex, data: bytes, base: int, run_id: str) -> None:
             pending.clear()
             index.end = base + position
     index.size = base + length_total
+
+
+def walk(data: bytes, base: int, offsets: array[int], run_id: str) -> int:
+    """Append the offsets of the complete frames in ``data`` (the file from ``base``); return bytes consumed.
+
+    Reads headers only. A bad magic or an impossible length fails closed; a
+    frame that runs past the end of ``data`` ends the walk (the caller widens
+    its window or treats it as the torn tail).
+    """
+    position = 0
+    total = len(data)
+    header = HEADER.size
+    unpack = HEADER.unpack_from
+    append = offsets.append
+    while total - position >= header:
+        magic, length, _crc = unpack(data, position)
+        if magic != JOURNAL_MAGIC or length > MAX_JOURNAL_BODY:
+            where = f"run {run_id} offset {base + position} (sequence {len(offsets) + 1})"
+            if magic != JOURNAL_MAGIC:
+                raise CorruptionError(f"bad frame magic {magic!r} at {where}; the journal is damaged")
+            raise CorruptionError(f"frame length {length} over the limit at {where}")
+        following = position + header + length
+        if following > total:
+            break
+        append(base + position)
+        position = following
+    return position
+
+
+def decode_frame(data: bytes, run_id: str, sequence: int) -> tuple[JournalRecord, int]:
+    """Verify and decode the complete frame ``data`` holding ``sequence``; return it and ``batch_last``."""
+    where = f"run {run_id} sequence {sequence}"
+    if len(data) < HEADER.size:
+        raise CorruptionError(f"truncated frame at {where}")
+    magic, length, crc = HEADER.unpack_from(data, 0)
+    body = data[HEADER.size :]
+    if magic != JOURNAL_MAGIC or len(body) != length:
+        raise CorruptionError(f"bad frame at {where}; the journal is damaged")
+    if zlib.crc32(body) != crc:
+        raise ChecksumMismatch(f"frame CRC-32 mismatch at {where}; the journal is damaged")
+    record, batch_last = decode_journal_body(body, where)
+    if record.run_id != run_id:
+        raise CorruptionError(f"frame at {where} belongs to run {record.run_id}")
+    if record.sequence != sequence:
+        if record.sequence > sequence:
+            raise JournalGap(
+                f"journal gap in run {run_id}: expected sequence {sequence}, found {record.sequence}"
+            )
+        raise ConflictingRecord(f"run {run_id} holds sequence {record.sequence} twice")
+    if batch_last < record.sequence:
+        raise CorruptionError(f"frame at {where} closes batch {batch_last} before itself")
+    record.verify()
+    return record, batch_last
+
+
+def encode_hint(inode: int, end: int, offsets: array[int]) -> bytes:
+    """Return the MWX1 hint recording ``offsets`` of a run file (``inode``) committed up to ``end``."""
+    packed = array("q", offsets)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    body = packed.tobytes()
+    return HINT_HEADER.pack(HINT_MAGIC, FRAME_VERSION, inode, end, len(offsets), zlib.crc32(body)) + body
+
+
+def decode_hint(data: bytes) -> tuple[int, int, array[int]] | None:
+    """Return ``(inode, end, offsets)`` of an intact MWX1 hint, or ``None`` for anything else."""
+    if len(data) < HINT_HEADER.size:
+        return None
+    magic, version, inode, end, count, crc = HINT_HEADER.unpack_from(data, 0)
+    body = data[HINT_HEADER.size :]
+    if magic != HINT_MAGIC or version != FRAME_VERSION or count < 1 or len(body) != 8 * count:
+        return None
+    if zlib.crc32(body) != crc:
+        return None
+    offsets = array("q")
+    offsets.frombytes(body)
+    if sys.byteorder != "little":
+        offsets.byteswap()
+    if offsets[0] != 0 or not offsets[-1] < end:
+        return None
+    return inode, end, offsets
 
 
 def decode_frames(data: bytes, run_id: str, first_sequence: int) -> list[JournalRecord]:

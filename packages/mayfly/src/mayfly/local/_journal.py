@@ -24,6 +24,26 @@ the ADR's guarantees:
 
 An in-process index (frame offsets, event ids) keeps appends
 O(batch); it is refreshed from the file's tail when another process grew it.
+It is built in two strengths, so that opening a long run to read its end
+costs the end, not the history:
+
+* Readers (``read``, ``next_sequence``) get a *located* index: frame offsets
+  from the run's MWX1 hint (``snapshots/<run>.idx``, written beside each
+  snapshot) and a header-only walk of the frames after it (magic and length,
+  no CRC, no JSON). The batch boundary at the end is found by verifying and
+  decoding backwards from the last complete frame to the nearest one that
+  closes its batch. Every frame a read returns is CRC-checked, decoded and
+  checked for its sequence, so damage to a returned record fails closed.
+  The hint is trusted only if it names this file's inode, ends inside the
+  file, and its last frame verifies as a batch end with the right sequence;
+  if a read through hinted offsets still fails, the frames are located again
+  from the file alone and the read is retried once.
+* Writers (``append``, the fault hooks) get a *verified* index, built under
+  the exclusive lock: every frame CRC-checked and decoded, order and
+  event-id uniqueness over the whole history checked, and only then a torn
+  tail truncated. So the first append after open costs one full scan, as
+  before; :meth:`LocalWorkflowJournal.verify_run` runs the same check on
+  demand (``mayfly replay``).
 """
 
 from __future__ import annotations
@@ -61,6 +81,7 @@ from mayfly.local._store import (
 from mayfly.model.errors import (
     AppendConflict,
     ConflictingRecord,
+    CorruptionError,
     FencingRejected,
     InvalidRecord,
     JournalUnavailable,
@@ -139,20 +160,39 @@ class LocalWorkflowJournal:
         with self._run_lock(run_id):
             yield
 
-    def _index(self, run_id: str, fd: int, *, exclusive: bool) -> _frames.RunIndex:
-        """Return the run's index, brought up to date with the file (caller holds its flock)."""
+    def _index(self, run_id: str, fd: int, *, exclusive: bool, hint: bool = True) -> _frames.RunIndex:
+        """Return the run's index, brought up to date with the file (caller holds its flock).
+
+        ``exclusive`` (a writer holding ``LOCK_EX``) gets a verified index: every
+        frame CRC-checked and decoded, every event id known, and a torn tail cut.
+        Readers get a located index: frame offsets from the MWX1 hint and a
+        header-only walk, with the last committed frame verified; they verify
+        each frame they return.
+        """
         stat = os.fstat(fd)
         with self._guard:
             index = self._indexes.get(run_id)
-        if index is not None and index.inode == stat.st_ino and stat.st_size >= index.end:
+        if (
+            index is not None
+            and index.inode == stat.st_ino
+            and stat.st_size >= index.end
+            and (index.verified or not exclusive)
+        ):
             if stat.st_size == index.size and not index.torn:
                 return index
             base = index.end
         else:
-            index = _frames.RunIndex(inode=stat.st_ino)
+            index = None
             base = 0
         try:
-            self._scan(run_id, fd, index, base, stat.st_size)
+            if exclusive or (index is not None and index.verified):
+                if index is None:
+                    index = _frames.RunIndex(inode=stat.st_ino, verified=True)
+                self._scan(run_id, fd, index, base, stat.st_size)
+            elif index is None:
+                index = self._locate(run_id, fd, stat, hint=hint)
+            else:
+                self._walk(run_id, fd, index, base, stat.st_size)
         except BaseException:
             self._forget(run_id)
             raise
@@ -182,6 +222,70 @@ class LocalWorkflowJournal:
                 break  # reached the end: whatever is left past index.end is a torn tail
             # A batch larger than the window made no progress: widen the window for it.
             window = _SCAN_WINDOW if index.end > start else window * 2
+        index.size = size
+
+    def _locate(self, run_id: str, fd: int, stat: os.stat_result, *, hint: bool) -> _frames.RunIndex:
+        """Build a located index: offsets from a hint that matches the file, then a walk of the rest."""
+        index = self._load_hint(run_id, fd, stat) if hint else None
+        if index is None:
+            index = _frames.RunIndex(inode=stat.st_ino)
+        self._walk(run_id, fd, index, index.end, stat.st_size)
+        return index
+
+    def _load_hint(self, run_id: str, fd: int, stat: os.stat_result) -> _frames.RunIndex | None:
+        """The run's MWX1 hint as an index, if it names this file and its last frame checks out."""
+        try:
+            data = self._layout.hint_file(run_id).read_bytes()
+        except OSError:
+            return None
+        decoded = _frames.decode_hint(data)
+        if decoded is None:
+            return None
+        inode, end, offsets = decoded
+        if inode != stat.st_ino or end > stat.st_size:
+            return None
+        last = offsets[-1]
+        try:
+            record, batch_last = _frames.decode_frame(os.pread(fd, end - last, last), run_id, len(offsets))
+        except CorruptionError:
+            return None  # the file no longer matches the hint: walk it instead
+        if batch_last != record.sequence:
+            return None
+        return _frames.RunIndex(inode=inode, size=end, end=end, offsets=offsets, hinted=True, hint_end=end)
+
+    @staticmethod
+    def _walk(run_id: str, fd: int, index: _frames.RunIndex, base: int, size: int) -> None:
+        """Locate the frames from ``base`` by their headers, then find the last committed batch.
+
+        Frames after ``base`` are only counted; the batch boundary is found by
+        verifying and decoding backwards from the last complete frame to the
+        nearest one that closes its batch (normally just the last frame).
+        Anything after that boundary is a torn tail.
+        """
+        first = len(index.offsets)
+        position = base
+        window = _SCAN_WINDOW
+        while size - position >= _frames.HEADER.size:
+            length = min(window, size - position)
+            consumed = _frames.walk(os.pread(fd, length, position), position, index.offsets, run_id)
+            position += consumed
+            if position + (length - consumed) >= size:
+                break  # reached the end: whatever follows position is an incomplete frame
+            # A frame larger than the window made no progress: widen the window for it.
+            window = _SCAN_WINDOW if consumed else window * 2
+        end = base
+        committed = first
+        offsets = index.offsets
+        for i in range(len(offsets) - 1, first - 1, -1):
+            start = offsets[i]
+            stop = offsets[i + 1] if i + 1 < len(offsets) else position
+            record, batch_last = _frames.decode_frame(os.pread(fd, stop - start, start), run_id, i + 1)
+            if record.sequence == batch_last:
+                committed = i + 1
+                end = stop
+                break
+        del offsets[committed:]
+        index.end = end
         index.size = size
 
     def _forget(self, run_id: str) -> None:
@@ -308,13 +412,29 @@ class LocalWorkflowJournal:
     def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
         """Return records after ``after`` in order, checksum-verified; see the Protocol."""
         run, start, count = validate_read(run_id, after, limit)
+        try:
+            return self._read(run, start, count, hint=True)
+        except CorruptionError:
+            # Offsets that came from a hint are only a guess: locate the frames
+            # again from the file itself; if that read fails too, it is the journal.
+            if not self._hinted(run):
+                raise
+        return self._read(run, start, count, hint=False)
+
+    def _hinted(self, run_id: str) -> bool:
+        with self._guard:
+            index = self._indexes.pop(run_id, None)
+        return index is not None and index.hinted
+
+    def _read(self, run: str, start: int, count: int | None, *, hint: bool) -> list[JournalRecord]:
         with self._run(run):
             fd = open_run_file(self._layout, run, create=False)
             if fd is None:
                 return []
             try:
                 with locked(fd, fcntl.LOCK_SH):
-                    index = self._index(run, fd, exclusive=False)
+                    index = self._index(run, fd, exclusive=False, hint=hint)
+                    hinted = index.hinted
                     last = len(index.offsets)
                     if count is not None:
                         last = min(last, start + count)
@@ -322,14 +442,41 @@ class LocalWorkflowJournal:
                         return []
                     begin = index.offsets[start]
                     end = index.offsets[last] if last < len(index.offsets) else index.end
-                    data = os.pread(fd, end - begin, begin)
+                    data = os.pread(fd, max(end - begin, 0), begin)
             finally:
                 os.close(fd)
         try:
+            if end <= begin:
+                raise CorruptionError(f"run {run}: frame offsets out of order at sequence {start + 1}")
             return _frames.decode_frames(data, run, start + 1)
         except BaseException:
-            self._forget(run)
+            if not hinted:
+                self._forget(run)
             raise
+
+    def verify_run(self, run_id: str) -> int:
+        """CRC-check and decode every frame of a run, with order and event-id uniqueness; return the count.
+
+        Reads verify only the records they return, and the full check of a
+        file otherwise runs on the first append after open; ``mayfly replay``
+        calls this to audit a whole history. Raises the typed corruption error.
+        """
+        run = parse_run_id(run_id)
+        with self._run(run):
+            fd = open_run_file(self._layout, run, create=False)
+            if fd is None:
+                return 0
+            try:
+                with locked(fd, fcntl.LOCK_SH):
+                    self._forget(run)
+                    stat = os.fstat(fd)
+                    index = _frames.RunIndex(inode=stat.st_ino, verified=True)
+                    self._scan(run, fd, index, 0, stat.st_size)
+                    with self._guard:
+                        self._indexes[run] = index
+                    return len(index.offsets)
+            finally:
+                os.close(fd)
 
     def next_sequence(self, run_id: str) -> int:
         """Return the sequence the next append must carry (1 for a new run)."""
@@ -416,6 +563,36 @@ class LocalWorkflowJournal:
             os.replace(temporary, final_path)
             if durable:
                 sync_directory(self._layout.snapshots)
+            self._write_hint(run)
+
+    def _write_hint(self, run: str) -> None:
+        """Persist the run's frame offsets (MWX1) so a fresh process resumes without walking the file.
+
+        The hint is derived data, checked against the run file before use and
+        ignored when wrong, so it is neither fsynced nor allowed to fail the
+        snapshot that triggered it. Caller holds the run's thread lock.
+        """
+        fd = open_run_file(self._layout, run, create=False)
+        if fd is None:
+            return
+        try:
+            with locked(fd, fcntl.LOCK_SH):
+                index = self._index(run, fd, exclusive=False)
+                if not index.offsets or index.hint_end == index.end:
+                    return
+                hint = _frames.encode_hint(index.inode, index.end, index.offsets[: len(index.offsets)])
+                end = index.end
+        finally:
+            os.close(fd)
+        path = self._layout.hint_file(run)
+        temporary = path.with_name(f".{run}.{os.getpid()}.{threading.get_ident()}.idx.tmp")
+        try:
+            temporary.write_bytes(hint)
+            os.replace(temporary, path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            return
+        index.hint_end = end
 
     def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
         """Return the run's snapshot or ``None``; raise ``SnapshotCorrupt`` if it is unusable."""
@@ -465,6 +642,8 @@ class LocalWorkflowJournal:
                     start = index.offsets[sequence - 1]
                     end = index.offsets[sequence] if sequence < len(index.offsets) else index.end
                     self._forget(run)
+                    # The frames move or change under the hint: drop it rather than let it be checked.
+                    self._layout.hint_file(run).unlink(missing_ok=True)
                     # pwrite ignores its offset on an O_APPEND descriptor (Linux).
                     editor = os.open(self._layout.run_file(run), os.O_RDWR | os.O_CLOEXEC)
                     try:

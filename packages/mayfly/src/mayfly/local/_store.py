@@ -195,6 +195,10 @@ class Layout:
         """The snapshot file of a run."""
         return self.snapshots / f"{run_id}.mws"
 
+    def hint_file(self, run_id: str) -> Path:
+        """The MWX1 frame-offset hint of a run's journal file (derived, rebuilt when wrong)."""
+        return self.snapshots / f"{run_id}.idx"
+
     def fence_file(self, run_id: str) -> Path:
         """The fencing counter of a run."""
         return self.fences / run_id
