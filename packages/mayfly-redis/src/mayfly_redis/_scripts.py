@@ -1,9 +1,9 @@
 """The server-side Lua scripts: compare-and-append and the lease operations.
 
 Each script runs atomically on the server and touches only keys of one run
-(one hash tag), so it works unchanged on Redis Cluster. Scripts are loaded once
-per connection pool (``SCRIPT LOAD``) and called by SHA; a ``NOSCRIPT`` reply
-(server restarted, failover, ``SCRIPT FLUSH``) reloads them and retries.
+(one hash tag), so it works unchanged on Redis Cluster. Scripts are always
+called by SHA; a ``NOSCRIPT`` reply (first use, server restarted, failover,
+``SCRIPT FLUSH``) loads them (``SCRIPT LOAD``) and retries once.
 
 Numbers cross the Lua boundary as decimal strings and are compared as strings
 where precision matters: Lua numbers are doubles, fencing tokens are int64.
