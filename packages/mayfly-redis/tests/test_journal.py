@@ -8,10 +8,12 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given
 from redis.crc import key_slot
 
-from mayfly.journal import Durability
+from mayfly.journal import Durability, JournalRecord
 from mayfly.model.errors import AppendConflict, ChecksumMismatch, CorruptionError, JournalUnavailable
 from mayfly.plugins import open_journal
 from mayfly_redis import RedisJournal
@@ -140,6 +142,29 @@ def test_payload_newlines_and_unicode_round_trip(records: Records, run_id: str) 
     payload = '{"text":"line one\\nline two","raw":"\n\n✓ é"}'.encode()
     (record,) = records.batch(run_id, 1, payload=payload)
     decoded = decode_element(run_id, encode_element(record))
+    assert decoded == record
+    decoded.verify()
+
+
+@given(
+    payload=st.text(max_size=300).map(lambda text: text.encode("utf-8")),
+    sequence=st.integers(1, 2**63 - 1),
+    event_type=st.from_regex(r"[A-Za-z][A-Za-z0-9]{0,63}", fullmatch=True),
+    version=st.integers(1, 2**63 - 1),
+)
+def test_element_encoding_round_trips_any_record(
+    payload: bytes, sequence: int, event_type: str, version: int
+) -> None:
+    """Any valid record (any UTF-8 payload, extreme sequences) decodes back equal and verifies."""
+    record = JournalRecord.seal(
+        run_id="0190a0b0-0000-7000-8000-000000000001",
+        sequence=sequence,
+        event_id="0190a0b0-0000-7000-8000-000000000002",
+        event_type=event_type,
+        schema_version=version,
+        payload=payload,
+    )
+    decoded = decode_element(record.run_id, encode_element(record))
     assert decoded == record
     decoded.verify()
 
