@@ -12,8 +12,15 @@ __all__ = ["WaitForSignal", "new_signal_token"]
 
 
 def new_signal_token() -> SignalToken:
-    """A fresh, unguessable token (32 URL-safe characters from the OS's CSPRNG)."""
-    return SignalToken(secrets.token_urlsafe(24))
+    """A fresh, unguessable token (32 URL-safe characters from the OS's CSPRNG), never starting with ``-``.
+
+    A leading dash would make ``mayfly signal ... --token -abc`` parse as an
+    option; redrawing costs under one bit of the 192.
+    """
+    while True:
+        raw = secrets.token_urlsafe(24)
+        if not raw.startswith("-"):
+            return SignalToken(raw)
 
 
 @final
