@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ from mayfly.model.errors import (
     InvalidIdentifier,
     JournalError,
     LeaseHeld,
+    LimitExceeded,
     MayflyError,
     PluginError,
     RunNotFound,
@@ -81,6 +83,7 @@ from mayfly.recovery import (
     recovery_effects,
     replay_run,
 )
+from mayfly.reducer import check_input
 from mayfly.runtime import HandlerRegistry, RunResult, WorkflowRuntime, cancel_run_cascade
 
 __all__ = ["EXIT", "main"]
@@ -101,6 +104,29 @@ DEFAULT_JOURNAL = "file://./.mayfly"
 
 class UsageError(MayflyError):
     """The command line asked for something impossible (exit code 2)."""
+
+
+class Interrupted(Exception):  # named for its exit code, like KeyboardInterrupt
+    """Driving a run was stopped (Ctrl-C, or a handler's SystemExit); the run stays resumable (exit 130)."""
+
+
+def _driving(args: argparse.Namespace, run_id: str, drive: Callable[[], RunResult]) -> RunResult:
+    """Drive a run, turning a stop from Ctrl-C or a handler's ``sys.exit`` into one resumable-run line."""
+    try:
+        return drive()
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # The hub re-raises these after stopping: nothing was recorded for the attempt in flight.
+        why = (
+            "interrupted"
+            if isinstance(exc, KeyboardInterrupt)
+            else f"a handler raised SystemExit({exc.code!r})"
+        )
+        url = _journal_url(args)
+        flag = "" if url == DEFAULT_JOURNAL else f" --journal '{url}'"
+        raise Interrupted(
+            f"{why}; run {run_id} stopped with its attempt in flight; continue it with "
+            f"`mayfly{flag} resume {run_id}`"
+        ) from None
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -155,7 +181,7 @@ def _import_handlers(handlers: str) -> Any:
         return importlib.import_module(handlers)
     except UsageError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise UsageError(f"cannot import handlers {handlers!r}: {type(exc).__name__}: {exc}") from None
 
 
@@ -177,6 +203,23 @@ def _parse_json(text: str | None, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise UsageError(f"{what} is nested too deeply to decode; pass a flatter JSON value") from None
+
+
+_WORD = re.compile(r"[^\s\[\]{}\"',:]+")
+
+
+def _parse_decision(text: str) -> Any:
+    """A signal decision: JSON when it decodes as JSON, else a bare word such as ``approve`` or ``no``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if _WORD.fullmatch(text):
+            return text
+    except RecursionError:
+        pass
+    return _parse_json(text, "--decision")  # raises the one-line usage error
 
 
 def _run_id(value: str) -> str:
@@ -321,8 +364,14 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``mayfly run SPEC --handlers MODULE``."""
     spec = _load_spec(args.spec)
     registry = _registry(args.handlers)
+    run_input = _parse_json(args.input, "--input")
+    try:
+        check_input(run_input, "run input")
+    except LimitExceeded as exc:
+        raise UsageError(f"--input: {exc}") from None
     runtime = _runtime(args, registry, _observer(args, err, len(spec.nodes)))
-    result = runtime.execute(spec, _parse_json(args.input, "--input"))
+    run_id = runtime.ids.new_id()
+    result = _driving(args, run_id, lambda: runtime.execute(spec, run_input, run_id=run_id))
     _print_result(result, args, out)
     return _result_code(result)
 
@@ -337,7 +386,7 @@ def cmd_resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         state = inspect_run(runtime.journal, run_id).state
         for effect in recovery_effects(state, registry.is_available):
             out.write(f"  recovery: {describe_effect(effect)}\n")
-    result = runtime.resume(run_id)
+    result = _driving(args, run_id, lambda: runtime.resume(run_id))
     _print_result(result, args, out)
     return _result_code(result)
 
@@ -354,7 +403,11 @@ def cmd_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         after = page[-1]
         for run_id in page:
             state = inspect_run(journal, run_id).state
-            if args.state and state.status.value != args.state:
+            # "waiting" is not a run status: a waiting run is running, parked on a signal.
+            wanted = RunStatus.RUNNING.value if args.state == "waiting" else args.state
+            if wanted and state.status.value != wanted:
+                continue
+            if args.state == "waiting" and not any(n.wait is not None for n in state.nodes):
                 continue
             if args.workflow and state.spec.workflow_id != args.workflow:
                 continue
@@ -371,8 +424,6 @@ def cmd_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             )
             if len(rows) >= args.limit:
                 break
-    if args.state == "waiting":
-        rows = [r for r in rows if r["status"] == "waiting"]
     if args.json:
         _emit_json(rows, out)
         return EXIT["ok"]
@@ -439,11 +490,7 @@ def cmd_signal(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``mayfly signal RUN NODE --token T --decision JSON``."""
     run_id = _run_id(args.run)
     runtime = _runtime(args, HandlerRegistry())
-    decision = (
-        _parse_json(args.decision, "--decision")
-        if args.decision.strip()[:1] in '{["0123456789tfn-'
-        else args.decision
-    )
+    decision = _parse_decision(args.decision)
     if isinstance(decision, str):
         decision = {"decision": decision, "by": args.by}
     elif isinstance(decision, dict):
@@ -557,7 +604,9 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             )
         out.write("\n")
         out.flush()
-    result = runtime.execute(demo_module.DEMO_SPEC, {"requested_by": "demo"}, run_id=run_id)
+    result = _driving(
+        args, run_id, lambda: runtime.execute(demo_module.DEMO_SPEC, {"requested_by": "demo"}, run_id=run_id)
+    )
     if args.auto_approve and result.waiting:
         token = tokens[run_id]
         if not args.json:
@@ -566,7 +615,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "run parked durably; approving it (--auto-approve) and resuming\n"
             )
         runtime.signal(run_id, "approval", token, {"decision": "approve", "by": "mayfly demo --auto-approve"})
-        result = runtime.resume(run_id)
+        result = _driving(args, run_id, lambda: runtime.resume(run_id))
     if args.json:
         _emit_json(result, out)
     else:
@@ -589,6 +638,13 @@ def _non_negative(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be >= 1, got 0")
     return value
 
 
@@ -634,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--state", choices=[s.value for s in RunStatus] + ["waiting"], help="only runs in this state"
     )
     p.add_argument("--workflow", help="only runs of this workflow id")
-    p.add_argument("--limit", type=int, default=100, help="at most this many runs (default 100)")
+    p.add_argument("--limit", type=_positive, default=100, help="at most this many runs (default 100)")
 
     p = command("inspect", cmd_inspect, "show a run: nodes, attempts, blocking reasons, history")
     p.add_argument("run", help="run id")
@@ -687,8 +743,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     try:
         code: int = args.handler(args, out, err)
         return code
+    except Interrupted as exc:
+        return _fail(err, "interrupted", str(exc))
     except KeyboardInterrupt:
         return _fail(err, "interrupted", "interrupted")
+    except SystemExit as exc:  # never end a command silently with someone else's exit code
+        return _fail(err, "interrupted", f"stopped by SystemExit({exc.code!r})")
     except (
         UsageError,
         SpecValidationError,

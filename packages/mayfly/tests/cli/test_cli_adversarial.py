@@ -1,0 +1,177 @@
+"""The mayfly command's error paths and filters, driven the way users break them."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mayfly.cli import main
+
+HANDLERS = """
+import sys
+from mayfly import HandlerRegistry, Succeeded
+from mayfly.model.signals import SignalToken
+from mayfly.runtime import WaitForSignal
+
+registry = HandlerRegistry()
+TOKEN = "adversarial-cli-token-0123456789"
+
+@registry.handler("gate")
+def gate(req):
+    if req.signal is None:
+        return WaitForSignal("go", SignalToken(TOKEN))
+    return Succeeded(output=req.signal.decision)
+
+@registry.handler("ok")
+def ok(req):
+    return Succeeded(output=1)
+
+@registry.handler("bye")
+def bye(req):
+    sys.exit(0)
+"""
+TOKEN = "adversarial-cli-token-0123456789"
+
+
+class Cli:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.journal = f"file://{root}/journal?durability=write"
+        (root / "handlers.py").write_text(HANDLERS)
+
+    def spec(self, handler: str, name: str = "spec.json") -> str:
+        path = self.root / name
+        nodes = [{"id": "a", "handler": handler}]
+        path.write_text(json.dumps({"workflow_id": f"adv.{handler[:-2]}", "version": 1, "nodes": nodes}))
+        return str(path)
+
+    def __call__(self, *args: str, code: int = 0) -> tuple[str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        rc = main(["--journal", self.journal, *args], out=out, err=err)
+        assert rc == code, (rc, out.getvalue(), err.getvalue())
+        if code not in (0, 1, 6):
+            assert err.getvalue().count("\n") == 1 and err.getvalue().startswith("mayfly: error: ")
+        return out.getvalue(), err.getvalue()
+
+    def parked(self) -> str:
+        out, _ = self(
+            "--json", "run", self.spec("gate@1"), "--handlers", str(self.root / "handlers.py"), code=6
+        )
+        run_id: str = json.loads(out)["run_id"]
+        return run_id
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+def test_runs_state_waiting_lists_the_runs_parked_on_a_signal(cli: Cli) -> None:
+    """`mayfly runs --state waiting` lists a parked run, and `--state succeeded` does not."""
+    run_id = cli.parked()
+    out, _ = cli("--json", "runs", "--state", "waiting")
+    assert [row["run_id"] for row in json.loads(out)] == [run_id]
+    out, _ = cli("--json", "runs", "--state", "succeeded")
+    assert json.loads(out) == []
+
+
+def test_runs_refuses_a_negative_limit(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    """`mayfly runs --limit -1` is a usage error, not an empty listing."""
+    assert (
+        main(["--journal", cli.journal, "runs", "--limit", "-1"], out=io.StringIO(), err=io.StringIO()) == 2
+    )
+    assert "argument --limit: must be >= 0, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("word", ["no", "fine", "tomorrow", "nack", "2nd-look"])
+def test_signal_accepts_any_word_as_a_decision(cli: Cli, word: str) -> None:
+    """A one-word decision is recorded as a word even when it starts like JSON (t, f, n, a digit)."""
+    run_id = cli.parked()
+    out, _ = cli("--json", "signal", run_id, "a", "--token", TOKEN, "--decision", word, "--by", "ada")
+    assert json.loads(out)["status"] == "accepted"
+    out, _ = cli("--json", "resume", run_id, "--handlers", str(cli.root / "handlers.py"))
+    assert json.loads(out)["outputs"]["a"] == {"decision": word, "by": "ada"}
+
+
+def test_signal_decisions_that_are_json_stay_json(cli: Cli) -> None:
+    """`true`, numbers and objects are decoded as JSON; broken JSON is a one-line usage error."""
+    run_id = cli.parked()
+    cli("signal", run_id, "a", "--token", TOKEN, "--decision", '{"verdict": ', code=2)
+    cli("signal", run_id, "a", "--token", TOKEN, "--decision", "true")
+    out, _ = cli("--json", "resume", run_id, "--handlers", str(cli.root / "handlers.py"))
+    assert json.loads(out)["outputs"]["a"] is True
+
+
+def test_deeply_nested_json_arguments_are_usage_errors(cli: Cli) -> None:
+    """`--input` or `--decision` nested past the parser's depth gives one line and exit 2, not a traceback."""
+    deep = "[" * 5000 + "]" * 5000
+    cli("run", cli.spec("ok@1"), "--handlers", str(cli.root / "handlers.py"), "--input", deep, code=2)
+    run_id = cli.parked()
+    cli("signal", run_id, "a", "--token", TOKEN, "--decision", deep, code=2)
+
+
+def test_an_oversized_run_input_is_a_usage_error(cli: Cli) -> None:
+    """A run input over the inline limit is refused with exit 2 (bad input), nothing written."""
+    _, err = cli(
+        "run",
+        cli.spec("ok@1"),
+        "--handlers",
+        str(cli.root / "handlers.py"),
+        "--input",
+        '"' + "x" * 70_000 + '"',
+        code=2,
+    )
+    assert "65536" in err
+    out, _ = cli("--json", "runs")
+    assert json.loads(out) == []
+
+
+def test_every_command_prints_valid_json(cli: Cli) -> None:
+    """With --json, run, runs, inspect, replay, signal, resume, cancel and backends each print one JSON document."""
+    handlers = str(cli.root / "handlers.py")
+    run_id = cli.parked()
+    outputs = [
+        cli("--json", "runs")[0],
+        cli("--json", "inspect", run_id)[0],
+        cli("--json", "replay", run_id)[0],
+        cli("--json", "signal", run_id, "a", "--token", TOKEN, "--decision", "approve")[0],
+        cli("--json", "resume", run_id, "--handlers", handlers)[0],
+        cli("--json", "backends")[0],
+    ]
+    other = cli.parked()
+    outputs.append(cli("--json", "cancel", other, "--reason", "adversarial")[0])
+    for text in outputs:
+        json.loads(text)
+
+
+def test_a_handler_calling_sys_exit_does_not_end_the_command_as_a_success(tmp_path: Path) -> None:
+    """`sys.exit(0)` inside a handler stops `mayfly run` with exit 130 and one line naming the resumable run."""
+    cli = Cli(tmp_path)
+    env = {**os.environ, "MAYFLY_JOURNAL": cli.journal}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mayfly",
+            "run",
+            cli.spec("bye@1"),
+            "--handlers",
+            str(tmp_path / "handlers.py"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 130, (result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1 and "SystemExit(0)" in result.stderr
+    assert f"resume {json.loads(cli('--json', 'runs')[0])[0]['run_id']}`" in result.stderr
+    out, _ = cli("--json", "runs", "--state", "running")
+    assert len(json.loads(out)) == 1
