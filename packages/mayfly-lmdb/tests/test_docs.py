@@ -1,7 +1,7 @@
-"""The backend's docs page: every python example on it runs, in order, with mayfly-lmdb installed.
+"""The backend's docs page: every python example on it runs, in order, with only mayfly-lmdb installed.
 
-The docs env of the repository installs only the core, so the page marks its
-examples skipped there; this module is what executes them.
+The repository's docs env runs them too, with every distribution installed;
+this module proves they need nothing beyond the core and this backend.
 """
 
 from __future__ import annotations
