@@ -15,12 +15,14 @@ from mayfly import HandlerRegistry, HandlerRequest, Node, RunStatus, Succeeded, 
 from mayfly.identity import Uuid7IdSource
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
+from mayfly.model.errors import CommandRejected
 from mayfly.model.events import NodeOutcomeCommitted, NodeStarted, RetryReleased, RetryScheduled
 from mayfly.model.ids import idempotency_key
+from mayfly.model.spec import RunBudgets
 from mayfly.model.state import NodeStatus
 from mayfly.reducer import decode_event
-from mayfly.runtime import new_signal_token
-from mayfly.substrate import Hub, VirtualClock, now_ms, sleep
+from mayfly.runtime import WaitForSignal, new_signal_token
+from mayfly.substrate import Hub, VirtualClock, now_ms, sleep, spawn
 
 WORKER = Path(__file__).with_name("adversarial_worker.py")
 sys.path.insert(0, str(WORKER.parent))
@@ -193,3 +195,57 @@ def test_generated_signal_tokens_never_start_with_a_dash() -> None:
     """A token from new_signal_token can be pasted after `--token` on a command line (no leading dash)."""
     # A leading dash has odds 1/64 per token: 4,000 draws would all miss it with odds below 1e-27.
     assert not [raw for raw in (new_signal_token().reveal() for _ in range(4_000)) if raw.startswith("-")]
+
+
+def test_a_run_budget_does_not_stop_execute_from_detaching_at_a_wait(tmp_path: Path) -> None:
+    """A parked run with an elapsed budget detaches like any other; the budget does not hold the hub until it ends."""
+    url = f"file://{tmp_path}/j?durability=write"
+    registry = HandlerRegistry()
+    token = new_signal_token()
+    registry.register("wait", 1, lambda req: Succeeded() if req.signal else WaitForSignal("go", token))
+    runtime = WorkflowRuntime(
+        LocalWorkflowJournal(url), registry, leases=LocalLeaseStore(url), clock=VirtualClock
+    )
+    spec = WorkflowSpec(
+        workflow_id="adv.budget",
+        version=1,
+        nodes=(Node("a", handler="wait@1"),),
+        budgets=RunBudgets(max_elapsed_ms=3_600_000),
+    )
+    parked = runtime.execute(spec)
+    assert parked.status is RunStatus.RUNNING
+    assert parked.waiting == {"a": "go"}
+    assert runtime.signal(parked.run_id, "a", token, "ok").status == "accepted"
+    assert runtime.resume(parked.run_id).status is RunStatus.SUCCEEDED
+
+
+def test_a_signal_queued_behind_the_runs_end_is_answered_not_left_hanging(tmp_path: Path) -> None:
+    """A signal sent to a live driver that ends the run first is refused (run_terminal); the sender never hangs."""
+    url = f"file://{tmp_path}/j?durability=write"
+    registry = HandlerRegistry()
+    token = new_signal_token()
+    registry.register(
+        "wait", 1, lambda req: Succeeded() if req.signal else WaitForSignal("go", token), cooperative=True
+    )
+    runtime = WorkflowRuntime(LocalWorkflowJournal(url), registry, leases=LocalLeaseStore(url))
+    spec = WorkflowSpec(workflow_id="adv.late-signal", version=1, nodes=(Node("a", handler="wait@1"),))
+    run_id = runtime.ids.new_id()
+    refused: list[str] = []
+
+    def sender() -> None:
+        sleep(0.05)
+        runtime.cancel(run_id, reason="stop")  # queued first: the driver ends the run before the signal
+        try:
+            runtime.signal(run_id, "a", token, "late")
+        except CommandRejected as exc:
+            refused.append(str(exc))
+
+    def drive() -> Any:
+        task = spawn(sender)
+        result = runtime.execute_in_current_task(spec, run_id=run_id)
+        task.join(timeout=5)
+        return result
+
+    result = Hub().run(drive)
+    assert result.status is RunStatus.CANCELLED
+    assert len(refused) == 1 and "run_terminal" in refused[0]

@@ -46,6 +46,7 @@ from mayfly.model.errors import (
     CommandRejected,
     CorruptionError,
     LimitExceeded,
+    MayflyError,
     RunNotFound,
     TaskCancelled,
     TaskFailed,
@@ -315,6 +316,28 @@ class RunDriver:
 
     def drive(self, effects: tuple[RecoveryEffect, ...] = ()) -> RunState:
         """Run until the terminal result is committed and return the final state."""
+        try:
+            self._drive(effects)
+        except BaseException as exc:
+            self._abandon_signal_requests(exc)
+            raise
+        # A signal queued while the run ended (or its children were joined) is still answered:
+        # recorded if the run is only parked, refused (run_terminal) if it ended.
+        while self._signal_requests:
+            self._deliver(self._signal_requests.pop(0))
+        return self.state
+
+    def _abandon_signal_requests(self, exc: BaseException) -> None:
+        """Wake every task waiting on a queued signal: the driver stopped before recording it."""
+        for request in self._signal_requests:
+            request.error = MayflyError(
+                f"run {self.state.run_id} stopped being driven ({type(exc).__name__}) before signal "
+                f"{request.signal_id} was recorded; nothing was written for it, deliver it again"
+            )
+            request.done.set()
+        self._signal_requests.clear()
+
+    def _drive(self, effects: tuple[RecoveryEffect, ...]) -> RunState:
         if self.state.status.is_terminal:
             self._cancel_recorded_children()
         for effect in effects:
@@ -360,7 +383,12 @@ class RunDriver:
         return deadline is not None and deadline <= self.run_now()
 
     def _next_deadline(self, *, waits: bool = True) -> int | None:
-        """The earliest virtual time something is due: a retry, an attempt or wait deadline, the budget."""
+        """The earliest virtual time something is due: a retry, an attempt or wait deadline, the budget.
+
+        ``waits=False`` leaves out what only ends a parked run (a wait's expiry,
+        the run's elapsed budget): deadlines that must not keep a detaching
+        driver from returning; resume restores them from the history.
+        """
         state = self.state
         deadlines = [deadline for _, deadline in state.pending_retries()]
         # Only nodes whose spec sets an attempt deadline can have one: no scan of every attempt.
@@ -373,7 +401,7 @@ class RunDriver:
                 if node.wait is not None and node.wait.deadline is not None:
                     deadlines.append(node.wait.deadline)
         elapsed = state.spec.budgets.max_elapsed_ms
-        if elapsed is not None:
+        if elapsed is not None and waits:
             deadlines.append(elapsed)
         return min(deadlines) if deadlines else None
 
@@ -885,15 +913,20 @@ class RunDriver:
         return resumed
 
     def _deliver(self, request: SignalRequest) -> None:
-        result = self.commit(
-            DeliverSignal(
-                node_id=request.node_id,
-                signal_id=request.signal_id,
-                token=request.token,
-                decision=request.decision,
-                name=request.name,
+        try:
+            result = self.commit(
+                DeliverSignal(
+                    node_id=request.node_id,
+                    signal_id=request.signal_id,
+                    token=request.token,
+                    decision=request.decision,
+                    name=request.name,
+                )
             )
-        )
+        except BaseException as exc:
+            request.error = exc  # the sender sees the journal's error; the driver stops with it too
+            request.done.set()
+            raise
         request.result = result if isinstance(result, Rejection) else result.events
         request.done.set()
 
@@ -994,7 +1027,7 @@ Observer = Callable[[RunState, tuple[HistoryEvent, ...]], None]
 class SignalRequest:
     """A signal delivery queued for the driver by another task, and its result once processed."""
 
-    __slots__ = ("decision", "done", "name", "node_id", "result", "signal_id", "token")
+    __slots__ = ("decision", "done", "error", "name", "node_id", "result", "signal_id", "token")
 
     def __init__(
         self, node_id: str, signal_id: str, token: SignalToken, decision: Any, name: str | None
@@ -1006,6 +1039,8 @@ class SignalRequest:
         self.name = name
         self.done = Event()
         self.result: Any = None
+        self.error: BaseException | None = None
+        """Set instead of ``result`` when the delivery could not be recorded (raised to the sender)."""
 
 
 def cancel_run_cascade(

@@ -43,7 +43,7 @@ from mayfly.model.outcomes import NodeOutcomeKind, Succeeded
 from mayfly.model.signals import SignalToken
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
-from mayfly.recovery import inspect_run, resume_run
+from mayfly.recovery import RecoveryEffect, inspect_run, resume_run
 from mayfly.reducer import check_input, validate
 from mayfly.runtime._driver import Observer, RunDriver, SignalRequest
 from mayfly.runtime.registry import HandlerRegistry
@@ -230,9 +230,20 @@ class WorkflowRuntime:
         run_id = self._prepare(spec, input, run_id)
         return self._create_and_drive(spec, input, run_id, False, False)
 
-    def resume(self, run_id: str, *, detach_on_wait: bool = True) -> RunResult:
-        """Take over a run (non-blocking lease) and drive it on a new hub until it ends or parks."""
-        return self._hub().run(self._resume_and_drive, run_id, True, detach_on_wait)
+    def resume(
+        self,
+        run_id: str,
+        *,
+        detach_on_wait: bool = True,
+        on_recovery: Callable[[RunState, tuple[RecoveryEffect, ...]], None] | None = None,
+    ) -> RunResult:
+        """Take over a run (non-blocking lease) and drive it on a new hub until it ends or parks.
+
+        ``on_recovery`` is told the recovered state and the recovery plan once
+        the lease is held, before anything is re-invoked (a run owned by
+        another process raises ``LeaseHeld`` without calling it).
+        """
+        return self._hub().run(self._resume_and_drive, run_id, True, detach_on_wait, on_recovery)
 
     def resume_in_current_task(self, run_id: str) -> RunResult:
         """Like :meth:`resume`, inside the calling hub task."""
@@ -265,6 +276,8 @@ class WorkflowRuntime:
             request = SignalRequest(node_id, signal_id, raw, decision, name)
             driver.request_signal(request)
             request.done.wait()
+            if request.error is not None:
+                raise request.error
             return SignalDisposition.of(signal_id, request.result)
         with self.leases.acquire(run_id, self.owner, self.lease_ttl_ms) as lease:
             state = inspect_run(self.journal, run_id).state
@@ -344,7 +357,13 @@ class WorkflowRuntime:
         finally:
             lease.release()
 
-    def _resume_and_drive(self, run_id: str, concurrent: bool, detach: bool) -> RunResult:
+    def _resume_and_drive(
+        self,
+        run_id: str,
+        concurrent: bool,
+        detach: bool,
+        on_recovery: Callable[[RunState, tuple[RecoveryEffect, ...]], None] | None = None,
+    ) -> RunResult:
         session = resume_run(
             self.journal,
             self.leases,
@@ -356,6 +375,8 @@ class WorkflowRuntime:
         with session:
             if not concurrent:
                 self._reject_deadlines(session.state.spec)
+            if on_recovery is not None:
+                on_recovery(session.state, session.effects)
             driver = self._driver(session.state, session.lease, concurrent, detach)
             return self._drive(driver, session.effects)
 
