@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 
 from mayfly.cli import main
+from mayfly.identity import Uuid7IdSource
+from mayfly.journal import JournalRecord
+from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 
 HANDLERS = """
+import os
 import sys
+import time
 from mayfly import HandlerRegistry, Succeeded
 from mayfly.model.signals import SignalToken
 from mayfly.runtime import WaitForSignal
@@ -35,6 +40,15 @@ def ok(req):
 @registry.handler("bye")
 def bye(req):
     sys.exit(0)
+
+@registry.handler("slowgate")
+def slowgate(req):
+    if req.signal is None:
+        return WaitForSignal("go", SignalToken(TOKEN))
+    with open(os.environ["ADV_LOG"], "a") as log:
+        log.write(f"{req.attempt_id} {os.getpid()}\\n")
+    time.sleep(1.5)
+    return Succeeded(output=req.signal.decision)
 """
 TOKEN = "adversarial-cli-token-0123456789"
 
@@ -175,3 +189,71 @@ def test_a_handler_calling_sys_exit_does_not_end_the_command_as_a_success(tmp_pa
     assert f"resume {json.loads(cli('--json', 'runs')[0])[0]['run_id']}`" in result.stderr
     out, _ = cli("--json", "runs", "--state", "running")
     assert len(json.loads(out)) == 1
+
+
+def test_runs_lists_the_other_runs_when_one_history_is_unreadable(cli: Cli) -> None:
+    """A run whose history this Mayfly cannot read shows as `unreadable` instead of failing the whole listing."""
+    run_id = cli.parked()
+    foreign = Uuid7IdSource().new_id()
+    record = JournalRecord.seal(
+        run_id=foreign,
+        sequence=1,
+        event_id=Uuid7IdSource().new_id(),
+        event_type="FromTheFuture",
+        schema_version=1,
+        payload=b"{}",
+    )
+    LocalWorkflowJournal(cli.journal).append(foreign, 1, [record], None)
+    out, _ = cli("--json", "runs")
+    rows = {row["run_id"]: row for row in json.loads(out)}
+    assert rows[run_id]["status"] == "waiting"
+    assert rows[foreign]["status"] == "unreadable" and "FromTheFuture" in rows[foreign]["error"]
+    text, _ = cli("runs")
+    assert "unreadable" in text
+    out, _ = cli("--json", "runs", "--state", "waiting")
+    assert [row["run_id"] for row in json.loads(out)] == [run_id]
+    cli("inspect", foreign, code=5)
+
+
+def test_resume_of_an_owned_run_prints_no_recovery_plan(cli: Cli) -> None:
+    """`mayfly resume` on a run another process owns exits 4 without claiming to re-invoke anything."""
+    handlers = str(cli.root / "handlers.py")
+    run_id = cli.parked()
+    cli("signal", run_id, "a", "--token", TOKEN, "--decision", "approve")
+    with LocalLeaseStore(cli.journal).acquire(run_id, "someone-else", 60_000):
+        out, err = cli("resume", run_id, "--handlers", handlers, code=4)
+    assert "recovery:" not in out and "another process owns it" in err
+    out, _ = cli("resume", run_id, "--handlers", handlers)
+    assert "recovery: re-invoking a attempt 1 under its original id" in out
+
+
+def test_two_processes_racing_to_resume_one_run_drive_it_once(tmp_path: Path) -> None:
+    """Two `mayfly resume` processes started together: one drives, the other exits 4 or finds it done; one invocation."""
+    cli = Cli(tmp_path)
+    handlers = str(tmp_path / "handlers.py")
+    out, _ = cli("--json", "run", cli.spec("slowgate@1"), "--handlers", handlers, code=6)
+    run_id = json.loads(out)["run_id"]
+    cli("signal", run_id, "a", "--token", TOKEN, "--decision", "approve")
+    log = tmp_path / "invocations.log"
+    env = {**os.environ, "MAYFLY_JOURNAL": cli.journal, "ADV_LOG": str(log)}
+    command = [sys.executable, "-m", "mayfly", "resume", run_id, "--handlers", handlers]
+    racers = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=60), p.stderr.read() if p.stderr else "") for p in racers]
+    codes = sorted(code for code, _ in results)
+    assert codes in ([0, 0], [0, 4]), results
+    for code, err in results:
+        assert "Traceback" not in err
+        if code == 4:
+            assert err.count("\n") == 1 and "another process owns it" in err
+    assert len(log.read_text().splitlines()) == 1
+    out, _ = cli("--json", "inspect", run_id)
+    assert json.loads(out)["status"] == "succeeded"
+
+
+def test_run_timeline_goes_to_the_output_stream_it_was_given(cli: Cli) -> None:
+    """`mayfly run --timeline` writes its timeline to main's `out`, like every other line of the command."""
+    out, _ = cli("run", cli.spec("ok@1"), "--handlers", str(cli.root / "handlers.py"), "--timeline")
+    assert "a          succeeded" in out and "run succeeded" in out

@@ -80,7 +80,6 @@ from mayfly.recovery import (
     RestoreRetryTimer,
     RestoreSignalWait,
     inspect_run,
-    recovery_effects,
     replay_run,
 )
 from mayfly.reducer import check_input
@@ -352,12 +351,12 @@ def _runtime(args: argparse.Namespace, registry: HandlerRegistry, observer: Any 
     return WorkflowRuntime(open_journal(url), registry, leases=open_leases(url), observer=observer)
 
 
-def _observer(args: argparse.Namespace, err: TextIO, spec_nodes: int) -> Timeline | None:
+def _observer(args: argparse.Namespace, out: TextIO, err: TextIO, spec_nodes: int) -> Timeline | None:
     if args.json:
         return None
     verbose = getattr(args, "timeline", False)
     progress = err.isatty() and spec_nodes >= 20
-    return Timeline(err if not verbose else sys.stdout, verbose=verbose, progress=progress)
+    return Timeline(err if not verbose else out, verbose=verbose, progress=progress)
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -369,7 +368,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         check_input(run_input, "run input")
     except LimitExceeded as exc:
         raise UsageError(f"--input: {exc}") from None
-    runtime = _runtime(args, registry, _observer(args, err, len(spec.nodes)))
+    runtime = _runtime(args, registry, _observer(args, out, err, len(spec.nodes)))
     run_id = runtime.ids.new_id()
     result = _driving(args, run_id, lambda: runtime.execute(spec, run_input, run_id=run_id))
     _print_result(result, args, out)
@@ -382,11 +381,14 @@ def cmd_resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     registry = _registry(args.handlers)
     _install_demo_notifier(err, _journal_url(args))
     runtime = _runtime(args, registry, Timeline(out, verbose=True, progress=False) if not args.json else None)
-    if not args.json:
-        state = inspect_run(runtime.journal, run_id).state
-        for effect in recovery_effects(state, registry.is_available):
+
+    def plan(state: RunState, effects: tuple[RecoveryEffect, ...]) -> None:
+        # Printed only once this process holds the run: an owned run gets no misleading plan.
+        for effect in effects:
             out.write(f"  recovery: {describe_effect(effect)}\n")
-    result = _driving(args, run_id, lambda: runtime.resume(run_id))
+        out.flush()
+
+    result = _driving(args, run_id, lambda: runtime.resume(run_id, on_recovery=None if args.json else plan))
     _print_result(result, args, out)
     return _result_code(result)
 
@@ -402,7 +404,13 @@ def cmd_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             break
         after = page[-1]
         for run_id in page:
-            state = inspect_run(journal, run_id).state
+            try:
+                state = inspect_run(journal, run_id).state
+            except (JournalError, CorruptionError, CompatibilityError) as exc:
+                # One unreadable history must not hide every other run; `inspect` explains it.
+                if not (args.state or args.workflow):
+                    rows.append(_unreadable_row(run_id, exc))
+                continue
             # "waiting" is not a run status: a waiting run is running, parked on a signal.
             wanted = RunStatus.RUNNING.value if args.state == "waiting" else args.state
             if wanted and state.status.value != wanted:
@@ -433,9 +441,23 @@ def cmd_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.write(f"{'RUN':<36}  {'WORKFLOW':<30}  {'STATUS':<10}  NODES\n")
     for r in rows:
         extra = f"  waiting on {r['waiting_on']}" if r["waiting_on"] else ""
+        if "error" in r:
+            extra = f"  {r['error']}"
         done = f"{r['nodes_done']}/{r['nodes']}"
         out.write(f"{r['run_id']:<36}  {r['workflow']:<30}  {r['status']:<10}  {done}{extra}\n")
     return EXIT["ok"]
+
+
+def _unreadable_row(run_id: str, exc: Exception) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "workflow": "?",
+        "status": "unreadable",
+        "nodes_done": 0,
+        "nodes": 0,
+        "waiting_on": "",
+        "error": str(exc),
+    }
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
