@@ -102,7 +102,11 @@ class RedisServer:
         self.port = _free_port(cluster=cluster)
         self.tls_port = _free_port() if tls is not None else None
         self._process: subprocess.Popen[bytes] | None = None
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # a server that never answered leaves no process or directory behind
+            raise
 
     @property
     def url(self) -> str:
