@@ -57,8 +57,8 @@ class RecoveryLeaseGuard(Protocol):
     def renew(self, ttl_ms: int | None = None) -> None:
         """Extend the lease by ``ttl_ms`` (default: the ttl it was acquired with).
 
-        Raises ``LeaseLost`` if the lease was released, or expired and was
-        taken over by another owner.
+        Raises ``LeaseLost`` if the lease was released or taken over; a backend
+        may also raise it as soon as the lease expired, taken over or not.
         """
         ...
 
