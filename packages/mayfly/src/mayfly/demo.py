@@ -12,6 +12,7 @@ process without being told where the handlers live.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import signal
 import time
@@ -65,7 +66,7 @@ DEMO_SPEC = WorkflowSpec(
 APPROVAL_TIMEOUT_MS = 7 * 24 * 3_600_000
 """The approval waits up to a week of run time before it expires (and is retried once)."""
 
-_PAUSE = float(os.environ.get("MAYFLY_DEMO_PAUSE", "0.15"))
+_DEFAULT_PAUSE = 0.15
 _crash_at: str | None = None
 _notify: Callable[[str, str, str], None] | None = None
 
@@ -82,11 +83,21 @@ def set_approval_notifier(notify: Callable[[str, str, str], None] | None) -> Non
     _notify = notify
 
 
+def _pause() -> float:
+    """Seconds each step pretends to work: ``$MAYFLY_DEMO_PAUSE``, else (or if unusable) 0.15."""
+    # Read per call, never at import: `import mayfly` loads this plugin, and a bad value must not break it.
+    try:
+        pause = float(os.environ.get("MAYFLY_DEMO_PAUSE", _DEFAULT_PAUSE))
+    except ValueError:
+        return _DEFAULT_PAUSE
+    return min(max(pause, 0.0), 60.0) if math.isfinite(pause) else _DEFAULT_PAUSE
+
+
 def _work(req: HandlerRequest) -> None:
     """Pretend to work for a moment, and crash here if the demo was asked to."""
     if _crash_at == req.node_id:
         os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(_PAUSE)
+    time.sleep(_pause())
 
 
 def plan(req: HandlerRequest) -> NodeOutcome:

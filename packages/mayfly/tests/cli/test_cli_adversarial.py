@@ -257,3 +257,34 @@ def test_run_timeline_goes_to_the_output_stream_it_was_given(cli: Cli) -> None:
     """`mayfly run --timeline` writes its timeline to main's `out`, like every other line of the command."""
     out, _ = cli("run", cli.spec("ok@1"), "--handlers", str(cli.root / "handlers.py"), "--timeline")
     assert "a          succeeded" in out and "run succeeded" in out
+
+
+def test_an_unusable_demo_pause_neither_breaks_the_command_nor_the_demo(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad `MAYFLY_DEMO_PAUSE` (not a number, negative) leaves every command and the demo working."""
+    env = {**os.environ, "MAYFLY_DEMO_PAUSE": "abc", "MAYFLY_JOURNAL": cli.journal}
+    backends = subprocess.run(  # a fresh process, because `import mayfly` loads the demo plugin
+        [sys.executable, "-m", "mayfly", "backends"], check=False, capture_output=True, text=True, env=env
+    )
+    assert backends.returncode == 0 and "Traceback" not in backends.stderr, backends.stderr
+    monkeypatch.setenv("MAYFLY_DEMO_PAUSE", "-1")
+    out, _ = cli("--json", "demo", "--auto-approve")
+    assert json.loads(out)["status"] == "succeeded"
+
+
+def test_a_handlers_module_that_republishes_plugin_handlers_or_fails_to_register_is_handled(cli: Cli) -> None:
+    """A module re-registering the demo's own handlers runs; one whose register() raises is one usage line."""
+    (cli.root / "demo_handlers.py").write_text(
+        "from mayfly import HandlerRegistry\n"
+        "from mayfly.demo import register_demo_handlers\n"
+        "from mayfly.model.outcomes import Succeeded\n"
+        "registry = HandlerRegistry()\n"
+        "register_demo_handlers(registry)\n"
+        "registry.register('ok', 1, lambda req: Succeeded())\n"
+    )
+    out, _ = cli("--json", "run", cli.spec("ok@1"), "--handlers", str(cli.root / "demo_handlers.py"))
+    assert json.loads(out)["status"] == "succeeded"
+    (cli.root / "broken.py").write_text("def register(registry):\n    raise RuntimeError('db down')\n")
+    _, err = cli("run", cli.spec("ok@1"), "--handlers", str(cli.root / "broken.py"), code=2)
+    assert "RuntimeError: db down" in err

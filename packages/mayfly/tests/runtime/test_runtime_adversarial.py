@@ -249,3 +249,11 @@ def test_a_signal_queued_behind_the_runs_end_is_answered_not_left_hanging(tmp_pa
     result = Hub().run(drive)
     assert result.status is RunStatus.CANCELLED
     assert len(refused) == 1 and "run_terminal" in refused[0]
+
+
+def test_registering_something_that_is_not_callable_is_refused_up_front() -> None:
+    """A registry refuses a non-callable handler at registration, before any run records a failure for it."""
+    registry = HandlerRegistry()
+    with pytest.raises(TypeError, match=r"handler review@1 must be callable, got str"):
+        registry.register("review", 1, "review_fn")  # type: ignore[arg-type]
+    assert "review@1" not in registry

@@ -150,15 +150,28 @@ def _registry(handlers: str | None) -> HandlerRegistry:
     register = getattr(module, "register", None)
     if isinstance(provided, HandlerRegistry):
         for entry in list(provided._entries.values()):  # merge a user's registry into ours
-            registry.register(
-                entry.name,
-                entry.version,
-                entry.fn,
-                compatible_with=entry.compatible - {entry.version},
-                cooperative=entry.cooperative,
-            )
+            served = registry.resolve(entry.ref)
+            if served is not None and (served.fn, served.cooperative) == (entry.fn, entry.cooperative):
+                continue  # the same implementation a plugin already published (e.g. the demo's)
+            try:
+                registry.register(
+                    entry.name,
+                    entry.version,
+                    entry.fn,
+                    compatible_with=entry.compatible - {entry.version},
+                    cooperative=entry.cooperative,
+                )
+            except ValueError as exc:
+                raise UsageError(
+                    f"handlers module {handlers!r} conflicts with an installed plugin: {exc}"
+                ) from None
     elif callable(register):
-        register(registry)
+        try:
+            register(registry)
+        except Exception as exc:
+            raise UsageError(
+                f"handlers module {handlers!r}: register(registry) raised {type(exc).__name__}: {exc}"
+            ) from None
     else:
         raise UsageError(
             f"handlers module {handlers!r} defines neither `registry` (a HandlerRegistry) "

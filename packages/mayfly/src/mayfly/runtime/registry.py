@@ -72,6 +72,9 @@ class HandlerRegistry:
     ) -> HandlerEntry:
         """Register ``fn`` as contract ``name@version`` (and the older versions it is compatible with)."""
         parse_handler_ref(f"{name}@{version}")  # same grammar as specifications
+        if not callable(fn):
+            # Refused here, not when a run first reaches the node and records a failure for it.
+            raise TypeError(f"handler {name}@{version} must be callable, got {type(fn).__name__}")
         versions = frozenset({version, *compatible_with})
         if any(v < 1 or v > version for v in versions):
             raise ValueError(
