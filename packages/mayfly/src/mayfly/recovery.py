@@ -152,11 +152,12 @@ def load_run(
     diagnostics: list[str] = []
     state: RunState | None = None
     last: JournalRecord | None = None
+    tail: list[JournalRecord] | None = None
     if use_snapshot:
-        state, last = _from_snapshot(journal, run_id, diagnostics)
+        state, last, tail = _from_snapshot(journal, run_id, diagnostics)
     source: Literal["snapshot", "journal"] = "snapshot" if state is not None else "journal"
     after = 0 if state is None else state.sequence
-    records = journal.read(run_id, after=after)
+    records = journal.read(run_id, after=after) if tail is None else tail
     for record in records:
         if record.sequence != after + 1:
             raise CorruptionError(
@@ -168,7 +169,8 @@ def load_run(
         last = record
     if state is None or last is None:
         raise RunNotFound(run_id)
-    if state.spec.content_hash() != state.spec_hash:
+    # restore_snapshot already checked a restored spec against its hash, and reducing never changes it.
+    if source == "journal" and state.spec.content_hash() != state.spec_hash:
         raise CorruptionError(
             f"run {run_id}: the pinned specification does not match its recorded hash {state.spec_hash}"
         )
@@ -177,21 +179,25 @@ def load_run(
 
 def _from_snapshot(
     journal: WorkflowJournal, run_id: str, diagnostics: list[str]
-) -> tuple[RunState | None, JournalRecord | None]:
+) -> tuple[RunState | None, JournalRecord | None, list[JournalRecord] | None]:
+    """The restored state, the record at the snapshot and the tail after it, or three ``None`` if unusable.
+
+    One read returns the snapshot's own record and the tail together.
+    """
     try:
         snapshot = journal.read_snapshot(run_id)
     except SnapshotCorrupt as exc:
         diagnostics.append(f"snapshot discarded: {exc}")
-        return None, None
+        return None, None, None
     if snapshot is None:
-        return None, None
-    at = journal.read(run_id, after=snapshot.last_sequence - 1, limit=1)
-    record = at[0] if at and at[0].sequence == snapshot.last_sequence else None
+        return None, None, None
+    records = journal.read(run_id, after=snapshot.last_sequence - 1)
+    record = records[0] if records and records[0].sequence == snapshot.last_sequence else None
     restored = restore_snapshot(snapshot, record)
     if isinstance(restored, str):
         diagnostics.append(f"snapshot discarded: {restored}; rebuilt from the journal")
-        return None, None
-    return restored, record
+        return None, None, None
+    return restored, record, records[1:]
 
 
 def inspect_run(
