@@ -288,3 +288,10 @@ def test_a_handlers_module_that_republishes_plugin_handlers_or_fails_to_register
     (cli.root / "broken.py").write_text("def register(registry):\n    raise RuntimeError('db down')\n")
     _, err = cli("run", cli.spec("ok@1"), "--handlers", str(cli.root / "broken.py"), code=2)
     assert "RuntimeError: db down" in err
+
+
+def test_inspect_refuses_json_together_with_mermaid(cli: Cli) -> None:
+    """`inspect --json --mermaid` is a usage error rather than Mermaid text where JSON was asked for."""
+    run_id = cli.parked()
+    _, err = cli("--json", "inspect", run_id, "--mermaid", code=2)
+    assert "exclusive" in err

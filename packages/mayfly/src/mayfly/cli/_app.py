@@ -475,6 +475,8 @@ def _unreadable_row(run_id: str, exc: Exception) -> dict[str, Any]:
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``mayfly inspect RUN [--json | --mermaid]``."""
+    if args.mermaid and args.json:
+        raise UsageError("--json and --mermaid are exclusive: pick JSON or a Mermaid diagram")
     url = _journal_url(args)
     journal = open_journal(url)
     run_id = _run_id(args.run)
