@@ -295,3 +295,23 @@ def test_inspect_refuses_json_together_with_mermaid(cli: Cli) -> None:
     run_id = cli.parked()
     _, err = cli("--json", "inspect", run_id, "--mermaid", code=2)
     assert "exclusive" in err
+
+
+def test_a_handlers_file_with_postponed_annotations_and_dataclasses_loads(cli: Cli) -> None:
+    """A `--handlers file.py` using `from __future__ import annotations` with dataclasses/Structs imports fine."""
+    (cli.root / "typed_handlers.py").write_text(
+        "from __future__ import annotations\n"
+        "import dataclasses\n"
+        "import msgspec\n"
+        "from mayfly import HandlerRegistry, Succeeded\n"
+        "@dataclasses.dataclass\n"
+        "class Config:\n"
+        "    name: str\n"
+        "    retries: dataclasses.InitVar[int] = 0\n"
+        "class Report(msgspec.Struct):\n"
+        "    name: str\n"
+        "registry = HandlerRegistry()\n"
+        "registry.register('ok', 1, lambda req: Succeeded(output=msgspec.to_builtins(Report(Config('x').name))))\n"
+    )
+    out, _ = cli("--json", "run", cli.spec("ok@1"), "--handlers", str(cli.root / "typed_handlers.py"))
+    assert json.loads(out)["outputs"] == {"a": {"name": "x"}}

@@ -184,11 +184,20 @@ def _import_handlers(handlers: str) -> Any:
     path = Path(handlers)
     try:
         if path.suffix == ".py" or path.exists():
-            spec = importlib.util.spec_from_file_location(path.stem, path)
+            # Registered in sys.modules while it runs, as an import would be: dataclasses and
+            # msgspec resolve a class's postponed annotations through its module's entry there.
+            name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else None
+            name = name or f"_mayfly_handlers_{abs(hash(str(path.resolve())))}"
+            spec = importlib.util.spec_from_file_location(name, path)
             if spec is None or spec.loader is None:
                 raise UsageError(f"cannot load handlers from {handlers!r}")
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
             return module
         return importlib.import_module(handlers)
     except UsageError:
