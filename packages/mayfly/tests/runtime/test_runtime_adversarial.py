@@ -257,3 +257,24 @@ def test_registering_something_that_is_not_callable_is_refused_up_front() -> Non
     with pytest.raises(TypeError, match=r"handler review@1 must be callable, got str"):
         registry.register("review", 1, "review_fn")  # type: ignore[arg-type]
     assert "review@1" not in registry
+
+
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_an_oversized_output_is_a_permanent_failure_not_a_crash(tmp_path: Path, cooperative: bool) -> None:
+    """A handler producing output over the 64 KiB inline limit fails its node permanently; the run ends normally."""
+    url = f"file://{tmp_path}/j?durability=write"
+    calls: list[int] = []
+    registry = HandlerRegistry()
+
+    def huge(req: HandlerRequest) -> Succeeded:
+        calls.append(req.attempt)
+        return Succeeded(output="x" * 70_000)
+
+    registry.register("huge", 1, huge, cooperative=cooperative)
+    runtime = WorkflowRuntime(LocalWorkflowJournal(url), registry, leases=LocalLeaseStore(url))
+    result = runtime.execute(
+        WorkflowSpec(workflow_id="adv.huge", version=1, nodes=(Node("a", handler="huge@1"),))
+    )
+    assert result.status is RunStatus.FAILED
+    assert result.nodes["a"].outcome is not None and result.nodes["a"].outcome.value == "permanent_failure"
+    assert "LimitExceeded" in result.nodes["a"].reason and calls == [1]  # never retried
