@@ -368,7 +368,7 @@ def decode_snapshot(data: bytes, run_id: str) -> SnapshotRecord:
         raise SnapshotCorrupt(run_id, f"bad magic {magic!r}")
     if length > MAX_SNAPSHOT_BODY or len(data) != HEADER.size + length:
         raise SnapshotCorrupt(run_id, f"frame length {length} does not match the file")
-    body = data[HEADER.size :]
+    body = memoryview(data)[HEADER.size :]  # a snapshot can be megabytes: check and decode it in place
     if zlib.crc32(body) != crc:
         raise SnapshotCorrupt(run_id, "CRC-32 mismatch")
     try:
