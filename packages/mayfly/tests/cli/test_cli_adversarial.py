@@ -315,3 +315,13 @@ def test_a_handlers_file_with_postponed_annotations_and_dataclasses_loads(cli: C
     )
     out, _ = cli("--json", "run", cli.spec("ok@1"), "--handlers", str(cli.root / "typed_handlers.py"))
     assert json.loads(out)["outputs"] == {"a": {"name": "x"}}
+
+
+@pytest.mark.parametrize("value", ["NaN", "[Infinity]", '{"x": -Infinity}', "1e999"])
+def test_non_finite_numbers_in_json_arguments_are_usage_errors(cli: Cli, value: str) -> None:
+    """NaN and infinities in --input or --decision are refused: the journal's JSON would turn them into null."""
+    handlers = str(cli.root / "handlers.py")
+    cli("run", cli.spec("ok@1"), "--handlers", handlers, "--input", value, code=2)
+    assert json.loads(cli("--json", "runs")[0]) == []
+    run_id = cli.parked()
+    cli("signal", run_id, "a", "--token", TOKEN, "--decision", value, code=2)

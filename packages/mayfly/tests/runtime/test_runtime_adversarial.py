@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from mayfly import HandlerRegistry, HandlerRequest, Node, RunStatus, Succeeded, WorkflowRuntime, WorkflowSpec
+from mayfly import (
+    HandlerRegistry,
+    HandlerRequest,
+    Node,
+    RetryPolicy,
+    RunStatus,
+    Succeeded,
+    WorkflowRuntime,
+    WorkflowSpec,
+)
 from mayfly.identity import Uuid7IdSource
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
@@ -278,3 +287,41 @@ def test_an_oversized_output_is_a_permanent_failure_not_a_crash(tmp_path: Path, 
     assert result.status is RunStatus.FAILED
     assert result.nodes["a"].outcome is not None and result.nodes["a"].outcome.value == "permanent_failure"
     assert "LimitExceeded" in result.nodes["a"].reason and calls == [1]  # never retried
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reducer bug: reducer.validate.check_input accepts NaN/Infinity, which msgspec's JSON encodes as "
+    "null, so the live run holds NaN while any resume or replay of its history holds null",
+)
+def test_a_non_finite_run_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Run input containing NaN is refused like any non-JSON value (ValueError), with nothing written."""
+    url = f"file://{tmp_path}/j?durability=write"
+    registry = HandlerRegistry()
+    registry.register("ok", 1, lambda req: Succeeded(output=req.run_input))
+    journal = LocalWorkflowJournal(url)
+    runtime = WorkflowRuntime(journal, registry, leases=LocalLeaseStore(url))
+    spec = WorkflowSpec(workflow_id="adv.nan", version=1, nodes=(Node("a", handler="ok@1"),))
+    with pytest.raises(ValueError, match="JSON"):
+        runtime.execute(spec, {"score": float("nan")})
+    assert journal.list_runs(after=None, limit=10) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="model bug: model.outcomes.Succeeded accepts a non-finite float output, committed as null: "
+    "dependents see inf live but null after a resume",
+)
+def test_a_non_finite_output_fails_the_node_instead_of_turning_into_null(tmp_path: Path) -> None:
+    """A handler returning Succeeded(output=inf) fails (ValueError in the handler), it does not succeed with inf."""
+    url = f"file://{tmp_path}/j?durability=write"
+    registry = HandlerRegistry()
+    registry.register("inf", 1, lambda req: Succeeded(output={"score": float("inf")}))
+    runtime = WorkflowRuntime(LocalWorkflowJournal(url), registry, leases=LocalLeaseStore(url))
+    spec = WorkflowSpec(
+        workflow_id="adv.inf",
+        version=1,
+        nodes=(Node("a", handler="inf@1", retry=RetryPolicy(max_attempts=1)),),
+    )
+    result = runtime.execute(spec)
+    assert result.nodes["a"].status is NodeStatus.FAILED

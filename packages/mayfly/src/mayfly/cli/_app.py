@@ -20,6 +20,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -217,11 +218,26 @@ def _load_spec(path: str) -> mayfly.WorkflowSpec:
         raise UsageError(f"specification {path!r} is not valid: {exc}") from None
 
 
+def _loads(text: str, what: str) -> Any:
+    """``json.loads`` that refuses NaN and infinities: the journal stores JSON, where they become null."""
+
+    def constant(name: str) -> Any:
+        raise UsageError(f"{what}: {name} is not a JSON number; durable values must be finite")
+
+    def number(digits: str) -> float:
+        value = float(digits)
+        if not math.isfinite(value):
+            raise UsageError(f"{what}: {digits} is out of range for a JSON number")
+        return value
+
+    return json.loads(text, parse_constant=constant, parse_float=number)
+
+
 def _parse_json(text: str | None, what: str) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        return _loads(text, what)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:
@@ -234,7 +250,7 @@ _WORD = re.compile(r"[^\s\[\]{}\"',:]+")
 def _parse_decision(text: str) -> Any:
     """A signal decision: JSON when it decodes as JSON, else a bare word such as ``approve`` or ``no``."""
     try:
-        return json.loads(text)
+        return _loads(text, "--decision")
     except json.JSONDecodeError:
         if _WORD.fullmatch(text):
             return text
