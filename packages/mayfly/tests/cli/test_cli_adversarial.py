@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 
 HANDLERS = """
 import os
+import signal
 import sys
 import time
 from mayfly import HandlerRegistry, Succeeded
@@ -325,3 +327,20 @@ def test_non_finite_numbers_in_json_arguments_are_usage_errors(cli: Cli, value: 
     assert json.loads(cli("--json", "runs")[0]) == []
     run_id = cli.parked()
     cli("signal", run_id, "a", "--token", TOKEN, "--decision", value, code=2)
+
+
+def test_demo_crash_in_json_mode_still_names_the_run_to_resume(tmp_path: Path) -> None:
+    """`mayfly --json demo --crash-at plan` dies before any JSON, so it names the run on stderr beforehand."""
+    cli = Cli(tmp_path)
+    env = {**os.environ, "MAYFLY_JOURNAL": cli.journal, "MAYFLY_DEMO_PAUSE": "0"}
+    crashed = subprocess.run(
+        [sys.executable, "-m", "mayfly", "--json", "demo", "--crash-at", "plan"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert crashed.returncode == -signal.SIGKILL and crashed.stdout == ""
+    run_id = json.loads(cli("--json", "runs")[0])[0]["run_id"]
+    assert f"resume {run_id}" in crashed.stderr

@@ -666,6 +666,13 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             )
         out.write("\n")
         out.flush()
+    elif args.crash_at:
+        # Standard output stays pure JSON, and this process dies before printing any: say the run id here.
+        err.write(
+            f"mayfly demo: run {run_id} will be killed at {args.crash_at!r}; then: "
+            f"mayfly{journal_flag} resume {run_id}\n"
+        )
+        err.flush()
     result = _driving(
         args, run_id, lambda: runtime.execute(demo_module.DEMO_SPEC, {"requested_by": "demo"}, run_id=run_id)
     )
