@@ -102,3 +102,10 @@ def test_each_outcome_class_reports_its_kind() -> None:
         NodeOutcomeKind.PERMANENT_FAILURE,
         NodeOutcomeKind.BLOCKED,
     }
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_not_json(number: float) -> None:
+    """NaN and infinities would be written as null, so replay would differ from live: refused."""
+    with pytest.raises(ValueError, match="non-finite"):
+        Succeeded(output={"deep": [1, {"score": number}]})

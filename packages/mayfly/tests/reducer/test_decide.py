@@ -208,3 +208,10 @@ def test_handler_returned_cancelled_is_a_node_outcome_not_a_run_cancellation() -
     run.complete("a", Cancelled(reason="saw the cancellation handle"))
     assert run.state.cancellation is None
     assert run.state.node_by_id("b").status is NodeStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_non_finite_run_input_is_rejected() -> None:
+    """A run input holding NaN is a typed rejection; nothing is created."""
+    result = decide(None, CreateRun(run_id=RUN, spec=workflow(node("a")), input={"x": float("nan")}))
+    assert code(result) is RejectionCode.INVALID_INPUT
+    assert "non-finite" in str(result)

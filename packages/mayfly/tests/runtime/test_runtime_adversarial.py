@@ -289,11 +289,6 @@ def test_an_oversized_output_is_a_permanent_failure_not_a_crash(tmp_path: Path, 
     assert "LimitExceeded" in result.nodes["a"].reason and calls == [1]  # never retried
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reducer bug: reducer.validate.check_input accepts NaN/Infinity, which msgspec's JSON encodes as "
-    "null, so the live run holds NaN while any resume or replay of its history holds null",
-)
 def test_a_non_finite_run_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     """Run input containing NaN is refused like any non-JSON value (ValueError), with nothing written."""
     url = f"file://{tmp_path}/j?durability=write"
@@ -307,11 +302,6 @@ def test_a_non_finite_run_input_is_refused_before_anything_is_written(tmp_path: 
     assert journal.list_runs(after=None, limit=10) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="model bug: model.outcomes.Succeeded accepts a non-finite float output, committed as null: "
-    "dependents see inf live but null after a resume",
-)
 def test_a_non_finite_output_fails_the_node_instead_of_turning_into_null(tmp_path: Path) -> None:
     """A handler returning Succeeded(output=inf) fails (ValueError in the handler), it does not succeed with inf."""
     url = f"file://{tmp_path}/j?durability=write"

@@ -16,7 +16,7 @@ import msgspec
 
 from mayfly.model.errors import InvalidIdentifier, LimitExceeded
 from mayfly.model.ids import is_uuid
-from mayfly.model.json import JsonValue
+from mayfly.model.json import JsonValue, check_finite
 from mayfly.model.limits import MAX_EVIDENCE_REFS, MAX_INLINE_OUTPUT_BYTES, MAX_REASON_BYTES
 
 __all__ = [
@@ -103,6 +103,7 @@ class Succeeded(_Outcome, tag="succeeded", frozen=True):
                 size = len(_OUTPUT_ENCODER.encode(self.output))
             except (TypeError, msgspec.EncodeError) as exc:
                 raise ValueError(f"output is not JSON-serializable: {exc}") from None
+            check_finite(self.output, "output")
             if size > MAX_INLINE_OUTPUT_BYTES:
                 raise LimitExceeded(
                     "inline output (use an ArtifactRef for large output)",

@@ -24,6 +24,7 @@ from mayfly.model.errors import (
     ValidationIssue,
 )
 from mayfly.model.ids import NODE_ID_GRAMMAR, is_node_id, parse_workflow_id
+from mayfly.model.json import check_finite
 from mayfly.model.limits import MAX_EVIDENCE_REFS, MAX_INLINE_INPUT_BYTES, MAX_NODES
 from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.spec import (
@@ -58,6 +59,7 @@ def check_input(value: object, what: str = "input") -> None:
         size = len(_JSON.encode(value))
     except (TypeError, msgspec.EncodeError) as exc:
         raise ValueError(f"{what} is not JSON-serializable: {exc}") from None
+    check_finite(value, what)
     if size > MAX_INLINE_INPUT_BYTES:
         raise LimitExceeded(f"inline {what} (use artifact references)", MAX_INLINE_INPUT_BYTES, size)
 
