@@ -315,3 +315,17 @@ def test_a_non_finite_output_fails_the_node_instead_of_turning_into_null(tmp_pat
     )
     result = runtime.execute(spec)
     assert result.nodes["a"].status is NodeStatus.FAILED
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("lease_ttl_ms", 2), ("lease_ttl_ms", 0), ("snapshot_every", 0)]
+)
+def test_unusable_runtime_settings_are_refused_at_construction(
+    tmp_path: Path, option: str, value: int
+) -> None:
+    """A lease TTL too short to renew (it made the driver spin) or a snapshot interval under 1 is a ValueError."""
+    url = f"file://{tmp_path}/j?durability=write"
+    with pytest.raises(ValueError, match=option):
+        WorkflowRuntime(
+            LocalWorkflowJournal(url), HandlerRegistry(), leases=LocalLeaseStore(url), **{option: value}
+        )

@@ -179,6 +179,12 @@ class WorkflowRuntime:
         validators: Callable[[WorkflowSpec], list[Any]] | None = None,
         observer: Observer | None = None,
     ) -> None:
+        # Checked before any store is opened: a TTL under 3 ms cannot be renewed every third of it
+        # (the driver would spin renewing), and the lease stores accept at most a day.
+        if not 3 <= lease_ttl_ms <= 86_400_000:
+            raise ValueError(f"lease_ttl_ms must be between 3 and 86400000, got {lease_ttl_ms}")
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1 committed records, got {snapshot_every}")
         if isinstance(journal, str):
             if _resolver is None:
                 raise TypeError("journal URLs need `import mayfly`; or pass a WorkflowJournal object")
