@@ -329,3 +329,18 @@ def test_unusable_runtime_settings_are_refused_at_construction(
         WorkflowRuntime(
             LocalWorkflowJournal(url), HandlerRegistry(), leases=LocalLeaseStore(url), **{option: value}
         )
+
+
+def test_executing_an_existing_run_id_is_a_run_exists_rejection(tmp_path: Path) -> None:
+    """execute() with the id of an existing run is refused as run_exists (not a raw AppendConflict), nothing written."""
+    url = f"file://{tmp_path}/j?durability=write"
+    registry = HandlerRegistry()
+    registry.register("ok", 1, lambda req: Succeeded())
+    journal = LocalWorkflowJournal(url)
+    runtime = WorkflowRuntime(journal, registry, leases=LocalLeaseStore(url))
+    spec = WorkflowSpec(workflow_id="adv.twice", version=1, nodes=(Node("a", handler="ok@1"),))
+    first = runtime.execute(spec)
+    with pytest.raises(CommandRejected, match="run_exists") as refused:
+        runtime.execute(spec, run_id=first.run_id)
+    assert refused.value.rejection.code.value == "run_exists"  # type: ignore[attr-defined]
+    assert len(journal.read(first.run_id)) == first.sequence

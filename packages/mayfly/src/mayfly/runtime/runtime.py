@@ -35,7 +35,7 @@ from mayfly.identity import Uuid7IdSource
 from mayfly.journal import WorkflowJournal
 from mayfly.lease import RecoveryLeaseStore
 from mayfly.model.commands import CreateRun, DeliverSignal, Rejection, RejectionCode
-from mayfly.model.errors import CommandRejected, MayflyError, SpecValidationError
+from mayfly.model.errors import AppendConflict, CommandRejected, MayflyError, SpecValidationError
 from mayfly.model.events import Event, SignalRejected
 from mayfly.model.ids import IdSource
 from mayfly.model.json import JsonValue
@@ -349,13 +349,21 @@ class WorkflowRuntime:
     ) -> RunResult:
         lease = self.leases.acquire(run_id, self.owner, self.lease_ttl_ms)
         try:
-            commit = commit_command(
-                self.journal,
-                None,
-                CreateRun(run_id=run_id, spec=spec, input=input),
-                ids=self.ids,
-                fence=lease.fencing_token,
-            )
+            try:
+                commit = commit_command(
+                    self.journal,
+                    None,
+                    CreateRun(run_id=run_id, spec=spec, input=input),
+                    ids=self.ids,
+                    fence=lease.fencing_token,
+                )
+            except AppendConflict:
+                # Under the run's lease, a first record that does not fit means the run exists.
+                rejection = Rejection(
+                    RejectionCode.RUN_EXISTS,
+                    f"run {run_id} already exists in {self.journal.url}; resume it or use a new run id",
+                )
+                raise CommandRejected(rejection, f"CreateRun rejected: {rejection}") from None
             if self.observer is not None:
                 self.observer(commit.state, commit.events)
             driver = self._driver(commit.state, lease, concurrent, detach)
