@@ -204,7 +204,9 @@ class NodeState:
         return f"<NodeState {self.spec.id} {self.status.value} attempt={self.attempt}>"
 
 
-class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+# gc=False (here and on NodeRecord): frozen values that cannot form reference cycles; a run holds one per
+# attempt, and restoring 100k of them as GC-tracked objects made every collection walk them.
+class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """An attempt identity consumed by the run, and its committed outcome once it has one."""
 
     attempt_id: str
@@ -213,7 +215,7 @@ class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     child_run_id: str | None = None
 
 
-class NodeRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class NodeRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """Serialized :class:`NodeState` (dependency counters are rebuilt, not stored)."""
 
     node_id: str
