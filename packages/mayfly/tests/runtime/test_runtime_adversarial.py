@@ -6,6 +6,7 @@ import itertools
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +345,21 @@ def test_executing_an_existing_run_id_is_a_run_exists_rejection(tmp_path: Path) 
         runtime.execute(spec, run_id=first.run_id)
     assert refused.value.rejection.code.value == "run_exists"  # type: ignore[attr-defined]
     assert len(journal.read(first.run_id)) == first.sequence
+
+
+def test_a_result_that_arrives_after_its_attempt_deadline_loses_to_the_deadline(tmp_path: Path) -> None:
+    """A cooperative handler that blocks the hub past its deadline does not get its late success committed."""
+    url = f"file://{tmp_path}/j?durability=write"
+    registry = HandlerRegistry()
+
+    def hog(req: HandlerRequest) -> Succeeded:
+        time.sleep(0.4)  # blocks the hub: the deadline timer cannot fire before this returns
+        return Succeeded(output="late")
+
+    registry.register("hog", 1, hog, cooperative=True)
+    runtime = WorkflowRuntime(LocalWorkflowJournal(url), registry, leases=LocalLeaseStore(url))
+    retry = RetryPolicy(max_attempts=1, attempt_deadline_ms=100)
+    spec = WorkflowSpec(workflow_id="adv.late", version=1, nodes=(Node("a", handler="hog@1", retry=retry),))
+    result = runtime.execute(spec)
+    assert result.status is RunStatus.FAILED
+    assert result.outputs == {} and "deadline" in result.nodes["a"].reason

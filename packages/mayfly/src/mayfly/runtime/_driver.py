@@ -964,14 +964,17 @@ class RunDriver:
         if node.attempt_id != attempt_id:
             self.rejected_results += 1
             return
-        if isinstance(outcome, WaitForSignal):
-            self._open_wait(index, attempt_id, outcome)
-            return
-        if isinstance(outcome, RetryableFailure | PermanentFailure):
-            self.advance_time()  # a retry's delay is added to the time its outcome is committed
+        # A retry's delay is added to the time its outcome is committed; and a result seen after a
+        # deadline passed (the hub was busy, or the timer and the result were ready together)
+        # loses to that deadline, so the attempt it belonged to may be closed by now.
+        if isinstance(outcome, RetryableFailure | PermanentFailure) or self._due():
+            self.advance_time()
             if self.state.node(index).attempt_id != attempt_id:
                 self.rejected_results += 1
                 return
+        if isinstance(outcome, WaitForSignal):
+            self._open_wait(index, attempt_id, outcome)
+            return
         result = self.commit(CompleteAttempt(node.node_id, attempt_id, outcome))
         if isinstance(result, Rejection):
             if result.code in (RejectionCode.ATTEMPT_NOT_ACTIVE, RejectionCode.RUN_TERMINAL):
