@@ -363,3 +363,41 @@ def test_a_result_that_arrives_after_its_attempt_deadline_loses_to_the_deadline(
     result = runtime.execute(spec)
     assert result.status is RunStatus.FAILED
     assert result.outputs == {} and "deadline" in result.nodes["a"].reason
+
+
+def test_a_signal_that_arrives_after_the_wait_deadline_finds_the_wait_expired(tmp_path: Path) -> None:
+    """A signal queued for a live driver after its wait's deadline passed is refused, not accepted late."""
+    url = f"file://{tmp_path}/j?durability=write"
+    registry = HandlerRegistry()
+    token = new_signal_token()
+    registry.register(
+        "wait",
+        1,
+        lambda req: Succeeded() if req.signal else WaitForSignal("go", token, timeout_ms=100),
+        cooperative=True,
+    )
+    runtime = WorkflowRuntime(LocalWorkflowJournal(url), registry, leases=LocalLeaseStore(url))
+    retry = RetryPolicy(max_attempts=1)
+    spec = WorkflowSpec(
+        workflow_id="adv.expired", version=1, nodes=(Node("a", handler="wait@1", retry=retry),)
+    )
+    run_id = runtime.ids.new_id()
+    dispositions: list[str] = []
+
+    def late_sender() -> None:
+        sleep(0.02)
+        time.sleep(0.3)  # blocks the hub past the wait's 100 ms deadline
+        try:
+            dispositions.append(runtime.signal(run_id, "a", token, "late").status)
+        except CommandRejected as refused:  # the expiry failed the one-attempt node and so the run
+            dispositions.append(str(refused.rejection.code.value))  # type: ignore[attr-defined]
+
+    def drive() -> Any:
+        task = spawn(late_sender)
+        result = runtime.execute_in_current_task(spec, run_id=run_id)
+        task.join(timeout=5)
+        return result
+
+    result = Hub().run(drive)
+    assert dispositions == ["run_terminal"]
+    assert result.status is RunStatus.FAILED and "expired" in result.nodes["a"].reason

@@ -914,6 +914,8 @@ class RunDriver:
 
     def _deliver(self, request: SignalRequest) -> None:
         try:
+            if not self.state.status.is_terminal and self._due():
+                self.advance_time()  # a signal that comes after the wait's deadline finds it expired
             result = self.commit(
                 DeliverSignal(
                     node_id=request.node_id,
