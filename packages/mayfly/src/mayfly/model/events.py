@@ -67,7 +67,10 @@ class _Event(
     tag_field="type",
     tag=True,
     kw_only=True,
+    gc=False,
 ):
+    # gc=False: events are acyclic immutable data, so the cycle collector need not
+    # track them; replaying a long history otherwise spends its time in GC passes.
     pass
 
 
@@ -243,7 +246,7 @@ class BudgetKind(enum.Enum):
     NODE_ATTEMPTS = "node_attempts"
 
 
-class LastOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class LastOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """The most recently committed outcome at the time a budget ran out."""
 
     node_id: str

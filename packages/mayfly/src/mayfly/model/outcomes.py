@@ -85,7 +85,9 @@ def _check_evidence(evidence: tuple[ArtifactRef, ...]) -> None:
         raise LimitExceeded("outcome evidence", MAX_EVIDENCE_REFS, len(evidence), "references")
 
 
-class _Outcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", kw_only=True):
+class _Outcome(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", kw_only=True, gc=False
+):  # acyclic immutable data: not tracked by the cycle collector
     kind: ClassVar[NodeOutcomeKind]
     evidence: tuple[ArtifactRef, ...] = ()
 
