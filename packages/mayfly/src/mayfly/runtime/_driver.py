@@ -715,17 +715,21 @@ class RunDriver:
         elif attempt_id in self._tasks:
             self._pending_child_cancels[child_run_id] = (requester, reason)  # its task has not opened it yet
         else:  # parked, or left behind by an earlier process: cancel it through its journal
-            cancel_run_cascade(
-                self.journal,
-                self.leases,
-                child_run_id,
-                requester=requester,
-                reason=reason,
-                owner=self.owner,
-                ids=self.ids,
-                ttl_ms=self.lease_ttl_ms,
-                observer=self.observer,
-            )
+            self._cascade_cancel(child_run_id, requester, reason)
+
+    def _cascade_cancel(self, child_run_id: str, requester: str, reason: str) -> None:
+        """Cancel a child run (and its descendants) through the journal, under this driver's identity."""
+        cancel_run_cascade(
+            self.journal,
+            self.leases,
+            child_run_id,
+            requester=requester,
+            reason=reason,
+            owner=self.owner,
+            ids=self.ids,
+            ttl_ms=self.lease_ttl_ms,
+            observer=self.observer,
+        )
 
     def _join_children(self) -> None:
         """Once the run is terminal, wait for the child runs still being driven (being cancelled).
@@ -758,17 +762,7 @@ class RunDriver:
             child_run_id, (self._child_requester(node_id), f"parent run {self.state.run_id} ended")
         )
         self._cancelled_children.add(child_run_id)
-        cancel_run_cascade(
-            self.journal,
-            self.leases,
-            child_run_id,
-            requester=requester,
-            reason=reason,
-            owner=self.owner,
-            ids=self.ids,
-            ttl_ms=self.lease_ttl_ms,
-            observer=self.observer,
-        )
+        self._cascade_cancel(child_run_id, requester, reason)
 
     def _cancel_recorded_children(self) -> None:
         """For a run that is already cancelled: cancel the child runs its cancellation named, if still open.
@@ -782,16 +776,10 @@ class RunDriver:
         for target in cancellation.targets:
             if target.child_run_id is not None:
                 self._cancelled_children.add(target.child_run_id)
-                cancel_run_cascade(
-                    self.journal,
-                    self.leases,
+                self._cascade_cancel(
                     target.child_run_id,
-                    requester=self._child_requester(target.node_id),
-                    reason=_bounded(f"parent run {self.state.run_id} cancelled: {cancellation.reason}"),
-                    owner=self.owner,
-                    ids=self.ids,
-                    ttl_ms=self.lease_ttl_ms,
-                    observer=self.observer,
+                    self._child_requester(target.node_id),
+                    _bounded(f"parent run {self.state.run_id} cancelled: {cancellation.reason}"),
                 )
 
     def waits(self) -> dict[str, str]:
