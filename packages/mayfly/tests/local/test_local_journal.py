@@ -556,3 +556,40 @@ def test_torn_batch_with_complete_frames_is_found_from_the_end(
         assert [r.sequence for r in fresh.read(run)] == [1, 2]
         fresh.append(run, 3, records(run, 3, 1))
         assert [r.sequence for r in fresh.read(run)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("offset", [-8, 1 << 40])
+def test_hint_offsets_outside_the_file_are_retried_from_the_file(
+    journal: LocalWorkflowJournal, store: Path, offset: int
+) -> None:
+    """A CRC-valid hint naming an offset outside the file is never read through: reads stay exact."""
+    run = IDS.new_id()
+    batch = records(run, 1, 3)
+    journal.append(run, 1, batch)
+    journal.write_snapshot(run, snapshot_for(batch[-1]))
+    hint = store / "snapshots" / f"{run}.idx"
+    decoded = decode_hint(hint.read_bytes())
+    assert decoded is not None
+    inode, end, offsets = decoded
+    offsets[1] = offset
+    hint.write_bytes(encode_hint(inode, end, offsets))
+    with LocalWorkflowJournal(str(store)) as fresh:
+        assert fresh.read(run, after=1) == batch[1:]
+        assert fresh.read(run, limit=1) == batch[:1]
+
+
+def test_a_snapshot_of_a_damaged_journal_is_written_without_a_hint(
+    journal: LocalWorkflowJournal, store: Path
+) -> None:
+    """write_snapshot stores the snapshot even when the journal cannot be located; no hint is left."""
+    run = IDS.new_id()
+    batch = records(run, 1, 2)
+    journal.append(run, 1, batch)
+    with run_file(store, run).open("ab") as handle:
+        handle.write(b"JUNK" + b"\x00" * 20)
+    with LocalWorkflowJournal(str(store)) as fresh:
+        fresh.write_snapshot(run, snapshot_for(batch[-1]))
+        assert fresh.read_snapshot(run) == snapshot_for(batch[-1])
+        with pytest.raises(CorruptionError):
+            fresh.read(run)
+    assert not (store / "snapshots" / f"{run}.idx").exists()

@@ -442,12 +442,15 @@ class LocalWorkflowJournal:
                         return []
                     begin = index.offsets[start]
                     end = index.offsets[last] if last < len(index.offsets) else index.end
-                    data = os.pread(fd, max(end - begin, 0), begin)
+                    if not 0 <= begin < end <= index.end:
+                        # Only a hint can hold such offsets; read() retries from the file itself.
+                        raise CorruptionError(
+                            f"run {run}: frame offsets out of order at sequence {start + 1}"
+                        )
+                    data = os.pread(fd, end - begin, begin)
             finally:
                 os.close(fd)
         try:
-            if end <= begin:
-                raise CorruptionError(f"run {run}: frame offsets out of order at sequence {start + 1}")
             return _frames.decode_frames(data, run, start + 1)
         except BaseException:
             if not hinted:
@@ -582,6 +585,8 @@ class LocalWorkflowJournal:
                     return
                 hint = _frames.encode_hint(index.inode, index.end, index.offsets[: len(index.offsets)])
                 end = index.end
+        except CorruptionError:
+            return  # a damaged journal gets no hint; its reads and appends report the damage
         finally:
             os.close(fd)
         path = self._layout.hint_file(run)
