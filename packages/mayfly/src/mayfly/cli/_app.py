@@ -522,6 +522,9 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     journal = open_journal(_journal_url(args))
     run_id = _run_id(args.run)
     started = time.monotonic()
+    verify = getattr(journal, "verify_run", None)
+    if callable(verify):
+        verify(run_id)  # a backend that can check every stored frame does so before the replay
     full = replay_run(journal, run_id)
     elapsed = time.monotonic() - started
     cached = inspect_run(journal, run_id)
