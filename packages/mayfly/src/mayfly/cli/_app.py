@@ -25,7 +25,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -435,12 +435,9 @@ def cmd_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``mayfly runs [--state S] [--workflow W]``."""
     journal = open_journal(_journal_url(args))
     rows: list[dict[str, Any]] = []
-    after = None
-    while len(rows) < args.limit:
-        page = journal.list_runs(after=after, limit=min(1000, args.limit * 4))
-        if not page:
+    for page in _candidate_pages(journal, args):
+        if len(rows) >= args.limit:
             break
-        after = page[-1]
         for run_id in page:
             try:
                 state = inspect_run(journal, run_id).state
@@ -484,6 +481,29 @@ def cmd_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         done = f"{r['nodes_done']}/{r['nodes']}"
         out.write(f"{r['run_id']:<36}  {r['workflow']:<30}  {r['status']:<10}  {done}{extra}\n")
     return EXIT["ok"]
+
+
+def _candidate_pages(journal: Any, args: argparse.Namespace) -> Iterator[list[str]]:
+    """Pages of run ids to inspect for ``mayfly runs``.
+
+    A backend that keeps an indexed run summary (``run_summaries``, e.g.
+    PostgreSQL) preselects the most recently updated runs matching the
+    filters, so listing costs O(--limit) inspections however many runs exist;
+    otherwise every run is paged through in id order. "waiting" is not indexed
+    (it is a running run parked on a signal), so it always pages.
+    """
+    summaries = getattr(journal, "run_summaries", None)
+    if callable(summaries) and args.state != "waiting":
+        found = summaries(status=args.state, workflow_id=args.workflow, limit=min(args.limit, 1000))
+        yield [summary.run_id for summary in found]
+        return
+    after = None
+    while True:
+        page = journal.list_runs(after=after, limit=min(1000, args.limit * 4))
+        if not page:
+            return
+        after = page[-1]
+        yield page
 
 
 def _unreadable_row(run_id: str, exc: Exception) -> dict[str, Any]:
