@@ -31,7 +31,6 @@ __all__ = [
     "Skipped",
     "Succeeded",
     "check_reason",
-    "outcome_kind",
 ]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -166,8 +165,3 @@ NodeOutcome: TypeAlias = (
     Succeeded | ChangesRequested | RetryableFailure | PermanentFailure | Blocked | Cancelled | Skipped
 )
 """Any node outcome; JSON form is an object tagged by ``"kind"``."""
-
-
-def outcome_kind(outcome: NodeOutcome) -> NodeOutcomeKind:
-    """The :class:`NodeOutcomeKind` of ``outcome``."""
-    return outcome.kind

@@ -72,7 +72,7 @@ from mayfly.model.outcomes import (
     Succeeded,
 )
 from mayfly.model.signals import AcceptedSignal, SignalToken
-from mayfly.model.state import NodeState, NodeStatus, RunState
+from mayfly.model.state import NodeState, RunState
 from mayfly.recovery import (
     BlockUnavailable,
     ReconcileAttempt,
@@ -240,7 +240,6 @@ class RunDriver:
         self._signal_requests: list[SignalRequest] = []
         self._accepted: dict[str, int] = {}
         self.rejected_results = 0
-        self.detached = False
         self._timed_nodes = [
             i for i, node in enumerate(state.spec.nodes) if node.retry.attempt_deadline_ms is not None
         ]
@@ -372,8 +371,7 @@ class RunDriver:
             if self._resume_accepted():
                 continue
             if not self._wait():
-                self.detached = True
-                break
+                break  # parked on a signal: detached
         self._cancel_closed_attempts(())
         self._join_children()
         return self.state
@@ -1004,11 +1002,6 @@ class RunDriver:
                         closed.cancel(f"attempt closed: {event.outcome.kind.value}")
         if self._children or self._parked_children:
             self._cancel_closed_children(events)
-
-    @property
-    def waiting_nodes(self) -> list[str]:
-        """Nodes parked on a durable wait (none until signals exist)."""
-        return [n.node_id for n in self.state.nodes if n.status is NodeStatus.WAITING]
 
 
 _WAKE: Any = object()
