@@ -586,9 +586,12 @@ def check_snapshot(snapshot: SnapshotRecord, record: JournalRecord | None) -> st
     """Return why ``snapshot`` cannot be used with the journal, or ``None`` if it matches.
 
     ``record`` is the journal's record at ``snapshot.last_sequence`` (``None``
-    if the journal has no such record). A snapshot ahead of the journal, or
-    one whose last event id or record checksum differs from the journal's,
-    is stale: discard it with this diagnostic and rebuild from events.
+    if the journal has no such record). A snapshot whose last event id or
+    record checksum differs from the journal's is stale: discard it with this
+    diagnostic and rebuild from events. A snapshot *ahead* of the journal is
+    diagnosed too, but it is not merely stale: it proves that acknowledged
+    records are missing, and recovery fails closed on it
+    (:class:`~mayfly.model.errors.HistoryLost`).
     """
     if record is None:
         return (

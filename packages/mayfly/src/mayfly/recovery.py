@@ -28,7 +28,7 @@ import msgspec
 
 from mayfly.journal import JournalRecord, WorkflowJournal
 from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
-from mayfly.model.errors import CorruptionError, RunNotFound, SnapshotCorrupt
+from mayfly.model.errors import CorruptionError, HistoryLost, RunNotFound, SnapshotCorrupt
 from mayfly.model.ids import idempotency_key
 from mayfly.model.signals import AcceptedSignal
 from mayfly.model.state import NodeState, NodeStatus, RunState
@@ -167,6 +167,8 @@ def load_run(
         state = reduce(state, event, record.sequence)
         after = record.sequence
         last = record
+    if not use_snapshot:
+        _check_not_behind_snapshot(journal, run_id, 0 if last is None else last.sequence)
     if state is None or last is None:
         raise RunNotFound(run_id)
     # restore_snapshot already checked a restored spec against its hash, and reducing never changes it.
@@ -192,12 +194,40 @@ def _from_snapshot(
     if snapshot is None:
         return None, None, None
     records = journal.read(run_id, after=snapshot.last_sequence - 1)
-    record = records[0] if records and records[0].sequence == snapshot.last_sequence else None
+    if not records:
+        raise _lost(journal, run_id, snapshot.last_sequence)
+    record = records[0] if records[0].sequence == snapshot.last_sequence else None
     restored = restore_snapshot(snapshot, record)
     if isinstance(restored, str):
         diagnostics.append(f"snapshot discarded: {restored}; rebuilt from the journal")
         return None, None, None
     return restored, record, records[1:]
+
+
+def _check_not_behind_snapshot(journal: WorkflowJournal, run_id: str, last_sequence: int) -> None:
+    """Fail closed if the run's snapshot proves the history went further than ``last_sequence``.
+
+    Replay ignores the snapshot's *state*, but not its evidence: an intact
+    snapshot is sealed over its last sequence, so one that is ahead of the
+    readable journal proves acknowledged records are gone (ADR-0032: journal
+    gaps fail closed). An unreadable snapshot proves nothing and is ignored.
+    """
+    try:
+        snapshot = journal.read_snapshot(run_id)
+    except SnapshotCorrupt:
+        return
+    if snapshot is not None and snapshot.last_sequence > last_sequence:
+        raise _lost(journal, run_id, snapshot.last_sequence)
+
+
+def _lost(journal: WorkflowJournal, run_id: str, snapshot_sequence: int) -> HistoryLost:
+    readable = journal.next_sequence(run_id) - 1
+    return HistoryLost(
+        run_id,
+        f"its snapshot includes sequence {snapshot_sequence}, but the journal {journal.url} "
+        f"holds only {readable} record(s)",
+        remedy="restore the journal from a backup (the snapshot is kept as evidence, not discarded as stale)",
+    )
 
 
 def inspect_run(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import Durability, JournalRecord, SnapshotRecord
 from mayfly.local import LocalWorkflowJournal
-from mayfly.local._frames import HEADER, SNAPSHOT_MAGIC, decode_hint, encode_hint
+from mayfly.local._frames import HEADER, HEADER_V1, SNAPSHOT_MAGIC, decode_hint, encode_hint
 from mayfly.model.errors import (
     AppendConflict,
     ChecksumMismatch,
@@ -21,6 +22,7 @@ from mayfly.model.errors import (
     ConflictingRecord,
     CorruptionError,
     DurabilityUnavailable,
+    HistoryLost,
     InvalidBackendURL,
     JournalGap,
     JournalUnavailable,
@@ -94,14 +96,16 @@ def test_relative_file_url_resolves_against_cwd(tmp_path: Path, monkeypatch: pyt
         assert journal.root == str(tmp_path / ".mayfly")
 
 
-def test_frames_are_mwj1_with_crc_and_embedded_payload(journal: LocalWorkflowJournal, store: Path) -> None:
-    """Each record is one MWJ1 frame: magic, length, CRC-32 and a JSON body holding the payload text."""
+def test_frames_are_mwj2_with_crcs_and_embedded_payload(journal: LocalWorkflowJournal, store: Path) -> None:
+    """Each record is one MWJ2 frame: magic, length, body CRC, header CRC and a JSON body holding the payload text."""
     run = IDS.new_id()
     journal.append(run, 1, records(run, 1, 1))
     data = run_file(store, run).read_bytes()
-    magic, length, _ = HEADER.unpack_from(data, 0)
-    assert magic == b"MWJ1"
+    magic, length, body_crc, header_crc = HEADER.unpack_from(data, 0)
+    assert magic == b"MWJ2"
     assert len(data) == HEADER.size + length
+    assert zlib.crc32(data[HEADER.size :]) == body_crc
+    assert zlib.crc32(data[:12]) == header_crc
     assert b'"payload":"{\\"x\\":\\"' in data
 
 
@@ -306,9 +310,7 @@ def test_snapshot_with_unknown_frame_version_is_corrupt(journal: LocalWorkflowJo
     journal.append(run, 1, batch)
     journal.write_snapshot(run, snapshot_for(batch[0]))
     path = store / "snapshots" / f"{run}.mws"
-    body = path.read_bytes()[HEADER.size :].replace(b'"v":1', b'"v":9', 1)
-    import zlib
-
+    body = path.read_bytes()[HEADER_V1.size :].replace(b'"v":1', b'"v":9', 1)
     path.write_bytes(struct.pack(">4sII", SNAPSHOT_MAGIC, len(body), zlib.crc32(body)) + body)
     with pytest.raises(SnapshotCorrupt, match="unknown snapshot frame version 9"):
         journal.read_snapshot(run)
@@ -325,7 +327,7 @@ def test_closed_journal_refuses_operations(store: Path) -> None:
 def test_foreign_format_marker_is_refused(store: Path) -> None:
     """A directory written by an unknown local format version is refused, never reinterpreted."""
     store.mkdir()
-    (store / "mayfly-local.json").write_text('{"format": "mayfly-local", "version": 2}')
+    (store / "mayfly-local.json").write_text('{"format": "mayfly-local", "version": 3}')
     with pytest.raises(CompatibilityError):
         LocalWorkflowJournal(str(store))
 
@@ -341,25 +343,32 @@ def test_list_runs_sees_new_runs_after_a_cached_listing(journal: LocalWorkflowJo
     assert journal.list_runs(after=first) == [second]
 
 
+def v2_frame(body: bytes, length: int | None = None) -> bytes:
+    """An MWJ2 frame around ``body`` with correct CRCs (``length`` overrides the stated length)."""
+    head = struct.pack(">4sII", b"MWJ2", len(body) if length is None else length, zlib.crc32(body))
+    return head + struct.pack(">I", zlib.crc32(head)) + body
+
+
 def test_unknown_frame_version_fails_closed(journal: LocalWorkflowJournal, store: Path) -> None:
     """A journal frame of an unknown version is corruption, never skipped or guessed at."""
-    import zlib
-
     run = IDS.new_id()
     journal.append(run, 1, records(run, 1, 1))
     path = run_file(store, run)
-    body = path.read_bytes()[HEADER.size :].replace(b'"v":1', b'"v":2', 1)
-    path.write_bytes(HEADER.pack(b"MWJ1", len(body), zlib.crc32(body)) + body)
-    with LocalWorkflowJournal(str(store)) as fresh, pytest.raises(CorruptionError, match="unknown version 2"):
+    body = path.read_bytes()[HEADER.size :].replace(b'"v":2', b'"v":3', 1)
+    path.write_bytes(v2_frame(body))
+    with LocalWorkflowJournal(str(store)) as fresh, pytest.raises(CorruptionError, match="unknown version 3"):
         fresh.read(run)
 
 
-def test_oversized_frame_length_fails_closed(journal: LocalWorkflowJournal, store: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_oversized_frame_length_fails_closed(
+    journal: LocalWorkflowJournal, store: Path, version: int
+) -> None:
     """A frame header announcing more than the bounded body size is corruption, not a torn tail."""
     run = IDS.new_id()
     journal.append(run, 1, records(run, 1, 1))
     with run_file(store, run).open("ab") as handle:
-        handle.write(HEADER.pack(b"MWJ1", 1 << 30, 0))
+        handle.write(HEADER_V1.pack(b"MWJ1", 1 << 30, 0) if version == 1 else v2_frame(b"", 1 << 30))
     with LocalWorkflowJournal(str(store)) as fresh, pytest.raises(CorruptionError, match="over the limit"):
         fresh.read(run)
 
@@ -498,7 +507,7 @@ def test_snapshot_writes_a_hint_that_a_fresh_instance_uses(
         assert fresh.next_sequence(run) == 6
 
 
-@pytest.mark.parametrize("damage", ["shifted", "garbage", "other-file", "beyond-the-file"])
+@pytest.mark.parametrize("damage", ["shifted", "garbage", "other-file", "old-format"])
 def test_a_wrong_hint_never_changes_what_reads_return(
     journal: LocalWorkflowJournal, store: Path, damage: str
 ) -> None:
@@ -519,12 +528,47 @@ def test_a_wrong_hint_never_changes_what_reads_return(
         hint.write_bytes(b"MWX1" + b"\x00" * 40)
     elif damage == "other-file":
         hint.write_bytes(encode_hint(inode + 1, end, offsets))
-    else:
-        hint.write_bytes(encode_hint(inode, end + 100, offsets))
+    else:  # an MWX1 hint of an older Mayfly, whose CRC did not cover its header
+        hint.write_bytes(b"MWX1" + encode_hint(inode, end + 100, offsets)[4:])
     with LocalWorkflowJournal(str(store)) as fresh:
         assert fresh.read(run, after=1) == batch[1:]
         assert fresh.read(run) == batch
         assert fresh.next_sequence(run) == 5
+
+
+def test_an_intact_hint_beyond_the_file_is_evidence_of_lost_records(
+    journal: LocalWorkflowJournal, store: Path
+) -> None:
+    """A hint for this very file that ends past its size proves committed bytes were cut: reads fail closed."""
+    run = IDS.new_id()
+    batch = records(run, 1, 4)
+    journal.append(run, 1, batch)
+    journal.write_snapshot(run, snapshot_for(batch[-1]))
+    path = run_file(store, run)
+    decoded = decode_hint((store / "snapshots" / f"{run}.idx").read_bytes())
+    assert decoded is not None
+    os.truncate(path, decoded[2][-1])  # the last committed record is gone
+    damaged = path.read_bytes()
+    with LocalWorkflowJournal(str(store)) as fresh:
+        with pytest.raises(HistoryLost, match=f"run {run} lost committed records: its offset hint records 4"):
+            fresh.read(run)
+        with pytest.raises(HistoryLost):
+            fresh.next_sequence(run)
+    assert path.read_bytes() == damaged
+
+
+def test_a_file_shrinking_below_a_seen_commit_fails_closed(
+    journal: LocalWorkflowJournal, store: Path
+) -> None:
+    """A journal instance that saw a committed end refuses a file cut below it, instead of re-reading it shorter."""
+    run = IDS.new_id()
+    batch = records(run, 1, 3)
+    journal.append(run, 1, batch)
+    path = run_file(store, run)
+    size = path.stat().st_size
+    os.truncate(path, size - len(path.read_bytes()) // 3)
+    with pytest.raises(HistoryLost, match="shrank"):
+        journal.read(run)
 
 
 def test_fault_hooks_drop_the_hint(journal: LocalWorkflowJournal, store: Path) -> None:

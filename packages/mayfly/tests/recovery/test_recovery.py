@@ -12,7 +12,7 @@ from mayfly.commit import commit_command
 from mayfly.journal import SnapshotRecord
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 from mayfly.model.commands import AdvanceTime, AttemptStart, CompleteAttempt, CreateRun, StartNodes
-from mayfly.model.errors import CorruptionError, LeaseHeld, RunNotFound
+from mayfly.model.errors import CorruptionError, HistoryLost, LeaseHeld, RunNotFound
 from mayfly.model.ids import DeterministicIdSource, idempotency_key
 from mayfly.model.outcomes import RetryableFailure, Succeeded
 from mayfly.model.spec import FixedBackoff, RetryPolicy
@@ -121,6 +121,24 @@ def test_a_stale_snapshot_that_names_another_record_is_discarded(store: Store) -
     assert recovered.source == "journal"
     assert "journal holds event" in recovered.diagnostics[0]
     assert recovered.state.to_record() == state.to_record()
+
+
+def test_a_snapshot_ahead_of_the_journal_is_lost_history_not_a_stale_cache(store: Store) -> None:
+    """A snapshot proving records the journal no longer holds fails every recovery mode closed; nothing is written."""
+    run_id, state, _ = in_flight(store)
+    store.journal.write_snapshot(run_id, make_snapshot(state, store.journal.read(run_id)[-1]))
+    store.journal.remove_record(run_id, state.sequence)  # the journal loses its acknowledged tail
+    held = store.journal.next_sequence(run_id) - 1
+    assert held < state.sequence
+    expected = f"run {run_id} lost committed records: its snapshot includes sequence {state.sequence}"
+    for recover in (inspect_run, replay_run):
+        with pytest.raises(HistoryLost, match=expected):
+            recover(store.journal, run_id)
+    with pytest.raises(HistoryLost, match=expected):
+        resume_run(store.journal, store.leases, run_id, owner="test")
+    assert store.journal.next_sequence(run_id) == held + 1
+    assert store.journal.read_snapshot(run_id) is not None  # kept as evidence, never discarded
+    store.leases.acquire(run_id, "next", 1_000).release()  # the refused resume let go of its lease
 
 
 def test_a_missing_run_is_a_typed_error(store: Store) -> None:

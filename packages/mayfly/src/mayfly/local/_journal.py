@@ -1,4 +1,4 @@
-"""``LocalWorkflowJournal``: the embedded default journal, append-only MWJ1 files per run.
+"""``LocalWorkflowJournal``: the embedded default journal, append-only MWJ2 files per run.
 
 Deviation from ADR-0032 Story 1.6. The ADR's local format replaces the whole
 per-run journal file through a same-directory temporary file on every append.
@@ -15,9 +15,16 @@ the ADR's guarantees:
   ``os.write`` (this journal has no userspace buffer, so the two are the
   same and both survive the process being killed); ``fsync`` also calls
   ``fdatasync`` on the file, and fsyncs the directory when the file is new.
-* Fail closed: only an incomplete final batch (its bytes end before the
-  batch's closing frame is complete) is treated as never acknowledged. A bad
-  magic, length or CRC-32 on any complete frame, a gap or a duplicate raises.
+* Fail closed: only a genuine torn tail — the prefix of one batch, cut at
+  the physical end of the file, with no valid frame after the cut (see
+  :mod:`mayfly.local._frames`) — is treated as never acknowledged. Every byte
+  of a frame is covered by a CRC-32 (version-2 frames check their header
+  separately, so a damaged length is told apart from a torn write); a bad
+  magic, header, length or CRC, a gap or a duplicate raises and names the
+  run, the offset and the last good sequence. Bytes that might hold an
+  acknowledged record are never truncated or overwritten: evidence that
+  committed bytes are gone (an intact offset hint, or a snapshot, that
+  reaches beyond the file) raises :class:`~mayfly.model.errors.HistoryLost`.
 * Cross-process safety, beyond the ADR: an exclusive ``flock`` on the run
   file makes compare-and-append atomic across processes, and a shared one
   keeps readers from seeing a batch while it is being written.
@@ -28,16 +35,18 @@ It is built in two strengths, so that opening a long run to read its end
 costs the end, not the history:
 
 * Readers (``read``, ``next_sequence``) get a *located* index: frame offsets
-  from the run's MWX1 hint (``snapshots/<run>.idx``, written beside each
-  snapshot) and a header-only walk of the frames after it (magic and length,
-  no CRC, no JSON). The batch boundary at the end is found by verifying and
+  from the run's MWX2 hint (``snapshots/<run>.idx``, written beside each
+  snapshot) and a header-only walk of the frames after it (magic, length and
+  header CRC; no body CRC, no JSON). The batch boundary at the end is found by verifying and
   decoding backwards from the last complete frame to the nearest one that
   closes its batch. Every frame a read returns is CRC-checked, decoded and
   checked for its sequence, so damage to a returned record fails closed.
   The hint is trusted only if it names this file's inode, ends inside the
   file, and its last frame verifies as a batch end with the right sequence;
   if a read through hinted offsets still fails, the frames are located again
-  from the file alone and the read is retried once.
+  from the file alone and the read is retried once. When locating fails
+  (a gap or damage inside the history), the whole file is scanned so the
+  error names the record where it is.
 * Writers (``append``, the fault hooks) get a *verified* index, built under
   the exclusive lock: every frame CRC-checked and decoded, order and
   event-id uniqueness over the whole history checked, and only then a torn
@@ -83,6 +92,7 @@ from mayfly.model.errors import (
     ConflictingRecord,
     CorruptionError,
     FencingRejected,
+    HistoryLost,
     InvalidRecord,
     JournalUnavailable,
 )
@@ -98,7 +108,7 @@ _LISTING_SETTLE_NS: Final = 2_000_000_000
 
 @final
 class LocalWorkflowJournal:
-    """The ``file://DIR`` journal: one append-only MWJ1 file per run, safe across threads and processes.
+    """The ``file://DIR`` journal: one append-only journal file per run, safe across threads and processes.
 
     ``DIR`` is created on first use. ``?durability=fsync`` (the default),
     ``flush`` or ``write`` selects when appends are acknowledged; ``fsync`` on
@@ -165,19 +175,23 @@ class LocalWorkflowJournal:
 
         ``exclusive`` (a writer holding ``LOCK_EX``) gets a verified index: every
         frame CRC-checked and decoded, every event id known, and a torn tail cut.
-        Readers get a located index: frame offsets from the MWX1 hint and a
+        Readers get a located index: frame offsets from the MWX2 hint and a
         header-only walk, with the last committed frame verified; they verify
         each frame they return.
         """
         stat = os.fstat(fd)
         with self._guard:
             index = self._indexes.get(run_id)
-        if (
-            index is not None
-            and index.inode == stat.st_ino
-            and stat.st_size >= index.end
-            and (index.verified or not exclusive)
-        ):
+        if index is not None and index.inode == stat.st_ino and stat.st_size < index.end:
+            # Nothing in this journal cuts a file below a committed end it has seen.
+            self._forget(run_id)
+            raise HistoryLost(
+                run_id,
+                f"its journal file shrank to {stat.st_size} bytes while {len(index.offsets)} "
+                f"committed records ended at byte {index.end}",
+                remedy=f"restore {self._layout.run_file(run_id)} from a backup",
+            )
+        if index is not None and index.inode == stat.st_ino and (index.verified or not exclusive):
             if stat.st_size == index.size and not index.torn:
                 return index
             base = index.end
@@ -189,10 +203,8 @@ class LocalWorkflowJournal:
                 if index is None:
                     index = _frames.RunIndex(inode=stat.st_ino, verified=True)
                 self._scan(run_id, fd, index, base, stat.st_size)
-            elif index is None:
-                index = self._locate(run_id, fd, stat, hint=hint)
             else:
-                self._walk(run_id, fd, index, base, stat.st_size)
+                index = self._located(run_id, fd, stat, index, base, hint=hint)
         except BaseException:
             self._forget(run_id)
             raise
@@ -211,7 +223,11 @@ class LocalWorkflowJournal:
 
     @staticmethod
     def _scan(run_id: str, fd: int, index: _frames.RunIndex, base: int, size: int) -> None:
-        """Scan the file from ``base`` to ``size`` in bounded windows (memory stays O(window))."""
+        """Scan the file from ``base`` to ``size`` in bounded windows (memory stays O(window)).
+
+        Bytes left after the last committed batch must be a genuine torn tail
+        (:func:`mayfly.local._frames.check_torn_tail`), or the scan fails closed.
+        """
         index.end = base
         window = _SCAN_WINDOW
         while index.end < size:
@@ -219,10 +235,46 @@ class LocalWorkflowJournal:
             length = min(window, size - start)
             _frames.scan(index, os.pread(fd, length, start), start, run_id)
             if start + length >= size:
-                break  # reached the end: whatever is left past index.end is a torn tail
+                break  # reached the end: whatever is left past index.end must be a torn tail
             # A batch larger than the window made no progress: widen the window for it.
             window = _SCAN_WINDOW if index.end > start else window * 2
         index.size = size
+        if index.torn:
+            _frames.check_torn_tail(
+                os.pread(fd, size - index.end, index.end), index.end, run_id, index.next_sequence
+            )
+
+    def _located(
+        self,
+        run_id: str,
+        fd: int,
+        stat: os.stat_result,
+        index: _frames.RunIndex | None,
+        base: int,
+        *,
+        hint: bool,
+    ) -> _frames.RunIndex:
+        """Bring a located index up to date, or build one; fall back to a full scan if it fails.
+
+        A located index counts frames by their headers and verifies only the
+        last one, so a missing, repeated or damaged record inside the history
+        shows up far from where it is (a gap after record 4 of 9 would be
+        reported at the end as "expected 8, found 9"). On any such failure the
+        whole file is scanned and verified, which either raises the error at
+        the record where it is, or — when only a hint misled the walk — yields
+        a verified index.
+        """
+        try:
+            if index is None:
+                return self._locate(run_id, fd, stat, hint=hint)
+            self._walk(run_id, fd, index, base, stat.st_size)
+            return index
+        except HistoryLost:
+            raise
+        except CorruptionError:
+            verified = _frames.RunIndex(inode=stat.st_ino, verified=True)
+            self._scan(run_id, fd, verified, 0, stat.st_size)
+            return verified
 
     def _locate(self, run_id: str, fd: int, stat: os.stat_result, *, hint: bool) -> _frames.RunIndex:
         """Build a located index: offsets from a hint that matches the file, then a walk of the rest."""
@@ -233,7 +285,14 @@ class LocalWorkflowJournal:
         return index
 
     def _load_hint(self, run_id: str, fd: int, stat: os.stat_result) -> _frames.RunIndex | None:
-        """The run's MWX1 hint as an index, if it names this file and its last frame checks out."""
+        """The run's MWX2 hint as an index, if it names this file and its last frame checks out.
+
+        A hint is a guess about offsets, so one that does not match is ignored,
+        with one exception: an intact hint for this very file (same inode) that
+        ends beyond the file's size proves that committed bytes were cut off,
+        since nothing in this journal ever shortens a file below a committed
+        end. That fails closed with :class:`HistoryLost`.
+        """
         try:
             data = self._layout.hint_file(run_id).read_bytes()
         except OSError:
@@ -242,13 +301,23 @@ class LocalWorkflowJournal:
         if decoded is None:
             return None
         inode, end, offsets = decoded
-        if inode != stat.st_ino or end > stat.st_size:
+        if inode != stat.st_ino:
             return None
+        if end > stat.st_size:
+            raise HistoryLost(
+                run_id,
+                f"its offset hint records {len(offsets)} committed records ending at byte {end}, "
+                f"but the journal file is only {stat.st_size} bytes long",
+                remedy=f"restore {self._layout.run_file(run_id)} from a backup; to accept the loss, "
+                f"delete {self._layout.hint_file(run_id)} and {self._layout.snapshot_file(run_id)}",
+            )
         last = offsets[-1]
         try:
-            record, batch_last = _frames.decode_frame(os.pread(fd, end - last, last), run_id, len(offsets))
+            record, batch_last = _frames.decode_frame(
+                os.pread(fd, end - last, last), run_id, len(offsets), last
+            )
         except CorruptionError:
-            return None  # the file no longer matches the hint: walk it instead
+            return None  # the hint does not match the frames: walk the file instead
         if batch_last != record.sequence:
             return None
         return _frames.RunIndex(inode=inode, size=end, end=end, offsets=offsets, hinted=True, hint_end=end)
@@ -260,12 +329,12 @@ class LocalWorkflowJournal:
         Frames after ``base`` are only counted; the batch boundary is found by
         verifying and decoding backwards from the last complete frame to the
         nearest one that closes its batch (normally just the last frame).
-        Anything after that boundary is a torn tail.
+        Anything after that boundary must be a genuine torn tail.
         """
         first = len(index.offsets)
         position = base
         window = _SCAN_WINDOW
-        while size - position >= _frames.HEADER.size:
+        while size - position >= 4:
             length = min(window, size - position)
             consumed = _frames.walk(os.pread(fd, length, position), position, index.offsets, run_id)
             position += consumed
@@ -279,7 +348,7 @@ class LocalWorkflowJournal:
         for i in range(len(offsets) - 1, first - 1, -1):
             start = offsets[i]
             stop = offsets[i + 1] if i + 1 < len(offsets) else position
-            record, batch_last = _frames.decode_frame(os.pread(fd, stop - start, start), run_id, i + 1)
+            record, batch_last = _frames.decode_frame(os.pread(fd, stop - start, start), run_id, i + 1, start)
             if record.sequence == batch_last:
                 committed = i + 1
                 end = stop
@@ -287,6 +356,8 @@ class LocalWorkflowJournal:
         del offsets[committed:]
         index.end = end
         index.size = size
+        if index.torn:
+            _frames.check_torn_tail(os.pread(fd, size - end, end), end, run_id, index.next_sequence)
 
     def _forget(self, run_id: str) -> None:
         with self._guard:
@@ -374,7 +445,7 @@ class LocalWorkflowJournal:
         """Read back and verify the committed record at ``sequence`` (caller holds the flock)."""
         start = index.offsets[sequence - 1]
         end = index.offsets[sequence] if sequence < len(index.offsets) else index.end
-        (record,) = _frames.decode_frames(os.pread(fd, end - start, start), run_id, sequence)
+        (record,) = _frames.decode_frames(os.pread(fd, end - start, start), run_id, sequence, start)
         return record
 
     def _write(
@@ -451,7 +522,7 @@ class LocalWorkflowJournal:
             finally:
                 os.close(fd)
         try:
-            return _frames.decode_frames(data, run, start + 1)
+            return _frames.decode_frames(data, run, start + 1, begin)
         except BaseException:
             if not hinted:
                 self._forget(run)
@@ -569,7 +640,7 @@ class LocalWorkflowJournal:
             self._write_hint(run)
 
     def _write_hint(self, run: str) -> None:
-        """Persist the run's frame offsets (MWX1) so a fresh process resumes without walking the file.
+        """Persist the run's frame offsets (MWX2) so a fresh process resumes without walking the file.
 
         The hint is derived data, checked against the run file before use and
         ignored when wrong, so it is neither fsynced nor allowed to fail the

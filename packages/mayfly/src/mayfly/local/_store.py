@@ -2,9 +2,10 @@
 
 Layout of a ``file://DIR`` store::
 
-    DIR/mayfly-local.json        format marker {"format": "mayfly-local", "version": 1}
-    DIR/runs/<run_id>.mwj        append-only MWJ1 frames, one file per run
+    DIR/mayfly-local.json        format marker {"format": "mayfly-local", "version": 2}
+    DIR/runs/<run_id>.mwj        append-only MWJ2 (and older MWJ1) frames, one file per run
     DIR/snapshots/<run_id>.mws   one MWS1 frame, replaced atomically
+    DIR/snapshots/<run_id>.idx   the MWX2 offset hint of the run file (derived)
     DIR/fences/<run_id>          the run's newest fencing token, decimal ASCII
     DIR/leases/<run_id>.lock     flock target of the run's recovery lease
 
@@ -36,7 +37,11 @@ from mayfly.model.errors import (
 
 FORMAT_MARKER: Final = "mayfly-local.json"
 FORMAT_NAME: Final = "mayfly-local"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+# Version 1 stores hold only MWJ1 frames; this code reads them and marks them
+# version 2 on open, since it appends MWJ2 frames that a version-1 reader
+# would take for damage.
+_UPGRADABLE_VERSIONS: Final = frozenset({1})
 _DURABILITY_NAMES: Final = {
     "fsync": Durability.DURABLE,
     "durable": Durability.DURABLE,
@@ -161,7 +166,7 @@ class Layout:
 
     @property
     def runs(self) -> Path:
-        """Where per-run MWJ1 journal files live."""
+        """Where per-run journal files (MWJ2 frames) live."""
         return self.root / "runs"
 
     @property
@@ -196,7 +201,7 @@ class Layout:
         return self.snapshots / f"{run_id}.mws"
 
     def hint_file(self, run_id: str) -> Path:
-        """The MWX1 frame-offset hint of a run's journal file (derived, rebuilt when wrong)."""
+        """The MWX2 frame-offset hint of a run's journal file (derived, rebuilt when wrong)."""
         return self.snapshots / f"{run_id}.idx"
 
     def fence_file(self, run_id: str) -> Path:
@@ -216,11 +221,16 @@ class Layout:
                     sync_directory(directory.parent)
             marker = self.root / FORMAT_MARKER
             if not marker.exists():
-                temporary = self.root / f".{FORMAT_MARKER}.{os.getpid()}.tmp"
-                temporary.write_text(json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION}) + "\n")
-                os.replace(temporary, marker)
-                sync_directory(self.root)
+                self._write_marker(marker)
             content = json.loads(marker.read_text())
+            if (
+                isinstance(content, dict)
+                and content.get("format") == FORMAT_NAME
+                and content.get("version") in _UPGRADABLE_VERSIONS
+                and len(content) == 2
+            ):
+                self._write_marker(marker)
+                content = json.loads(marker.read_text())
         except OSError as error:
             raise JournalUnavailable(f"cannot open local journal directory {self.root}: {error}") from None
         except ValueError:
@@ -230,6 +240,12 @@ class Layout:
                 f"{self.root} holds {content!r}, not {FORMAT_NAME} version {FORMAT_VERSION}; "
                 "use a Mayfly release that reads it"
             )
+
+    def _write_marker(self, marker: Path) -> None:
+        temporary = self.root / f".{FORMAT_MARKER}.{os.getpid()}.tmp"
+        temporary.write_text(json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION}) + "\n")
+        os.replace(temporary, marker)
+        sync_directory(self.root)
 
 
 def open_run_file(layout: Layout, run_id: str, *, create: bool) -> int | None:

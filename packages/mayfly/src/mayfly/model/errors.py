@@ -23,6 +23,7 @@ __all__ = [
     "DurabilityUnavailable",
     "FencingRejected",
     "HandlerUnavailable",
+    "HistoryLost",
     "HubAlreadyRunning",
     "HubNotRunning",
     "InvalidBackendURL",
@@ -313,3 +314,21 @@ class RunNotFound(MayflyError, LookupError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"run {run_id} not found in this journal; check the run id and --journal")
+
+
+class HistoryLost(JournalError, CorruptionError):
+    """Committed records of a run are provably missing: something that saw them reaches beyond the journal.
+
+    A snapshot, or a local offset hint, records that the run's history went up
+    to a point the readable journal no longer reaches. That is not a stale
+    cache to discard: the records it covered were acknowledged, and a resume
+    that carried on from the shorter history would re-run work that already
+    happened and overwrite what was recorded. ``evidence`` says what proves
+    the loss; ``remedy`` what the operator can do.
+    """
+
+    def __init__(self, run_id: str, evidence: str, *, remedy: str) -> None:
+        self.run_id = run_id
+        self.evidence = evidence
+        self.remedy = remedy
+        super().__init__(f"run {run_id} lost committed records: {evidence}; {remedy}")
