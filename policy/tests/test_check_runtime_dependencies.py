@@ -39,7 +39,7 @@ def pyproject(
     extras: dict[str, list[str]] | None = None,
     groups: dict[str, list[Any]] | None = None,
     build: list[str] | None = None,
-    requires_python: str = ">=3.11",
+    requires_python: str = ">=3.11.3",
 ) -> str:
     """Render a minimal pyproject.toml."""
     lines = [
@@ -209,10 +209,10 @@ def test_banned_on_one_python_version_only_is_caught(repo: Path, capsys: pytest.
 def test_full_version_marker_inside_our_range_is_caught(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A python_full_version marker that holds for early 3.11 patch releases counts as reachable."""
+    """A python_full_version marker that holds for the early audited 3.11 patch releases counts as reachable."""
     graph: Graph = {
         **BASE,
-        "bar": {"1.0": ["anyio>=4; python_full_version < '3.11.3'"]},
+        "bar": {"1.0": ["anyio>=4; python_full_version < '3.11.5'"]},
         "anyio": {"4.6.0": []},
     }
     write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["bar"]))
@@ -517,6 +517,19 @@ def test_malformed_python_targets_are_a_usage_error(
     assert message in out
 
 
+def test_a_name_both_banned_and_tolerated_is_a_usage_error(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A policy that tolerates a banned distribution is refused, so a ban cannot be quietly undone."""
+    policy = repo / audit.POLICY_FILE
+    with policy.open("a", encoding="utf-8") as f:
+        f.write('\n[[tolerated]]\nname = "Async_Timeout"\nwhy = "only acts inside a running loop"\n')
+    write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    code, out = run(repo, capsys)
+    assert code == 2
+    assert "lists async-timeout both as [[banned]] and as [[tolerated]]" in out
+
+
 def test_lock_refreshed_for_other_python_targets_is_stale(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -535,6 +548,86 @@ def test_lock_refreshed_for_other_python_targets_is_stale(
     assert "was refreshed for Python ['3.11', '3.12', '3.13', '3.14']" in out
     assert "['3.11.3', '3.12.0', '3.13.0', '3.14.0']" in out
     assert "--refresh" in out
+
+
+# --- async-timeout: banned, and unreachable from 3.11.3 ---------------------
+
+REDIS: Graph = {
+    **BASE,
+    "redis": {"8.1.0": ["async-timeout>=4.0.3; python_full_version < '3.11.3'"]},
+    "async-timeout": {"5.0.1": []},
+}
+
+
+def write_redis_backend(root: Path, requires_python: str) -> None:
+    """A core and a Redis backend shaped like ours: mayfly[redis] -> mayfly-redis -> redis."""
+    write(
+        root,
+        "packages/mayfly/pyproject.toml",
+        pyproject("mayfly", ["msgspec"], extras={"redis": ["mayfly-redis"]}, requires_python=requires_python),
+    )
+    write(
+        root,
+        "packages/mayfly-redis/pyproject.toml",
+        pyproject("mayfly-redis", ["mayfly", "redis>=8.1,<9"], requires_python=requires_python),
+    )
+
+
+def test_async_timeout_is_banned_not_tolerated() -> None:
+    """The shipped policy bans async-timeout (and its module) and no longer lists it as tolerated."""
+    policy = audit.Policy.load(REAL_POLICY)
+    assert "async-timeout" in policy.banned
+    assert policy.banned_modules["async_timeout"] == "async-timeout"
+    assert "async-timeout" not in policy.tolerated
+
+
+def test_async_timeout_is_reachable_while_python_3_11_0_is_supported(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Auditing 3.11 from 3.11.0 with requires-python ">=3.11", redis-py's async-timeout edge fails on 3.11."""
+    set_python_targets(repo, '["3.11", "3.12", "3.13", "3.14"]')
+    write_redis_backend(repo, ">=3.11")
+    make_lock(repo, REDIS)
+    code, out = run(repo, capsys)
+    assert code == 1
+    lines = [line for line in out.splitlines() if line.startswith("FORBIDDEN")]
+    assert lines, out
+    assert all("-> redis 8.1.0 -> async-timeout 5.0.1" in line for line in lines)
+    assert "FORBIDDEN mayfly-redis 1.0 -> redis 8.1.0 -> async-timeout 5.0.1" in out
+    assert "FORBIDDEN mayfly 1.0 [extra redis] -> mayfly-redis 1.0 -> redis 8.1.0 -> async-timeout" in out
+    assert all("py3.11:" in line and "py3.12" not in line for line in lines)
+
+
+def test_async_timeout_is_unreachable_from_python_3_11_3(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the shipped targets and requires-python ">=3.11.3", redis is walked and async-timeout never is."""
+    write_redis_backend(repo, ">=3.11.3")
+    make_lock(repo, REDIS)
+    code, out = run(repo, capsys)
+    assert code == 0, out
+    assert "0 forbidden path(s), ledger 0 entries (0 stale)" in out
+    policy = audit.Policy.load(repo / audit.POLICY_FILE)
+    loaded = audit.load_repo(repo, policy)
+    provider, _ = audit.load_lock(repo / audit.LOCK_FILE, loaded, policy)
+    reached = audit.walk(loaded, policy, provider, policy.targets).reached
+    assert ("redis", "8.1.0") in reached
+    assert not any(name == "async-timeout" for name, _ in reached)
+
+
+def test_repository_audit_is_clean_with_an_empty_ledger_and_no_async_timeout() -> None:
+    """The real repository passes on all targets with an empty ledger, reaching redis but never async-timeout."""
+    root = REAL_POLICY.parent.parent
+    report = audit.audit(root)
+    assert not report.failed, (report.forbidden, report.problems, report.source)
+    policy = audit.Policy.load(REAL_POLICY)
+    assert policy.ledger == {}
+    assert report.stats["targets"] == 24
+    repo = audit.load_repo(root, policy)
+    provider, _ = audit.load_lock(root / audit.LOCK_FILE, repo, policy)
+    names = {name for name, _ in audit.walk(repo, policy, provider, policy.targets).reached}
+    assert "redis" in names
+    assert "async-timeout" not in names
 
 
 def test_json_output_lists_forbidden_paths(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:

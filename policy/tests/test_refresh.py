@@ -116,7 +116,7 @@ def index() -> Iterator[Index]:
 
 
 def make_repo(
-    root: Path, deps: list[str], requires_python: str = ">=3.11", pythons: str | None = None
+    root: Path, deps: list[str], requires_python: str = ">=3.11.3", pythons: str | None = None
 ) -> None:
     """A repository with one distribution and the real policy (minus the tooling list, ``pythons`` if given)."""
     (root / "policy").mkdir()
