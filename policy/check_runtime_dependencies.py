@@ -92,6 +92,12 @@ _VAR_ALIASES: Final = {
     "python_implementation": "platform_python_implementation",
 }
 _VERSION_VARS: Final = frozenset({"python_version", "python_full_version", "implementation_version"})
+# A target environment stands for every patch release of one Python series from
+# its floor up; this key of the target's env names the floor (default X.Y.0).
+# It is not a PEP 508 variable: python_full_version and implementation_version
+# are evaluated over the whole range, never as one value.
+FLOOR_VAR: Final = "python_full_version_floor"
+HIGH_PATCH: Final = 9999  # stands for "the newest patch release of the series"
 _RELEASE = re.compile(r"^\d+(?:\.\d+)*$")
 
 Tri = bool | None
@@ -290,10 +296,25 @@ def _eval_version(var: str, op: str, rhs: str, env: Env) -> Tri:
         return None
     if var == "python_version":
         return _cmp_release(base, op, rhs)
-    # A full version is only known up to its minor: decide when the lowest and a
-    # far-high patch release agree, otherwise the answer is "possibly".
-    low, high = _cmp_release((*base, 0), op, rhs), _cmp_release((*base, 9999), op, rhs)
-    return low if low == high else None
+    # A target is a whole series of patch releases, from its floor (X.Y.0 unless
+    # the policy names a later one) up. The ordering operators are monotone over
+    # it, so the floor and a far-high patch decide them when they agree.
+    floor = _release(env.get(FLOOR_VAR, f"{minor}.0"))
+    if floor is None or len(floor) != len(base) + 1 or floor[: len(base)] != base:
+        return None
+    high = (*base, HIGH_PATCH)
+    low = _cmp_release(floor, op, rhs)
+    if low != _cmp_release(high, op, rhs):
+        return None
+    # Equality singles out releases: `== "3.11.5"` is false at both ends of the
+    # 3.11 series yet true inside it. When the release it names lies in the
+    # series, the answer there differs from the ends, so it is only "possibly".
+    named = _release(rhs.removesuffix(".*"))
+    if op in ("==", "!=", "===") and named is not None:
+        point = (*named, 0, 0)[: len(floor)]
+        if floor <= point <= high and _cmp_release(point, op, rhs) != low:
+            return None
+    return low
 
 
 def specifier_admits(spec: str, version: str) -> Tri:
@@ -385,7 +406,7 @@ def _parse_requirement(text: str) -> Requirement:
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """One target environment: a Python version on one platform and machine."""
+    """One target environment: a Python series (from its floor release up) on one platform and machine."""
 
     python: str
     platform: str
@@ -408,7 +429,8 @@ class Policy:
     ledger: Mapping[str, str]
     first_party: frozenset[str]
     tooling: tuple[str, ...]
-    pythons: tuple[str, ...]
+    pythons: tuple[str, ...]  # the audited series, e.g. "3.11": labels and lock keys
+    python_floors: Mapping[str, str]  # series -> its lowest audited release, e.g. "3.11" -> "3.11.3"
     targets: tuple[Target, ...]
     scan_roots: tuple[str, ...]
     thread_rule_roots: tuple[str, ...]
@@ -425,8 +447,16 @@ class Policy:
             banned = {canonical_name(b["name"]): b["why"] for b in data["banned"]}
             modules = {m: canonical_name(b["name"]) for b in data["banned"] for m in b["modules"]}
             ledger = {e["path"]: e["why"] for e in data.get("ledger", [])}
+            tolerated = {canonical_name(x["name"]): x["why"] for x in data.get("tolerated", [])}
+            both = sorted(set(banned) & set(tolerated))
+            if both:
+                raise AuditError(
+                    f"policy {path} lists {', '.join(both)} both as [[banned]] and as [[tolerated]]; "
+                    "a distribution is one or the other"
+                )
             t = data["targets"]
-            pythons = tuple(t["python_versions"])
+            floors = _python_floors(t["python_versions"], path)
+            pythons = tuple(floors)
             impl = t["implementation"]
             targets = []
             for py in pythons:
@@ -434,6 +464,7 @@ class Policy:
                     for machine in plat["machines"]:
                         env = {
                             "python_version": py,
+                            FLOOR_VAR: floors[py],
                             "implementation_name": impl,
                             "platform_python_implementation": {"cpython": "CPython"}.get(impl, impl),
                             "sys_platform": plat["sys_platform"],
@@ -446,11 +477,12 @@ class Policy:
             return cls(
                 banned=banned,
                 banned_modules=modules,
-                tolerated=frozenset(canonical_name(x["name"]) for x in data.get("tolerated", [])),
+                tolerated=frozenset(tolerated),
                 ledger=ledger,
                 first_party=frozenset(canonical_name(n) for n in data["first_party"]["names"]),
                 tooling=tuple(data.get("tooling", {}).get("requirements", [])),
                 pythons=pythons,
+                python_floors=floors,
                 targets=tuple(targets),
                 scan_roots=tuple(scan["roots"]),
                 thread_rule_roots=tuple(scan["thread_rule_roots"]),
@@ -458,6 +490,30 @@ class Policy:
             )
         except (KeyError, TypeError) as exc:
             raise AuditError(f"policy {path} is missing or mistypes {exc}; see its header comments") from exc
+
+
+def _python_floors(entries: object, path: Path) -> dict[str, str]:
+    """Read ``[targets] python_versions``: series ("3.12") or series from a patch release ("3.11.3").
+
+    Return series -> floor release in declaration order, e.g. {"3.11": "3.11.3", "3.12": "3.12.0"}.
+    """
+    if not isinstance(entries, list) or not entries:
+        raise AuditError(f"policy {path}: [targets] python_versions must be a non-empty list")
+    floors: dict[str, str] = {}
+    last = (-1, -1)
+    for entry in entries:
+        m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", entry) if isinstance(entry, str) else None
+        if m is None:
+            raise AuditError(f"policy {path}: [targets] python_versions entry {entry!r} is not X.Y or X.Y.Z")
+        key = (int(m.group(1)), int(m.group(2)))
+        series = f"{key[0]}.{key[1]}"
+        if series in floors:
+            raise AuditError(f"policy {path}: [targets] python_versions names Python {series} twice")
+        if key < last:
+            raise AuditError(f"policy {path}: [targets] python_versions must ascend; {entry!r} does not")
+        last = key
+        floors[series] = f"{series}.{int(m.group(3) or 0)}"
+    return floors
 
 
 # ---------------------------------------------------------------------------
@@ -576,24 +632,8 @@ def load_repo(root: Path, policy: Policy) -> Repo:
             roots.append(Root(label_base, dist.dependencies))
             for extra, reqs in sorted(optional.items()):
                 roots.append(Root(f"{label_base} [extra {extra}]", reqs))
-            for py in policy.pythons:
-                if rp and specifier_admits(rp, py) is False:
-                    raise AuditError(
-                        f"{where}: requires-python {rp!r} excludes Python {py}, "
-                        "which the policy audits; fix one of them"
-                    )
-            for minor in range(0, 30):
-                py = f"3.{minor}"
-                if (
-                    rp
-                    and py not in policy.pythons
-                    and specifier_admits(rp, py) is True
-                    and minor < int(policy.pythons[0].split(".")[1])
-                ):
-                    raise AuditError(
-                        f"{where}: requires-python {rp!r} admits Python {py}, "
-                        "which the policy does not audit; add it to [targets]"
-                    )
+            if rp:
+                _check_requires_python(rp, where, policy)
         groups = data.get("dependency-groups", {})
         for group in sorted(groups):
             roots.append(Root(f"{label_base} [group {group}]", _group_reqs(groups, group, where)))
@@ -608,6 +648,39 @@ def load_repo(root: Path, policy: Policy) -> Repo:
     if policy.tooling:
         repo.roots.append(Root("policy tooling", _reqs(list(policy.tooling), f"{POLICY_FILE} [tooling]")))
     return repo
+
+
+def _check_requires_python(rp: str, where: str, policy: Policy) -> None:
+    """Fail unless ``rp`` admits every audited release and nothing below the audited range.
+
+    The audit proves nothing about a Python it does not walk, so a distribution
+    must not install on one: not on an older series, and not on a patch release
+    below a series' floor (a target "3.11.3" decides python_full_version markers
+    as false below 3.11.3, so requires-python must keep 3.11.0-3.11.2 out too).
+    """
+    for floor in policy.python_floors.values():
+        if specifier_admits(rp, floor) is False:
+            raise AuditError(
+                f"{where}: requires-python {rp!r} excludes Python {floor}, "
+                "which the policy audits; fix one of them"
+            )
+    lowest = _release(policy.pythons[0])
+    assert lowest is not None  # _python_floors validated the series
+    for minor in range(lowest[1]):
+        series = f"{lowest[0]}.{minor}"
+        if any(specifier_admits(rp, f"{series}.{patch}") is True for patch in (0, HIGH_PATCH)):
+            raise AuditError(
+                f"{where}: requires-python {rp!r} admits Python {series}, "
+                "which the policy does not audit; add it to [targets]"
+            )
+    for series, floor in policy.python_floors.items():
+        for patch in range(int(floor.rsplit(".", 1)[1])):
+            below = f"{series}.{patch}"
+            if specifier_admits(rp, below) is True:
+                raise AuditError(
+                    f"{where}: requires-python {rp!r} admits Python {below}, below the audited "
+                    f"floor {floor} of [targets]; raise requires-python to >={floor} or lower the floor"
+                )
 
 
 def _local_requirement(repo: Repo, text: str, where: str) -> Requirement:
@@ -772,8 +845,11 @@ class LockProvider:
 class PyPIProvider:
     """Resolves against PyPI (JSON simple API, PEP 691) and reads wheel METADATA (PEP 658); records a lock."""
 
-    def __init__(self, index: str = "https://pypi.org") -> None:
-        """Prepare an empty recording; ``packaging`` is needed for PEP 440 version selection."""
+    def __init__(self, index: str = "https://pypi.org", floors: Mapping[str, str] | None = None) -> None:
+        """Prepare an empty recording; ``floors`` maps a series to its lowest audited release (default X.Y.0).
+
+        ``packaging`` is needed for PEP 440 version selection.
+        """
         try:
             # Imported here: only --refresh needs PEP 440 resolution; the audit stays stdlib-only.
             from packaging.specifiers import SpecifierSet  # noqa: PLC0415
@@ -784,6 +860,7 @@ class PyPIProvider:
         self._version = Version
         self._invalid = InvalidVersion
         self.index = index.rstrip("/")
+        self._floors = dict(floors or {})
         self._releases_cache: dict[str, dict[str, list[dict[str, Any]]]] = {}
         self.resolutions: dict[str, dict[str, dict[str, str | None]]] = {}
         self.distributions: dict[str, dict[str, dict[str, Any]]] = {}
@@ -819,7 +896,8 @@ class PyPIProvider:
             spec = self._specset(requires_python)
         except ValueError:
             return True  # an unreadable Requires-Python restricts nothing we can prove
-        return any(f"{python}.{patch}" in spec for patch in (0, 99))
+        floor = self._floors.get(python, f"{python}.0")
+        return any(v in spec for v in (floor, f"{python}.{HIGH_PATCH}"))
 
     def resolve(self, name: str, specifier: str, python: str) -> str | None:
         """Pick the newest non-yanked release matching ``specifier`` that installs on ``python``."""
@@ -834,8 +912,9 @@ class PyPIProvider:
                 version = self._version(text)
             except self._invalid:
                 continue
-            # A release counts for a minor version when some patch release of it
-            # installs it (e.g. Requires-Python ">=3.11.3" still serves 3.11).
+            # A release counts for a series when some audited patch release of it
+            # installs it (Requires-Python ">=3.11.5" still serves 3.11; "<3.11.3"
+            # does not when the policy audits 3.11 from 3.11.3).
             py_ok = any(self._admits(f.get("requires-python"), python) for f in files)
             if py_ok:
                 candidates.append(version)
@@ -1384,6 +1463,18 @@ def load_lock(path: Path, repo: Repo, policy: Policy) -> tuple[LockProvider, lis
         raise StaleLock(f"{path} is not valid JSON ({exc}); {REFRESH_HINT}") from exc
     if data.get("format") != LOCK_FORMAT:
         raise StaleLock(f"{path} has format {data.get('format')!r}, expected {LOCK_FORMAT}; {REFRESH_HINT}")
+    # Resolutions depend on the releases each one was chosen for (Requires-Python
+    # is read at a series' floor), so a lock made for other targets is stale.
+    # Compared as floors: a lock that says "3.12" was made for 3.12.0.
+    try:
+        made_for = _python_floors(data.get("python_versions"), path)
+    except AuditError:
+        made_for = None
+    if made_for != policy.python_floors:
+        raise StaleLock(
+            f"{path} was refreshed for Python {data.get('python_versions')!r}, but the policy's "
+            f"[targets] audit {list(policy.python_floors.values())!r}; {REFRESH_HINT}"
+        )
     locked = set(data.get("repository_requirements", []))
     current = set(repo_fingerprint(repo, policy))
     added = sorted(current - locked)
@@ -1408,7 +1499,7 @@ def write_lock(path: Path, repo: Repo, policy: Policy, provider: PyPIProvider) -
     data = {
         "format": LOCK_FORMAT,
         "generated_by": "python3 policy/check_runtime_dependencies.py --refresh",
-        "python_versions": list(policy.pythons),
+        "python_versions": list(policy.python_floors.values()),
         "repository_requirements": repo_fingerprint(repo, policy),
         "resolutions": provider.resolutions,
         "distributions": provider.distributions,
@@ -1534,7 +1625,7 @@ def refresh(
     """Rebuild the lock from the index by walking the graph on every target; return the distribution count."""
     policy = Policy.load(policy_path or root / POLICY_FILE)
     repo = load_repo(root, policy)
-    provider = PyPIProvider(index)
+    provider = PyPIProvider(index, policy.python_floors)
     walk(repo, policy, provider, policy.targets)
     write_lock(lock_path or root / LOCK_FILE, repo, policy, provider)
     return sum(len(v) for v in provider.distributions.values())

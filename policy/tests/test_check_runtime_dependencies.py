@@ -18,6 +18,8 @@ import pytest
 
 REAL_POLICY = Path(audit.__file__).resolve().parent / "runtime-dependency-policy.toml"
 PYTHONS = ("3.11", "3.12", "3.13", "3.14")
+FLOOR = audit.FLOOR_VAR
+FROM_3_11_3 = '["3.11.3", "3.12", "3.13", "3.14"]'
 
 Graph = dict[str, dict[str, list[str]]]
 """name -> version -> Requires-Dist; the newest version of a name is used unless a pin says otherwise."""
@@ -37,7 +39,7 @@ def pyproject(
     extras: dict[str, list[str]] | None = None,
     groups: dict[str, list[Any]] | None = None,
     build: list[str] | None = None,
-    requires_python: str = ">=3.11",
+    requires_python: str = ">=3.11.3",
 ) -> str:
     """Render a minimal pyproject.toml."""
     lines = [
@@ -91,7 +93,7 @@ def make_lock(
         resolutions.setdefault(req.name, {})[req.specifier or "*"] = per_py
     data = {
         "format": audit.LOCK_FORMAT,
-        "python_versions": list(PYTHONS),
+        "python_versions": list(pol.python_floors.values()),
         "repository_requirements": audit.repo_fingerprint(repo, pol),
         "resolutions": resolutions,
         "distributions": {
@@ -110,6 +112,14 @@ def repo(tmp_path: Path) -> Path:
     text = text.replace('requirements = ["tox>=4.20", "nox>=2024.4"]', "requirements = []")
     (tmp_path / audit.POLICY_FILE).write_text(text, encoding="utf-8")
     return tmp_path
+
+
+def set_python_targets(root: Path, entries: str) -> None:
+    """Replace the policy's ``[targets] python_versions`` list with ``entries`` (TOML text)."""
+    policy = root / audit.POLICY_FILE
+    text = policy.read_text(encoding="utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("python_versions = "))
+    policy.write_text(text.replace(line, f"python_versions = {entries}"), encoding="utf-8")
 
 
 def run(root: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
@@ -199,10 +209,10 @@ def test_banned_on_one_python_version_only_is_caught(repo: Path, capsys: pytest.
 def test_full_version_marker_inside_our_range_is_caught(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A python_full_version marker that holds for early 3.11 patch releases counts as reachable."""
+    """A python_full_version marker that holds for the early audited 3.11 patch releases counts as reachable."""
     graph: Graph = {
         **BASE,
-        "bar": {"1.0": ["anyio>=4; python_full_version < '3.11.3'"]},
+        "bar": {"1.0": ["anyio>=4; python_full_version < '3.11.5'"]},
         "anyio": {"4.6.0": []},
     }
     write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["bar"]))
@@ -451,6 +461,175 @@ def test_requires_python_outside_audited_versions_is_a_usage_error(
     assert "admits Python 3.10" in out
 
 
+def test_requires_python_below_the_patch_floor_is_a_usage_error(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With 3.11 audited from 3.11.3, requires-python ">=3.11" admits unaudited 3.11.0 and exits 2."""
+    set_python_targets(repo, FROM_3_11_3)
+    write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"], requires_python=">=3.11"))
+    code, out = run(repo, capsys)
+    assert code == 2
+    assert "requires-python '>=3.11' admits Python 3.11.0, below the audited floor 3.11.3" in out
+
+
+def test_requires_python_above_the_patch_floor_is_a_usage_error(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A requires-python that excludes the audited floor 3.11.3 (">=3.11.5") exits 2 naming the floor."""
+    set_python_targets(repo, FROM_3_11_3)
+    write(
+        repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"], requires_python=">=3.11.5")
+    )
+    code, out = run(repo, capsys)
+    assert code == 2
+    assert "requires-python '>=3.11.5' excludes Python 3.11.3, which the policy audits" in out
+
+
+def test_requires_python_admitting_a_late_patch_of_an_older_series_is_a_usage_error(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Requires-python >=3.10.5 admits Python 3.10 releases the policy never audits, though not 3.10.0."""
+    write(
+        repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"], requires_python=">=3.10.5")
+    )
+    code, out = run(repo, capsys)
+    assert code == 2
+    assert "admits Python 3.10, which the policy does not audit" in out
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ('["3.11.x", "3.12"]', "entry '3.11.x' is not X.Y or X.Y.Z"),
+        ('["3.11.3", "3.11", "3.12"]', "names Python 3.11 twice"),
+        ('["3.12", "3.11.3"]', "must ascend; '3.11.3' does not"),
+        ("[]", "must be a non-empty list"),
+    ],
+)
+def test_malformed_python_targets_are_a_usage_error(
+    repo: Path, capsys: pytest.CaptureFixture[str], entries: str, message: str
+) -> None:
+    """A [targets] python_versions list the audit cannot read as ascending series exits 2 saying why."""
+    set_python_targets(repo, entries)
+    write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    code, out = run(repo, capsys)
+    assert code == 2
+    assert message in out
+
+
+def test_a_name_both_banned_and_tolerated_is_a_usage_error(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A policy that tolerates a banned distribution is refused, so a ban cannot be quietly undone."""
+    policy = repo / audit.POLICY_FILE
+    with policy.open("a", encoding="utf-8") as f:
+        f.write('\n[[tolerated]]\nname = "Async_Timeout"\nwhy = "only acts inside a running loop"\n')
+    write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    code, out = run(repo, capsys)
+    assert code == 2
+    assert "lists async-timeout both as [[banned]] and as [[tolerated]]" in out
+
+
+def test_lock_refreshed_for_other_python_targets_is_stale(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lock whose resolutions were chosen for other releases (3.11.0, not 3.11.3) exits 2 asking for --refresh."""
+    set_python_targets(repo, FROM_3_11_3)
+    write(
+        repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"], requires_python=">=3.11.3")
+    )
+    make_lock(repo, BASE)
+    lock = repo / audit.LOCK_FILE
+    data = json.loads(lock.read_text(encoding="utf-8"))
+    data["python_versions"] = list(PYTHONS)
+    lock.write_text(json.dumps(data), encoding="utf-8")
+    code, out = run(repo, capsys)
+    assert code == 2
+    assert "was refreshed for Python ['3.11', '3.12', '3.13', '3.14']" in out
+    assert "['3.11.3', '3.12.0', '3.13.0', '3.14.0']" in out
+    assert "--refresh" in out
+
+
+# --- async-timeout: banned, and unreachable from 3.11.3 ---------------------
+
+REDIS: Graph = {
+    **BASE,
+    "redis": {"8.1.0": ["async-timeout>=4.0.3; python_full_version < '3.11.3'"]},
+    "async-timeout": {"5.0.1": []},
+}
+
+
+def write_redis_backend(root: Path, requires_python: str) -> None:
+    """A core and a Redis backend shaped like ours: mayfly[redis] -> mayfly-redis -> redis."""
+    write(
+        root,
+        "packages/mayfly/pyproject.toml",
+        pyproject("mayfly", ["msgspec"], extras={"redis": ["mayfly-redis"]}, requires_python=requires_python),
+    )
+    write(
+        root,
+        "packages/mayfly-redis/pyproject.toml",
+        pyproject("mayfly-redis", ["mayfly", "redis>=8.1,<9"], requires_python=requires_python),
+    )
+
+
+def test_async_timeout_is_banned_not_tolerated() -> None:
+    """The shipped policy bans async-timeout (and its module) and no longer lists it as tolerated."""
+    policy = audit.Policy.load(REAL_POLICY)
+    assert "async-timeout" in policy.banned
+    assert policy.banned_modules["async_timeout"] == "async-timeout"
+    assert "async-timeout" not in policy.tolerated
+
+
+def test_async_timeout_is_reachable_while_python_3_11_0_is_supported(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Auditing 3.11 from 3.11.0 with requires-python ">=3.11", redis-py's async-timeout edge fails on 3.11."""
+    set_python_targets(repo, '["3.11", "3.12", "3.13", "3.14"]')
+    write_redis_backend(repo, ">=3.11")
+    make_lock(repo, REDIS)
+    code, out = run(repo, capsys)
+    assert code == 1
+    lines = [line for line in out.splitlines() if line.startswith("FORBIDDEN")]
+    assert lines, out
+    assert all("-> redis 8.1.0 -> async-timeout 5.0.1" in line for line in lines)
+    assert "FORBIDDEN mayfly-redis 1.0 -> redis 8.1.0 -> async-timeout 5.0.1" in out
+    assert "FORBIDDEN mayfly 1.0 [extra redis] -> mayfly-redis 1.0 -> redis 8.1.0 -> async-timeout" in out
+    assert all("py3.11:" in line and "py3.12" not in line for line in lines)
+
+
+def test_async_timeout_is_unreachable_from_python_3_11_3(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the shipped targets and requires-python ">=3.11.3", redis is walked and async-timeout never is."""
+    write_redis_backend(repo, ">=3.11.3")
+    make_lock(repo, REDIS)
+    code, out = run(repo, capsys)
+    assert code == 0, out
+    assert "0 forbidden path(s), ledger 0 entries (0 stale)" in out
+    policy = audit.Policy.load(repo / audit.POLICY_FILE)
+    loaded = audit.load_repo(repo, policy)
+    provider, _ = audit.load_lock(repo / audit.LOCK_FILE, loaded, policy)
+    reached = audit.walk(loaded, policy, provider, policy.targets).reached
+    assert ("redis", "8.1.0") in reached
+    assert not any(name == "async-timeout" for name, _ in reached)
+
+
+def test_repository_audit_is_clean_with_an_empty_ledger_and_no_async_timeout() -> None:
+    """The real repository passes on all targets with an empty ledger, reaching redis but never async-timeout."""
+    root = REAL_POLICY.parent.parent
+    report = audit.audit(root)
+    assert not report.failed, (report.forbidden, report.problems, report.source)
+    policy = audit.Policy.load(REAL_POLICY)
+    assert policy.ledger == {}
+    assert report.stats["targets"] == 24
+    repo = audit.load_repo(root, policy)
+    provider, _ = audit.load_lock(root / audit.LOCK_FILE, repo, policy)
+    names = {name for name, _ in audit.walk(repo, policy, provider, policy.targets).reached}
+    assert "redis" in names
+    assert "async-timeout" not in names
+
+
 def test_json_output_lists_forbidden_paths(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--json reports the same forbidden path with its ledger key and targets."""
     write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["foo[async]"]))
@@ -595,6 +774,19 @@ def test_source_scan_reads_python_blocks_in_docs(repo: Path, capsys: pytest.Capt
         ('python_full_version < "3.11.3"', {"python_version": "3.11"}, (), None),
         ('python_full_version < "3.11.3"', {"python_version": "3.12"}, (), False),
         ('python_full_version >= "3.8"', {"python_version": "3.11"}, (), True),
+        ('python_full_version < "3.11.3"', {"python_version": "3.11", FLOOR: "3.11.3"}, (), False),
+        ('"3.11.3" > python_full_version', {"python_version": "3.11", FLOOR: "3.11.3"}, (), False),
+        ('python_full_version < "3.11.5"', {"python_version": "3.11", FLOOR: "3.11.3"}, (), None),
+        ('python_full_version >= "3.11.3"', {"python_version": "3.11", FLOOR: "3.11.3"}, (), True),
+        ('implementation_version < "3.11.3"', {"python_version": "3.11", FLOOR: "3.11.3"}, (), False),
+        ('python_full_version == "3.11.1"', {"python_version": "3.11", FLOOR: "3.11.3"}, (), False),
+        ('python_full_version == "3.11.*"', {"python_version": "3.11", FLOOR: "3.11.3"}, (), True),
+        ('python_full_version == "3.11.5"', {"python_version": "3.11"}, (), None),
+        ('python_full_version != "3.11.5"', {"python_version": "3.11"}, (), None),
+        ('python_full_version === "3.11.5"', {"python_version": "3.11"}, (), None),
+        ('python_full_version == "3.11.5.*"', {"python_version": "3.11"}, (), None),
+        ('python_full_version == "3.12.1"', {"python_version": "3.11"}, (), False),
+        ('python_full_version < "3.11.3"', {"python_version": "3.11", FLOOR: "3.12.0"}, (), None),
         ('extra == "Async_IO"', {}, ("async-io",), True),
         ('extra == "async"', {}, (), False),
         ('sys_platform == "win32" or extra == "x"', {"sys_platform": "linux"}, ("x",), True),
@@ -625,21 +817,29 @@ def test_marker_evaluation_agrees_with_packaging_on_the_lock() -> None:
         for t in meta["requires_dist"]
         if ";" in t
     }
-    texts |= {'python_full_version < "3.11.3"', 'platform_machine == "aarch64" and sys_platform == "linux"'}
+    texts |= {
+        'python_full_version < "3.11.3"',
+        'python_full_version >= "3.11.3"',
+        'implementation_version <= "3.11.2"',
+        'platform_machine == "aarch64" and sys_platform == "linux"',
+    }
     checked = 0
     for text in sorted(texts):
         ours = audit.Marker(text)
         for target in policy.targets:
-            for extra in ("", "test", "docs"):
-                mine = ours.evaluate(target.env, [extra] if extra else [])
-                if mine is None:
-                    continue
-                env = {**target.env, "python_full_version": target.python + ".5", "extra": extra}
-                env.setdefault("implementation_version", target.python + ".5")
-                env.setdefault("platform_release", "")
-                env.setdefault("platform_version", "")
-                assert mine is Reference(text).evaluate(env), (text, target.label, extra)
-                checked += 1
+            # A decided answer must hold at both ends of the target's range of patch releases.
+            floor = policy.python_floors[target.python]
+            for full in (floor, target.python + ".99"):
+                for extra in ("", "test", "docs"):
+                    mine = ours.evaluate(target.env, [extra] if extra else [])
+                    if mine is None:
+                        continue
+                    env = {**target.env, "python_full_version": full, "extra": extra}
+                    env["implementation_version"] = full
+                    env.setdefault("platform_release", "")
+                    env.setdefault("platform_version", "")
+                    assert mine is Reference(text).evaluate(env), (text, target.label, full, extra)
+                    checked += 1
     assert checked > 100
 
 

@@ -115,15 +115,20 @@ def index() -> Iterator[Index]:
         thread.join()
 
 
-def make_repo(root: Path, deps: list[str]) -> None:
-    """A repository with one distribution and the real policy (minus the tooling list)."""
+def make_repo(
+    root: Path, deps: list[str], requires_python: str = ">=3.11.3", pythons: str | None = None
+) -> None:
+    """A repository with one distribution and the real policy (minus the tooling list, ``pythons`` if given)."""
     (root / "policy").mkdir()
     text = REAL_POLICY.read_text(encoding="utf-8")
     text = text.replace('requirements = ["tox>=4.20", "nox>=2024.4"]', "requirements = []")
+    if pythons is not None:
+        line = next(x for x in text.splitlines() if x.startswith("python_versions = "))
+        text = text.replace(line, f"python_versions = {pythons}")
     (root / audit.POLICY_FILE).write_text(text, encoding="utf-8")
     (root / "packages" / "mayfly").mkdir(parents=True)
     (root / "packages" / "mayfly" / "pyproject.toml").write_text(
-        f'[project]\nname = "mayfly"\nversion = "1.0"\nrequires-python = ">=3.11"\n'
+        f'[project]\nname = "mayfly"\nversion = "1.0"\nrequires-python = "{requires_python}"\n'
         f"dependencies = {json.dumps(deps)}\n",
         encoding="utf-8",
     )
@@ -152,6 +157,23 @@ def test_refresh_resolves_per_python_and_the_audit_uses_the_lock(
     assert "tomli" not in lock["distributions"]
     # The normal run reads only the lock and reaches the same verdict offline.
     assert audit.main(["--root", str(tmp_path)]) == 1
+
+
+def test_refresh_reads_requires_python_at_the_audited_floor(
+    index: Index, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A release installable only below the 3.11.3 floor is never chosen, and the lock records the floors."""
+    index.add("foo", "1.0", [])
+    index.add("foo", "2.0", ["trio>=0.20"], requires_python=">=3.8,<3.11.3")
+    index.add("trio", "0.27.0", [])
+    make_repo(tmp_path, ["foo>=1"], ">=3.11.3", '["3.11.3", "3.12", "3.13", "3.14"]')
+    code = audit.main(["--root", str(tmp_path), "--refresh", "--index", index.base])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lock = json.loads((tmp_path / audit.LOCK_FILE).read_text(encoding="utf-8"))
+    assert lock["resolutions"]["foo"][">=1"] == {"3.11": "1.0", "3.12": "1.0", "3.13": "1.0", "3.14": "1.0"}
+    assert lock["python_versions"] == ["3.11.3", "3.12.0", "3.13.0", "3.14.0"]
+    assert "trio" not in lock["distributions"]
 
 
 def test_refresh_fails_closed_on_an_unknown_project(index: Index, tmp_path: Path) -> None:
