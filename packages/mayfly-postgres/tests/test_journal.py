@@ -11,7 +11,7 @@ import pytest
 from pgserver import IDS, Proxy, batch, fresh_schema, with_options
 
 from mayfly.journal import Durability, JournalRecord
-from mayfly.model.errors import CorruptionError, JournalUnavailable
+from mayfly.model.errors import ChecksumMismatch, CorruptionError, JournalGap, JournalUnavailable
 from mayfly.substrate import Hub, sleep, spawn
 from mayfly_postgres import PostgresJournal
 
@@ -325,3 +325,93 @@ def test_read_only_server_is_retried_then_unavailable(url: str) -> None:
         with pytest.raises(JournalUnavailable, match="25006"):
             journal.append(run, 1, batch(run, 1))
         assert journal.next_sequence(run) == 1
+
+
+def _records_sql(journal: PostgresJournal, statement: str) -> psycopg.sql.Composed:
+    return psycopg.sql.SQL(statement).format(records=psycopg.sql.Identifier(journal.schema, "records"))
+
+
+# Each damage rewrites stored columns of sequence 3 of a five-record run directly, as an operator,
+# a bad restore or a disk could; %(run)s is the run, %(other)s another run of the same schema.
+DAMAGE = {
+    "payload": [
+        "UPDATE {records} SET payload = payload || ' '::bytea WHERE run_id = %(run)s AND sequence = 3"
+    ],
+    "payload-not-utf8": [
+        "UPDATE {records} SET payload = '\\xff'::bytea WHERE run_id = %(run)s AND sequence = 3"
+    ],
+    "event-id": ["UPDATE {records} SET event_id = gen_random_uuid() WHERE run_id = %(run)s AND sequence = 3"],
+    "event-type": ["UPDATE {records} SET event_type = 'Forged' WHERE run_id = %(run)s AND sequence = 3"],
+    "event-type-invalid": [
+        "UPDATE {records} SET event_type = 'no such type!' WHERE run_id = %(run)s AND sequence = 3"
+    ],
+    "schema-version": [
+        "UPDATE {records} SET schema_version = schema_version + 1 WHERE run_id = %(run)s AND sequence = 3"
+    ],
+    "checksum": ["UPDATE {records} SET checksum = repeat('0', 64) WHERE run_id = %(run)s AND sequence = 3"],
+    "checksum-garbage": ["UPDATE {records} SET checksum = 'x' WHERE run_id = %(run)s AND sequence = 3"],
+    "cut-and-renumbered": [
+        "DELETE FROM {records} WHERE run_id = %(run)s AND sequence = 3",
+        "UPDATE {records} SET sequence = sequence - 1 WHERE run_id = %(run)s AND sequence > 3",
+    ],
+    "swapped": [
+        "UPDATE {records} SET sequence = 100 WHERE run_id = %(run)s AND sequence = 3",
+        "UPDATE {records} SET sequence = 3 WHERE run_id = %(run)s AND sequence = 4",
+        "UPDATE {records} SET sequence = 4 WHERE run_id = %(run)s AND sequence = 100",
+    ],
+    "moved-from-another-run": [
+        "DELETE FROM {records} WHERE run_id = %(run)s AND sequence = 3",
+        "UPDATE {records} SET run_id = %(run)s WHERE run_id = %(other)s AND sequence = 3",
+    ],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_row_changed_in_place_fails_closed_on_every_read_path(
+    journal: PostgresJournal, server: str, damage: str
+) -> None:
+    """Rewriting any stored column of a record raises ChecksumMismatch naming run and sequence, on reads and re-appends."""
+    run, other = IDS.new_id(), IDS.new_id()
+    records = batch(run, 1, 5)
+    journal.append(run, 1, records)
+    journal.append(other, 1, batch(other, 1, 5))
+    with psycopg.connect(server, autocommit=True) as connection:
+        for statement in DAMAGE[damage]:
+            connection.execute(_records_sql(journal, statement), {"run": run, "other": other})
+    located = rf"run {run} sequence 3\b"
+    with pytest.raises(ChecksumMismatch, match=located):
+        journal.read(run)
+    with pytest.raises(ChecksumMismatch, match=located):
+        journal.read(run, after=2, limit=1)  # the lookup of a snapshot's last record
+    with pytest.raises(ChecksumMismatch, match=located):
+        journal.append(run, 1, records)  # an exact re-append must not pass for committed
+    assert journal.read(run, limit=2) == records[:2]
+
+
+def test_a_missing_record_is_reported_where_it_is(journal: PostgresJournal) -> None:
+    """Record 4 of 9 removed: the gap is reported as expected sequence 4, found 5."""
+    run = IDS.new_id()
+    journal.append(run, 1, batch(run, 1, 9))
+    journal.remove_record(run, 4)
+    with pytest.raises(JournalGap, match=rf"^journal gap in run {run}: expected sequence 4, found 5; "):
+        journal.read(run)
+    with pytest.raises(JournalGap, match="expected sequence 4, found 5"):
+        journal.read(run, after=3, limit=1)
+    assert [r.sequence for r in journal.read(run, limit=3)] == [1, 2, 3]
+
+
+def test_a_missing_last_record_is_a_gap_not_a_shorter_history(journal: PostgresJournal) -> None:
+    """Record 9 of 9 removed: reads raise JournalGap at sequence 9 against runs.next_sequence, never return 8."""
+    run = IDS.new_id()
+    records = batch(run, 1, 9)
+    journal.append(run, 1, records)
+    journal.remove_record(run, 9)
+    tail = rf"^journal gap in run {run}: expected sequence 9, found none \(runs.next_sequence is 10\); "
+    with pytest.raises(JournalGap, match=tail):
+        journal.read(run)
+    with pytest.raises(JournalGap, match=tail):
+        journal.read(run, after=8)
+    with pytest.raises(JournalGap, match=tail):
+        journal.read(run, after=7, limit=5)
+    assert journal.read(run, after=5, limit=3) == records[5:8]
+    assert journal.read(run, after=9) == []

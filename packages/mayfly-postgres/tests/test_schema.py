@@ -1,17 +1,18 @@
-"""Migrations: applied once under an advisory lock, refused when forbidden, quoted identifiers, newer schemas."""
+"""Migrations: applied once under an advisory lock, refused when forbidden, quoted identifiers, newer schemas, system schemas."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from pgserver import IDS, batch, drop_schema, fresh_schema, with_options
 
-from mayfly.model.errors import CompatibilityError, JournalUnavailable
-from mayfly_postgres import LATEST_VERSION, PostgresJournal
+from mayfly.model.errors import CompatibilityError, InvalidBackendURL, JournalUnavailable
+from mayfly_postgres import LATEST_VERSION, PostgresJournal, PostgresLeaseStore
 from mayfly_postgres._schema import applied_version, migrate
 from mayfly_postgres._url import parse_url
 
@@ -95,3 +96,56 @@ def test_reserved_word_schema_names_are_quoted(server: str, reserved: str) -> No
             assert journal.list_runs() == [run]
     finally:
         drop_schema(server, name)
+
+
+def _mayfly_tables(connection: psycopg.Connection[Any], schema: str) -> list[str]:
+    rows = connection.execute(
+        "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = ANY(%s)",
+        (schema, ["mayfly_migrations", "runs", "records", "snapshots", "leases"]),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+@pytest.mark.parametrize("schema", ["information_schema", "pg_catalog", "pg_toast", "pg_mayfly"])
+def test_system_schemas_are_refused_and_nothing_is_created(server: str, schema: str) -> None:
+    """Opening, migrating or dropping a system schema is refused at URL parsing; no table or schema changes."""
+    url = with_options(server, schema=schema)
+    with psycopg.connect(server, autocommit=True) as connection:
+        views_before = connection.execute(
+            "SELECT count(*) FROM pg_catalog.pg_views WHERE schemaname = 'information_schema'"
+        ).fetchone()
+        for opener in (PostgresJournal, PostgresLeaseStore):
+            with pytest.raises(InvalidBackendURL, match="system schema"):
+                opener(url)
+        for command in (["migrate", url], ["status", url], ["drop", "--yes", url]):
+            result = subprocess.run(
+                [sys.executable, "-m", "mayfly_postgres", *command],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert result.returncode == 1, result.stdout + result.stderr
+            assert (
+                result.stderr.startswith("error: invalid PostgreSQL URL") and "system schema" in result.stderr
+            )
+            assert len(result.stderr.strip().splitlines()) == 1
+        assert _mayfly_tables(connection, schema) == []
+        assert (
+            connection.execute(
+                "SELECT count(*) FROM pg_catalog.pg_views WHERE schemaname = 'information_schema'"
+            ).fetchone()
+            == views_before
+        )
+        assert views_before is not None and views_before[0] > 0
+
+
+def test_a_schema_with_a_raw_newline_is_refused_not_rewritten(server: str, new_schema: str) -> None:
+    """schema=NAME\\r\\nx is refused; the schema NAMEx that stripping CR/LF would give is never created."""
+    with pytest.raises(InvalidBackendURL, match="control character"):
+        PostgresJournal(with_options(server, schema=f"{new_schema[:-1]}\r\n{new_schema[-1]}"))
+    with psycopg.connect(server, autocommit=True) as connection:
+        assert applied_version(connection, new_schema) == 0
+        assert connection.execute(
+            "SELECT count(*) FROM pg_catalog.pg_namespace WHERE nspname = %s", (new_schema,)
+        ).fetchone() == (0,)

@@ -70,6 +70,33 @@ def test_bad_urls_are_refused_with_the_reason(url: str, problem: str) -> None:
     assert "expected postgresql://" in str(caught.value)
 
 
+@pytest.mark.parametrize("schema", ["information_schema", "pg_catalog", "pg_toast", "pg_temp_3", "pg_mayfly"])
+def test_system_schemas_are_refused(schema: str) -> None:
+    """information_schema and every pg_* schema are PostgreSQL's own: refused, naming the option and a fix."""
+    with pytest.raises(
+        InvalidBackendURL, match=rf"schema='{schema}' is a PostgreSQL system schema; name"
+    ) as caught:
+        parse_url(f"postgresql://db/prod?schema={schema}")
+    assert "schema=mayfly" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://db/prod?schema=mayfly\r\nx",
+        "postgresql://db/prod?schema=may\tfly",
+        "postgresql://db/pr\nod?schema=mayfly",
+        "postgresql://d\x00b/prod",
+        "postgresql://db/prod?application_name=a\x7fb",
+    ],
+)
+def test_raw_control_characters_are_refused_not_stripped(url: str) -> None:
+    """A raw control character anywhere in the URL is refused (urlsplit would silently delete CR, LF, tab)."""
+    with pytest.raises(InvalidBackendURL, match="control character") as caught:
+        parse_url(url)
+    assert "\n" not in str(caught.value) and "\r" not in str(caught.value)
+
+
 def test_non_string_url_is_refused() -> None:
     """A URL that is not a string is an InvalidBackendURL, not a TypeError."""
     with pytest.raises(InvalidBackendURL):

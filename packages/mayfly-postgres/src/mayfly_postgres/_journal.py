@@ -7,7 +7,10 @@ if that row moved. The row lock on the run serialises racing writers and lease
 grants; under READ COMMITTED the losing statement re-checks the row's newest
 version, so a stale fence or a lost race inserts nothing. When nothing was
 inserted, one read (one snapshot) classifies why, in the order the contract
-gives: fencing, exact re-append, conflicting record, sequence conflict.
+gives: fencing, exact re-append, conflicting record, sequence conflict. An
+exact re-append is one whose stored rows, read whole and checksum-verified,
+equal the batch: a damaged row raises ``ChecksumMismatch``, never "already
+committed".
 
 When the connection drops while the statement may have committed, the
 journal does not guess: it reads the batch's event ids back on a fresh
@@ -40,6 +43,7 @@ from mayfly.journal import (
 )
 from mayfly.model.errors import (
     AppendConflict,
+    ChecksumMismatch,
     ConflictingRecord,
     CorruptionError,
     FencingRejected,
@@ -99,6 +103,36 @@ def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]
     return workflow, status
 
 
+def _stored_record(run: str, columns: Sequence[Any]) -> JournalRecord:
+    """The verified record of one row (sequence, event id, type, version, payload, checksum).
+
+    The run id is the one the row was selected by, and every other column is
+    covered by the record checksum, so a row changed in place raises
+    ``ChecksumMismatch`` naming run and sequence; a value that breaks the
+    input rules (a type name, non-UTF-8 payload) is damage of the same kind.
+    """
+    sequence, event_id, event_type, version, payload, checksum = columns
+    record = JournalRecord(
+        run_id=run,
+        sequence=int(sequence),
+        event_id=event_id,
+        event_type=event_type,
+        schema_version=int(version),
+        payload=bytes(payload),
+        checksum=checksum,
+    )
+    try:
+        record.verify()
+    except ChecksumMismatch:
+        raise
+    except ValueError as error:  # InvalidRecord, InvalidIdentifier, LimitExceeded
+        raise ChecksumMismatch(
+            f"record of run {run} sequence {sequence} is damaged ({error}); the stored record is "
+            "corrupt, restore it from a backup"
+        ) from None
+    return record
+
+
 class _Statements:
     """The journal's SQL, composed once per schema with quoted identifiers."""
 
@@ -137,16 +171,24 @@ class _Statements:
             ).format(runs=runs)
             + insert
         )
-        # One statement, one snapshot: the run row and the batch's committed event ids.
+        # One statement, one snapshot: the run row and every stored record the batch names,
+        # by event id or by sequence, whole, so a re-append is compared with verified records.
         self.diagnose = sql.SQL(
-            "SELECT 0, next_sequence, fence, NULL, NULL FROM {runs} WHERE run_id = %(run)s::uuid "
-            "UNION ALL SELECT 1, sequence, 0, event_id::text, checksum FROM {records} "
-            "WHERE run_id = %(run)s::uuid AND event_id = ANY(%(event_ids)s::uuid[])"
+            "SELECT next_sequence, fence, NULL::bigint, NULL::text, NULL::text, NULL::bigint, "
+            "NULL::bytea, NULL::text FROM {runs} WHERE run_id = %(run)s::uuid "
+            "UNION ALL SELECT NULL, NULL, " + _COLUMNS + " FROM {records} "
+            "WHERE run_id = %(run)s::uuid AND (event_id = ANY(%(event_ids)s::uuid[]) "
+            "OR sequence BETWEEN %(first)s::bigint AND %(last)s::bigint)"
         ).format(runs=runs, records=records)
+        # The run's next sequence comes in the same snapshot as the records (at least one row even
+        # for an empty window), so a record missing at the end of the run is found too.
         self.read = sql.SQL(
-            "SELECT " + _COLUMNS + " FROM {records} WHERE run_id = %s::uuid AND sequence > %s::bigint "
-            "ORDER BY sequence LIMIT %s::bigint"
-        ).format(records=records)
+            "SELECT h.next_sequence, r.* FROM (SELECT COALESCE((SELECT next_sequence FROM {runs} "
+            "WHERE run_id = %(run)s::uuid), 1) AS next_sequence) AS h LEFT JOIN LATERAL (SELECT "
+            + _COLUMNS
+            + " FROM {records} WHERE run_id = %(run)s::uuid AND sequence > %(after)s::bigint "
+            "ORDER BY sequence LIMIT %(limit)s::bigint) AS r ON true"
+        ).format(runs=runs, records=records)
         self.next_sequence = sql.SQL("SELECT next_sequence FROM {runs} WHERE run_id = %s::uuid").format(
             runs=runs
         )
@@ -324,7 +366,7 @@ class PostgresJournal:
                 pause(delay)
                 delay = min(delay * 2, _RETRY_CEILING_S)
                 continue
-            present = [stored.get(r.event_id) == (r.sequence, r.checksum) for r in batch]
+            present = [stored.get(r.event_id) == r for r in batch]
             if all(present):
                 return True
             if any(present):
@@ -337,22 +379,36 @@ class PostgresJournal:
 
     def _diagnose(
         self, run_id: str, batch: Sequence[JournalRecord]
-    ) -> tuple[tuple[int, int], dict[str, tuple[int, str]]]:
-        """The run's (next sequence, fence) and the batch's committed (sequence, checksum) by event id."""
+    ) -> tuple[tuple[int, int], dict[str, JournalRecord]]:
+        """The run's (next sequence, fence) and the stored records the batch names, by event id.
+
+        Every stored record at one of the batch's event ids or sequences is
+        verified whole first, so a damaged row raises ``ChecksumMismatch``
+        instead of passing for the record it once was.
+        """
 
         def query(connection: HubConnection) -> list[tuple[Any, ...]]:
             return connection.execute(
-                self._sql.diagnose, {"run": run_id, "event_ids": [r.event_id for r in batch]}
+                self._sql.diagnose,
+                {
+                    "run": run_id,
+                    "event_ids": [r.event_id for r in batch],
+                    "first": batch[0].sequence,
+                    "last": batch[-1].sequence,
+                },
             ).fetchall()
 
         rows = self._store.pool.retrying(f"reading run {run_id} back", query)
+        wanted = {r.event_id for r in batch}
         run_row = (1, 0)
-        stored: dict[str, tuple[int, str]] = {}
-        for kind, number, token, event_id, checksum in rows:
-            if kind == 0:
-                run_row = (int(number), int(token))
-            else:
-                stored[event_id] = (int(number), checksum)
+        stored: dict[str, JournalRecord] = {}
+        for next_sequence, fence, *columns in rows:
+            if next_sequence is not None:
+                run_row = (int(next_sequence), int(fence))
+                continue
+            record = _stored_record(run_id, columns)  # verified, whichever event it holds
+            if record.event_id in wanted:
+                stored[record.event_id] = record
         return run_row, stored
 
     def _classify(
@@ -363,17 +419,17 @@ class PostgresJournal:
         presented = 0 if fence is None else fence
         if presented != current:
             raise FencingRejected(run_id, presented, current)
-        replay = all(stored.get(r.event_id) == (r.sequence, r.checksum) for r in batch)
+        replay = all(stored.get(r.event_id) == r for r in batch)
         if expected_next != actual_next and replay:
             return AppendResult(
                 run_id=run_id, last_sequence=batch[-1].sequence, records=tuple(batch), already_committed=True
             )
         for record in batch:
             found = stored.get(record.event_id)
-            if found is not None and found != (record.sequence, record.checksum):
+            if found is not None and found != record:
                 raise ConflictingRecord(
                     f"append rejected: run {run_id} event id {record.event_id} is already committed "
-                    f"at sequence {found[0]} with other content; an event id names one fact"
+                    f"at sequence {found.sequence} with other content; an event id names one fact"
                 )
         if expected_next != actual_next:
             raise AppendConflict(run_id, expected_next, actual_next)
@@ -386,35 +442,44 @@ class PostgresJournal:
     # -- reads ----------------------------------------------------------------------------
 
     def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
-        """Records after ``after`` in order, each verified; a missing sequence raises ``JournalGap``."""
+        """Records after ``after`` in order, each verified; a missing sequence raises ``JournalGap``.
+
+        The run's ``next_sequence`` is read in the same snapshot, so a record
+        missing at the end of the run is a gap too, never a shorter history.
+        """
         run, start, count = validate_read(run_id, after, limit)
         if count == 0:
             return []
 
         def query(connection: HubConnection) -> list[tuple[Any, ...]]:
-            return connection.execute(self._sql.read, (run, start, count)).fetchall()
+            return connection.execute(self._sql.read, {"run": run, "after": start, "limit": count}).fetchall()
 
         rows = self._store.pool.retrying(f"reading run {run}", query)
+        next_sequence = int(rows[0][0])
         records: list[JournalRecord] = []
-        for expected, (sequence, event_id, event_type, version, payload, checksum) in enumerate(
-            rows, start=start + 1
-        ):
+        expected = start + 1
+        for _, *columns in rows:
+            sequence = columns[0]
+            if sequence is None:
+                break  # the empty window's one row
             if sequence != expected:
                 raise JournalGap(
                     f"journal gap in run {run}: expected sequence {expected}, found {sequence}; "
                     "a record is missing from the database, restore it from a backup"
                 )
-            record = JournalRecord(
-                run_id=run,
-                sequence=sequence,
-                event_id=event_id,
-                event_type=event_type,
-                schema_version=version,
-                payload=bytes(payload),
-                checksum=checksum,
+            if sequence >= next_sequence:
+                raise CorruptionError(
+                    f"run {run} holds sequence {sequence} beyond its runs.next_sequence {next_sequence}; "
+                    "the tables disagree, restore the run's rows from a backup"
+                )
+            records.append(_stored_record(run, columns))
+            expected += 1
+        wanted_end = next_sequence if count is None else min(next_sequence, start + 1 + count)
+        if expected < wanted_end:
+            raise JournalGap(
+                f"journal gap in run {run}: expected sequence {expected}, found none (runs.next_sequence "
+                f"is {next_sequence}); a record is missing from the database, restore it from a backup"
             )
-            record.verify()
-            records.append(record)
         return records
 
     def next_sequence(self, run_id: str) -> int:

@@ -16,6 +16,10 @@ SCHEMES: Final = ("postgresql", "postgres")
 """URL schemes served by this backend (libpq accepts both)."""
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# PostgreSQL's own schemas: Mayfly's tables inside one of them would mix with the catalog.
+_SYSTEM_SCHEMA = re.compile(r"information_schema|pg_.*")
+# urlsplit() silently deletes raw tab, CR and LF (bpo-43882), so the URL is checked before it.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DURABILITY: Final = {"durable": Durability.DURABLE, "write": Durability.WRITE}
 _MIGRATE: Final = ("auto", "never")
 _MAX_POOL: Final = 1000
@@ -76,16 +80,25 @@ def _number(url: str, name: str, text: str, low: float, high: float) -> float:
 def parse_url(url: object) -> PostgresSettings:
     """Split ``url`` into :class:`PostgresSettings`, or raise ``InvalidBackendURL`` naming the problem.
 
-    Mayfly options: ``schema`` (default ``mayfly``; lowercase SQL identifier),
+    Mayfly options: ``schema`` (default ``mayfly``; lowercase SQL identifier,
+    never a system schema: ``information_schema`` and ``pg_*`` are refused),
     ``durability`` (``durable``: ``synchronous_commit=on``, the default;
     ``write``: ``synchronous_commit=off``), ``migrate`` (``auto`` applies
     pending migrations on open, ``never`` refuses to run DDL), ``pool_size``
     (connections per thread, default 8) and ``reconnect_timeout`` (seconds to
     keep retrying a lost server, default 15). Anything else, such as
-    ``sslmode`` or ``connect_timeout``, is passed to libpq as it is.
+    ``sslmode`` or ``connect_timeout``, is passed to libpq as it is. A raw
+    control character anywhere in the URL is refused, not stripped.
     """
     if not isinstance(url, str):
         raise InvalidBackendURL(f"PostgreSQL URL must be a string, got {type(url).__name__}")
+    control = _CONTROL.search(url)
+    if control is not None:
+        raise _fail(
+            url,
+            f"it holds the control character {control.group()!r} at position {control.start()}; "
+            "remove it (a URL is never rewritten to drop one)",
+        )
     try:
         parts = urlsplit(url)
         _ = parts.port  # raises ValueError for a malformed port
@@ -105,7 +118,13 @@ def parse_url(url: object) -> PostgresSettings:
         else:
             libpq.append((name, value))
     schema = options.get("schema", "mayfly")
-    if _SCHEMA_NAME.fullmatch(schema) is None or schema.startswith("pg_"):
+    if _SYSTEM_SCHEMA.fullmatch(schema) is not None:
+        raise _fail(
+            url,
+            f"schema={schema!r} is a PostgreSQL system schema; name a schema of Mayfly's own "
+            "(such as schema=mayfly), never information_schema or pg_*",
+        )
+    if _SCHEMA_NAME.fullmatch(schema) is None:
         raise _fail(url, f"schema={schema!r} must be a lowercase identifier (a-z, 0-9, _) not starting pg_")
     durability_name = options.get("durability", "durable")
     if durability_name not in _DURABILITY:
