@@ -6,17 +6,26 @@ import json
 import subprocess
 import sys
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import hypothesis.strategies as st
 import pytest
+import redis
 from hypothesis import given
 from redis.crc import key_slot
 
 from mayfly.journal import Durability, JournalRecord
-from mayfly.model.errors import AppendConflict, ChecksumMismatch, CorruptionError, JournalUnavailable
+from mayfly.model.errors import (
+    AppendConflict,
+    ChecksumMismatch,
+    ConflictingRecord,
+    CorruptionError,
+    InvalidBackendURL,
+    JournalGap,
+    JournalUnavailable,
+)
 from mayfly.plugins import open_journal
-from mayfly_redis import RedisJournal
+from mayfly_redis import RedisJournal, RedisLeaseStore
 from mayfly_redis._journal import decode_element, encode_element
 from mayfly_redis.testing import RedisServer
 
@@ -228,3 +237,124 @@ def test_server_gone_maps_to_journal_unavailable(
     journal.close()
     with pytest.raises(JournalUnavailable, match="closed"):
         journal.next_sequence(run_id)
+
+
+def _field(element: bytes, index: int, value: bytes) -> bytes:
+    """``element`` with its envelope field ``index`` (0 = sequence ... 4 = checksum) replaced."""
+    parts = element.split(b"\n", 5)
+    parts[index] = value
+    return b"\n".join(parts)
+
+
+# Each damage rewrites the stored element of sequence 3 (of five) directly: (run's elements, another
+# run's elements) -> the new element.
+ELEMENT_DAMAGE = {
+    "payload": lambda mine, other: mine[2] + b" ",
+    "sequence-not-canonical": lambda mine, other: _field(mine[2], 0, b"03"),
+    "event-id": lambda mine, other: _field(mine[2], 1, b"0190a0b0-0000-7000-8000-000000000099"),
+    "event-type": lambda mine, other: _field(mine[2], 2, b"Forged"),
+    "event-type-invalid": lambda mine, other: _field(mine[2], 2, b"no such type!"),
+    "schema-version": lambda mine, other: _field(mine[2], 3, b"2"),
+    "schema-version-not-canonical": lambda mine, other: _field(mine[2], 3, b" 1"),
+    "checksum": lambda mine, other: _field(mine[2], 4, b"0" * 64),
+    "renumbered": lambda mine, other: _field(mine[3], 0, b"3"),
+    "moved-from-another-run": lambda mine, other: other[2],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(ELEMENT_DAMAGE))
+def test_an_element_changed_in_place_fails_closed_on_every_read_path(
+    aof_server: RedisServer, records: Records, damage: str
+) -> None:
+    """Rewriting any field of a stored element raises ChecksumMismatch naming run and sequence, on reads and re-appends."""
+    run, other = records.new_id(), records.new_id()
+    batch = records.batch(run, 1, 5)
+    raw = redis.Redis(port=aof_server.port)
+    with RedisJournal(aof_server.url + "?prefix=damage") as journal:
+        journal.append(run, 1, batch)
+        journal.append(other, 1, records.batch(other, 1, 5))
+        key = journal._target.key(run, "records")
+        elements = raw.lrange(key, 0, -1)
+        others = raw.lrange(journal._target.key(other, "records"), 0, -1)
+        raw.lset(key, 2, ELEMENT_DAMAGE[damage](elements, others))
+        located = rf"run {run} sequence 3\b"
+        with pytest.raises(ChecksumMismatch, match=located):
+            journal.read(run)
+        with pytest.raises(ChecksumMismatch, match=located):
+            journal.read(run, after=2, limit=1)  # the lookup of a snapshot's last record
+        with pytest.raises(ChecksumMismatch, match=located):
+            journal.append(run, 1, batch)  # an exact re-append must not pass for committed
+        assert journal.read(run, limit=2) == batch[:2]
+    raw.close()
+
+
+def test_a_missing_record_is_reported_where_it_is(aof_server: RedisServer, records: Records) -> None:
+    """Record 4 of 9 removed: the gap is reported as expected sequence 4, found 5."""
+    run = records.new_id()
+    with RedisJournal(aof_server.url + "?prefix=gaps") as journal:
+        journal.append(run, 1, records.batch(run, 1, 9))
+        journal.remove_record(run, 4)
+        with pytest.raises(JournalGap, match=rf"^journal gap in run {run}: expected sequence 4, found 5; "):
+            journal.read(run)
+        with pytest.raises(JournalGap, match="expected sequence 4, found 5"):
+            journal.read(run, after=3, limit=1)
+        assert [r.sequence for r in journal.read(run, limit=3)] == [1, 2, 3]
+
+
+def test_a_missing_last_record_is_a_gap_not_a_shorter_history(
+    aof_server: RedisServer, records: Records
+) -> None:
+    """Record 9 of 9 removed: reads raise JournalGap at sequence 9 (the ids index counts 9), appends are refused."""
+    run = records.new_id()
+    batch = records.batch(run, 1, 9)
+    with RedisJournal(aof_server.url + "?prefix=gaps") as journal:
+        journal.append(run, 1, batch)
+        journal.remove_record(run, 9)
+        tail = rf"^journal gap in run {run}: expected sequence 9, found none \(9 records were appended\); "
+        with pytest.raises(JournalGap, match=tail):
+            journal.read(run)
+        with pytest.raises(JournalGap, match=tail):
+            journal.read(run, after=8)
+        assert journal.read(run, after=5, limit=3) == batch[5:8]
+        with pytest.raises(CorruptionError, match="the list holds 8 records but 9 were appended"):
+            journal.append(run, 9, records.batch(run, 9))
+        assert journal.read(run, after=9) == []
+
+
+def test_a_damaged_event_id_index_fails_closed(aof_server: RedisServer, records: Records) -> None:
+    """An ids field deleted or rewritten makes reads or re-appends raise a corruption error, never acknowledge."""
+    run = records.new_id()
+    batch = records.batch(run, 1, 5)
+    raw = redis.Redis(port=aof_server.port)
+    with RedisJournal(aof_server.url + "?prefix=index") as journal:
+        journal.append(run, 1, batch)
+        ids = journal._target.key(run, "ids")
+        raw.hset(ids, batch[2].event_id, f"3 {'0' * 64}")
+        with pytest.raises(ConflictingRecord, match="sequence 3"):
+            journal.append(run, 1, batch)
+        raw.hdel(ids, batch[4].event_id)
+        with pytest.raises(
+            CorruptionError, match=rf"run {run} holds sequence 5 but its event-id index counts 4"
+        ):
+            journal.read(run)
+        with pytest.raises(CorruptionError, match="the list holds 5 records but 4 were appended"):
+            journal.append(run, 6, records.batch(run, 6))
+    raw.close()
+
+
+@pytest.mark.parametrize("opener", [RedisJournal, RedisLeaseStore, open_journal])
+def test_a_prefix_with_raw_control_characters_is_refused_not_stripped(
+    aof_server: RedisServer, records: Records, opener: Any
+) -> None:
+    """prefix=x\\r\\nFLUSHALL is refused at open; nothing is written under the xFLUSHALL that stripping would give."""
+    tag = records.new_id()[-12:]
+    raw = redis.Redis(port=aof_server.port)
+    run = records.new_id()
+    with pytest.raises(InvalidBackendURL, match=r"control character '\\r' at position \d+; remove it"):
+        store = opener(f"{aof_server.url}?prefix=x{tag}\r\nFLUSHALL")
+        if isinstance(store, RedisJournal):
+            store.append(run, 1, records.batch(run, 1))
+        else:
+            store.acquire(run, "probe", 10_000)
+    assert raw.keys(f"x{tag}*") == []
+    raw.close()

@@ -68,6 +68,24 @@ def test_malformed_urls_are_refused(url: str, complaint: str) -> None:
         parse_url(url)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h/0?prefix=x\r\nFLUSHALL",
+        "redis://h/0?prefix=x\nFLUSHALL",
+        "redis://h/0?prefix=a\tb",
+        "redis://h/0?prefix=a\x00b",
+        "redis://h/0?prefix=a\x7fb",
+        "redis://h\r\n/0",
+    ],
+)
+def test_raw_control_characters_are_refused_not_stripped(url: str) -> None:
+    """A raw control character is refused with InvalidBackendURL (urlsplit would delete CR, LF and tab)."""
+    with pytest.raises(InvalidBackendURL, match="control character") as caught:
+        parse_url(url)
+    assert "\n" not in str(caught.value) and "\r" not in str(caught.value)
+
+
 def test_password_never_appears_in_errors() -> None:
     """An error about a URL with a password shows it redacted."""
     with pytest.raises(InvalidBackendURL) as caught:

@@ -7,11 +7,16 @@ payload is whatever follows the fifth newline)::
     <sequence>\\n<event_id>\\n<event_type>\\n<schema_version>\\n<checksum>\\n<payload>
 
 Reads check that element ``i`` holds sequence ``after + 1 + i`` (a hole raises
-``JournalGap``) and verify every checksum (``ChecksumMismatch``).
+``JournalGap``) and verify every checksum (``ChecksumMismatch``), which covers
+every field of the element and the run id of the key it was read under; the
+numbers must be canonical decimals, so no byte of an element goes unchecked.
+The ids hash gains one field per appended record, so its length, read in the
+same script as the window, finds a record missing at the end of the list too.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final, Self, final
@@ -43,10 +48,11 @@ from mayfly_redis import _scripts
 from mayfly_redis._client import RedisStore, open_store
 from mayfly_redis._url import RedisDurability
 
-__all__ = ["RedisJournal", "decode_element", "encode_element"]
+__all__ = ["RedisJournal", "decode_element", "encode_element", "verified"]
 
 _MAX_LIST_LIMIT: Final = 100_000
 _LEX_MAX: Final = b"+"
+_DECIMAL: Final = re.compile(rb"[1-9][0-9]{0,18}")
 
 
 def encode_element(record: JournalRecord) -> bytes:
@@ -58,13 +64,21 @@ def encode_element(record: JournalRecord) -> bytes:
     return head.encode() + record.payload
 
 
-def decode_element(run_id: str, element: bytes) -> JournalRecord:
-    """Return the record stored as ``element``; raise ``ChecksumMismatch`` if it is unreadable."""
+def decode_element(run_id: str, element: bytes, position: int | None = None) -> JournalRecord:
+    """Return the record stored as ``element``; raise ``ChecksumMismatch`` if it is unreadable.
+
+    ``position`` is the sequence the element is read as, for the message. The
+    record is not verified here (see :func:`verified`).
+    """
     parts = element.split(b"\n", 5)
     try:
         if len(parts) != 6:
             raise ValueError(f"{len(parts)} fields instead of 6")
         sequence, event_id, event_type, version, checksum, payload = parts
+        for name, number in (("sequence", sequence), ("schema version", version)):
+            # int() would also take b"03", b" 3" or b"3_0"; the checksum covers only str(int).
+            if _DECIMAL.fullmatch(number) is None:
+                raise ValueError(f"{name} field {number[:24]!r} is not a canonical decimal")
         return JournalRecord(
             run_id=run_id,
             sequence=int(sequence),
@@ -75,10 +89,25 @@ def decode_element(run_id: str, element: bytes) -> JournalRecord:
             checksum=checksum.decode(),
         )
     except (ValueError, UnicodeDecodeError) as error:
+        at = "" if position is None else f" sequence {position}"
         raise ChecksumMismatch(
-            f"unreadable record in run {run_id} ({error}); the stored record is corrupt, restore it "
-            "from a replica or backup"
+            f"unreadable record of run {run_id}{at} ({error}); the stored record is corrupt, restore "
+            "it from a replica or backup"
         ) from None
+
+
+def verified(run_id: str, record: JournalRecord) -> JournalRecord:
+    """Return ``record`` verified; any damage raises ``ChecksumMismatch`` naming run and sequence."""
+    try:
+        record.verify()
+    except ChecksumMismatch:
+        raise
+    except ValueError as error:  # InvalidRecord, InvalidIdentifier, LimitExceeded: a damaged field
+        raise ChecksumMismatch(
+            f"record of run {run_id} sequence {record.sequence} is damaged ({error}); the stored "
+            "record is corrupt, restore it from a replica or backup"
+        ) from None
+    return record
 
 
 def _text(value: object) -> str:
@@ -179,29 +208,59 @@ class RedisJournal:
                 f"append rejected: run {run_id} event id {_text(reply[1])} is already committed at "
                 f"sequence {committed} with other content"
             )
+        if status == "damaged":
+            sequence = int(reply[1])
+            # The event-id index names the batch, the element at ``sequence`` differs: a damaged
+            # element raises ChecksumMismatch (or JournalGap) here, naming run and sequence.
+            self.read(run_id, after=sequence - 1, limit=1)
+            raise CorruptionError(
+                f"append rejected: run {run_id} event-id index holds the batch, but the record stored "
+                f"at sequence {sequence} differs from it; the index is damaged, inspect the run"
+            )
         if status == "corrupt":
             raise CorruptionError(f"append rejected: run {run_id} is corrupt: {_text(reply[1])}")
         raise CorruptionError(f"append to run {run_id}: unexpected script reply {reply!r}")
 
     def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
-        """Records after ``after`` in order, each verified; a missing sequence raises JournalGap."""
+        """Records after ``after`` in order, each verified; a missing sequence raises JournalGap.
+
+        The window and the number of records ever appended come from one
+        script, so a record missing at the end of the run is a gap too.
+        """
         run, start, count = validate_read(run_id, after, limit)
         if count == 0:
             return []
         stop = -1 if count is None or start + count - 1 >= (1 << 62) else start + count - 1
-        elements = self._store.call(
-            f"read run {run}", "LRANGE", self._target.key(run, "records"), start, stop
+        target = self._target
+        appended, elements = self._store.script(
+            f"read run {run}",
+            _scripts.READ,
+            [target.key(run, "records"), target.key(run, "ids")],
+            [start, stop],
         )
+        appended = int(appended)
         records: list[JournalRecord] = []
-        for expected, element in enumerate(elements, start=start + 1):
-            record = decode_element(run, element)
+        expected = start + 1
+        for element in elements:
+            record = decode_element(run, element, expected)
             if record.sequence != expected:
                 raise JournalGap(
                     f"journal gap in run {run}: expected sequence {expected}, found {record.sequence}; "
                     "the store lost records, restore them from a replica or backup"
                 )
-            record.verify()
-            records.append(record)
+            if record.sequence > appended:
+                raise CorruptionError(
+                    f"run {run} holds sequence {record.sequence} but its event-id index counts "
+                    f"{appended} appended records; the keys disagree, restore them from a replica or backup"
+                )
+            records.append(verified(run, record))
+            expected += 1
+        wanted_end = appended + 1 if count is None else min(appended + 1, start + 1 + count)
+        if expected < wanted_end:
+            raise JournalGap(
+                f"journal gap in run {run}: expected sequence {expected}, found none ({appended} records "
+                "were appended); the store lost records, restore them from a replica or backup"
+            )
         return records
 
     def next_sequence(self, run_id: str) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["ACQUIRE", "APPEND", "RELEASE", "RENEW"]
+__all__ = ["ACQUIRE", "APPEND", "READ", "RELEASE", "RENEW"]
 
 APPEND: Final = """
 -- KEYS: records list, ids hash, fence string [, runs index zset (standalone only)]
@@ -32,6 +32,13 @@ if length > 0 then
     return {'corrupt', 'last record holds sequence ' .. tostring(tail_sequence) ..
       ' but the run holds ' .. tostring(length) .. ' records'}
   end
+end
+-- Every append adds one ids field per record, so the index counts the records ever appended: a
+-- shorter list lost records (the end of it included), and nothing is appended after the loss.
+local indexed = redis.call('HLEN', KEYS[2])
+if indexed ~= length then
+  return {'corrupt', 'the list holds ' .. tostring(length) .. ' records but ' .. tostring(indexed) ..
+    ' were appended (its event-id index)'}
 end
 local actual = length + 1
 local count = tonumber(ARGV[3])
@@ -55,7 +62,15 @@ for i = 1, count do
   if stored[i] ~= identities[i] then replay = false end
 end
 if tostring(actual) ~= ARGV[2] then
-  if replay then return {'replay'} end
+  if replay then
+    -- The index agrees; the stored elements must too, byte for byte, or the record is damaged.
+    local first = tonumber(string.match(ARGV[5], '^(%d+)\\n'))
+    local elements = redis.call('LRANGE', KEYS[1], first - 1, first + count - 2)
+    for i = 1, count do
+      if elements[i] ~= ARGV[4 + i] then return {'damaged', tostring(first + i - 1)} end
+    end
+    return {'replay'}
+  end
   for i = 1, count do
     if stored[i] and stored[i] ~= identities[i] then return {'conflict', ids[i], stored[i]} end
   end
@@ -76,6 +91,12 @@ for first = 1, count, 500 do
 end
 if actual == 1 and KEYS[4] then redis.call('ZADD', KEYS[4], 0, ARGV[4]) end
 return {'ok', tostring(length + count)}
+"""
+
+READ: Final = """
+-- KEYS: records list, ids hash; ARGV: LRANGE start, stop
+-- One atomic reply: how many records were ever appended (the index) and the window.
+return {redis.call('HLEN', KEYS[2]), redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])}
 """
 
 ACQUIRE: Final = """

@@ -3,8 +3,9 @@
 ``redis://[user[:password]@]host[:port][/db]?prefix=mayfly&durability=aof|memory&timeout=30``
 (``rediss://`` for TLS, which verifies the server's certificate and host name;
 ``ca_certs=PATH`` names the CA bundle when the system one does not apply).
-Unknown options, a malformed prefix or a database number out of range raise
-``InvalidBackendURL`` and nothing is opened.
+Unknown options, a malformed prefix, a raw control character anywhere in the
+URL or a database number out of range raise ``InvalidBackendURL`` and nothing
+is opened: a URL is refused, never rewritten.
 
 Key layout (``P`` is the prefix, ``R`` a run id). Every key of a run carries the
 hash tag ``{R}``, so a run lives in one Redis Cluster slot and one Lua script
@@ -39,6 +40,7 @@ DEFAULT_TIMEOUT_S: Final = 30.0
 _MAX_DB: Final = 1 << 16
 _MAX_TIMEOUT_S: Final = 3600.0
 _PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _OPTIONS: Final = frozenset({"prefix", "durability", "timeout", "ca_certs"})
 
 
@@ -86,6 +88,14 @@ def parse_url(url: str) -> RedisTarget:
     """Parse a ``redis://`` or ``rediss://`` backend URL; raise ``InvalidBackendURL`` if it is bad."""
     if not isinstance(url, str):
         raise InvalidBackendURL(f"Redis backend URL must be a str, got {type(url).__name__}")
+    control = _CONTROL.search(url)
+    if control is not None:
+        # urlsplit() silently deletes raw tab, CR and LF (bpo-43882): x\r\nFLUSHALL would open as
+        # xFLUSHALL. A URL is refused, never rewritten.
+        raise InvalidBackendURL(
+            f"Redis URL {redact_url(url)!r} holds the control character {control.group()!r} at "
+            f"position {control.start()}; remove it (prefix is 1-64 of A-Z a-z 0-9 _ . : -)"
+        )
     shown = redact_url(url)
     try:
         parts = urlsplit(url)
