@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import greenlet
 import pytest
@@ -18,7 +20,7 @@ from mayfly.model.errors import (
     JournalUnavailable,
 )
 from mayfly.substrate import Hub, checkpoint, spawn
-from mayfly_lmdb import LmdbJournal, LmdbLeaseStore
+from mayfly_lmdb import LmdbJournal, LmdbLeaseStore, _codec
 
 
 def _event_id(tag: str, sequence: int) -> str:
@@ -285,3 +287,118 @@ def test_the_lmdb_copy_tool_backs_up_an_environment(url: str, env_dir: Path, tmp
         )
     with LmdbJournal(f"lmdb://{tmp_path / 'copy'}") as restored:
         assert [r.sequence for r in restored.read(run)] == [1, 2, 3]
+
+
+def _replace(value: bytes, start: int, new: bytes) -> bytes:
+    return value[:start] + new + value[start + len(new) :]
+
+
+# Record value layout: version (1) | checksum (32) | event id (16) | schema_version (8) | type length (1)
+# | event type | payload. Each damage edits what the records database holds for sequence 3 (of five):
+# (txn, records db, run key, other run key) -> None.
+def _value_damage(edit: Callable[[bytes], bytes]) -> Callable[..., None]:
+    def damage(txn: Any, records: Any, run: bytes, other: bytes) -> None:
+        key = _codec.record_key(run, 3)
+        txn.put(key, edit(txn.get(key, db=records)), db=records)
+
+    return damage
+
+
+def _renumbered(txn: Any, records: Any, run: bytes, other: bytes) -> None:
+    txn.put(_codec.record_key(run, 3), txn.get(_codec.record_key(run, 4), db=records), db=records)
+
+
+def _moved(txn: Any, records: Any, run: bytes, other: bytes) -> None:
+    txn.put(_codec.record_key(run, 3), txn.get(_codec.record_key(other, 3), db=records), db=records)
+
+
+def _malformed_key(txn: Any, records: Any, run: bytes, other: bytes) -> None:
+    key = _codec.record_key(run, 3)
+    value = txn.get(key, db=records)
+    txn.delete(key, db=records)
+    txn.put(key + b"x", value, db=records)
+
+
+RECORD_DAMAGE = {
+    "value-format": _value_damage(lambda value: b"\x02" + value[1:]),
+    "value-checksum": _value_damage(lambda value: _replace(value, 1, b"\x00" * 32)),
+    "value-event-id": _value_damage(lambda value: _replace(value, 33, b"\x01" * 16)),
+    "value-schema-version": _value_damage(lambda value: _replace(value, 49, (2).to_bytes(8, "big"))),
+    "value-event-type": _value_damage(lambda value: _replace(value, 58, b"Forge")),
+    "value-event-type-invalid": _value_damage(lambda value: _replace(value, 58, b"Pr be")),
+    "value-payload": _value_damage(lambda value: value + b" "),
+    "value-payload-not-utf8": _value_damage(lambda value: value + b"\xff"),
+    "key-renumbered": _renumbered,
+    "key-moved-from-another-run": _moved,
+    "key-malformed": _malformed_key,
+}
+
+
+@pytest.mark.parametrize("damage", sorted(RECORD_DAMAGE))
+def test_a_rewritten_value_or_key_fails_closed_on_every_read_path(url: str, damage: str) -> None:
+    """Rewriting any byte of a stored record, or the key it is stored under, raises a corruption error naming run and sequence."""
+    run, other = new_id(), new_id()
+    records = batch(run, 1, 5)
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, records)
+        journal.append(other, 1, batch(other, 1, 5))
+        shared = journal._env
+        shared.write(
+            lambda txn: RECORD_DAMAGE[damage](
+                txn, shared.records, _codec.run_key(run), _codec.run_key(other)
+            ),
+            "test damage",
+        )
+        located = rf"run {run} (holds a malformed record key .* where )?sequence 3\b"
+        with pytest.raises(CorruptionError, match=located):
+            journal.read(run)
+        with pytest.raises(CorruptionError, match=located):
+            journal.read(run, after=2, limit=1)  # the lookup of a snapshot's last record
+        with pytest.raises(CorruptionError, match=rf"run {run} .*sequence 3\b"):
+            journal.append(run, 1, records)  # an exact re-append must not pass for committed
+        assert journal.read(run, limit=2) == records[:2]
+
+
+def test_an_append_never_overwrites_a_stored_record(url: str) -> None:
+    """With the head rewritten behind the records, an append is refused and the stored record stays."""
+    run = new_id()
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, batch(run, 1, 5))
+        shared = journal._env
+        key = _codec.record_key(_codec.run_key(run), 3)
+        before = shared.read(lambda txn: txn.get(key, db=shared.records), "test read")
+        shared.write(
+            lambda txn: txn.put(_codec.run_key(run), _codec.encode_head(3, 0), db=shared.heads), "test damage"
+        )
+        with pytest.raises(CorruptionError, match=rf"run {run} already holds a record at sequence 3"):
+            journal.append(run, 3, batch(run, 3, 2))
+        assert shared.read(lambda txn: txn.get(key, db=shared.records), "test read") == before
+        assert journal.next_sequence(run) == 3
+
+
+def test_a_missing_record_is_reported_where_it_is(url: str) -> None:
+    """Record 4 of 9 removed: the gap is reported as expected sequence 4, found 5."""
+    run = new_id()
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, batch(run, 1, 9))
+        journal.remove_record(run, 4)
+        with pytest.raises(JournalGap, match=rf"^journal gap in run {run}: expected sequence 4, found 5; "):
+            journal.read(run)
+        with pytest.raises(JournalGap, match="expected sequence 4, found 5"):
+            journal.read(run, after=3, limit=1)
+        assert [r.sequence for r in journal.read(run, limit=3)] == [1, 2, 3]
+
+
+def test_a_missing_last_record_is_a_gap_not_a_shorter_history(url: str) -> None:
+    """Record 9 of 9 removed: reads raise JournalGap at sequence 9 against the run's head, never return 8."""
+    run = new_id()
+    records = batch(run, 1, 9)
+    with LmdbJournal(url) as journal:
+        journal.append(run, 1, records)
+        journal.remove_record(run, 9)
+        tail = rf"^journal gap in run {run}: expected sequence 9, found none \(the run's head is at 10\); "
+        with pytest.raises(JournalGap, match=tail):
+            journal.read(run)
+        with pytest.raises(JournalGap, match=tail):
+            journal.read(run, after=8)
+        assert journal.read(run, after=5, limit=3) == records[5:8]

@@ -8,6 +8,7 @@ import pytest
 
 from mayfly.journal import Durability
 from mayfly.model.errors import InvalidBackendURL
+from mayfly_lmdb import LmdbJournal, LmdbLeaseStore
 from mayfly_lmdb._url import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE, format_size, parse_url
 
 
@@ -56,6 +57,16 @@ def test_bad_urls_are_refused(url: str) -> None:
         parse_url(url)
 
 
+@pytest.mark.parametrize(
+    "url", ["lmdb:///srv/en\nv", "lmdb:///srv/env\r\n", "lmdb:///srv/\tenv", "lmdb:///e\x00"]
+)
+def test_raw_control_characters_are_refused_not_stripped(url: str) -> None:
+    """A raw control character is refused (urlsplit would delete CR, LF and tab and open another directory)."""
+    with pytest.raises(InvalidBackendURL, match="control character") as caught:
+        parse_url(url)
+    assert "\n" not in str(caught.value) and "\r" not in str(caught.value)
+
+
 def test_sizes_are_formatted_in_binary_units() -> None:
     """format_size names the largest binary unit that divides the size exactly."""
     assert [format_size(size) for size in (1 << 40, 3 << 30, 64 << 20, 8 << 10, 1000)] == [
@@ -65,3 +76,12 @@ def test_sizes_are_formatted_in_binary_units() -> None:
         "8KiB",
         "1000",
     ]
+
+
+def test_a_directory_with_a_raw_newline_is_never_created(tmp_path: Path) -> None:
+    """Opening lmdb://DIR/en<LF>v raises InvalidBackendURL and creates neither DIR/env nor anything else."""
+    with pytest.raises(InvalidBackendURL, match="control character"):
+        LmdbJournal(f"lmdb://{tmp_path}/en\nv")
+    with pytest.raises(InvalidBackendURL, match="control character"):
+        LmdbLeaseStore(f"lmdb://{tmp_path}/en\r\nv")
+    assert list(tmp_path.iterdir()) == []

@@ -126,11 +126,6 @@ def encode_record(record: JournalRecord, event_id: bytes | None = None) -> bytes
     )
 
 
-def stored_checksum(value: bytes) -> bytes:
-    """The raw 32-byte checksum inside a stored record value (empty if the value is too short)."""
-    return value[1:33]
-
-
 def decode_record(run_id: str, sequence: int, value: bytes) -> JournalRecord:
     """Decode a stored record and verify it; damage raises ChecksumMismatch naming run and sequence."""
     try:

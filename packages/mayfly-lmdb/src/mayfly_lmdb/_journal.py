@@ -44,6 +44,7 @@ __all__ = ["LmdbJournal"]
 
 _MAX_LIST_LIMIT: Final = 100_000
 _EMPTY_RUN: Final = b""
+_KEY_LENGTH: Final = 24  # run id (16 bytes) || u64be sequence
 
 
 @final
@@ -154,7 +155,14 @@ class LmdbJournal:
                         f"append rejected: run {run_id} event id {batch[sequence - expected_next].event_id}"
                         f" is already committed at sequence {used}"
                     )
-                txn.put(run + index, value, db=stored)
+                # Never overwrite: a record already stored at the head's next sequence means the
+                # head is behind the records (damage), and that record may be acknowledged.
+                if not txn.put(run + index, value, overwrite=False, db=stored):
+                    raise CorruptionError(
+                        f"append rejected: run {run_id} already holds a record at sequence {sequence} "
+                        f"although its head is at {next_sequence}; the LMDB environment is damaged, "
+                        "restore it from a backup (nothing was written)"
+                    )
                 sequence += 1
             txn.put(run, _codec.encode_head(sequence, current), db=heads)
             if next_sequence == 1:
@@ -175,23 +183,22 @@ class LmdbJournal:
     ) -> AppendResult:
         """Answer an append whose expected sequence is not the next one: replay or conflict.
 
-        An exact re-append is acknowledged without writing. A batch event id
-        committed with other content or at another sequence is a
+        An exact re-append (every stored record at the batch's sequences,
+        decoded and verified, equal to the batch) is acknowledged without
+        writing; a damaged stored record raises ``ChecksumMismatch``. A batch
+        event id committed with other content or at another sequence is a
         ``ConflictingRecord``; anything else is an ordinary lost race.
         """
         shared = self._env
-        checksums: dict[int, bytes | None] = {}
+        found: dict[int, JournalRecord | None] = {}
 
-        def checksum_at(sequence: int) -> bytes | None:
-            if sequence not in checksums:
+        def stored_at(sequence: int) -> JournalRecord | None:
+            if sequence not in found:
                 value = txn.get(_codec.record_key(run, sequence), db=shared.records)
-                checksums[sequence] = None if value is None else _codec.stored_checksum(value)
-            return checksums[sequence]
+                found[sequence] = None if value is None else _codec.decode_record(run_id, sequence, value)
+            return found[sequence]
 
-        if all(
-            record.sequence < actual_next and checksum_at(record.sequence) == bytes.fromhex(record.checksum)
-            for record in batch
-        ):
+        if all(record.sequence < actual_next and stored_at(record.sequence) == record for record in batch):
             return AppendResult(
                 run_id=run_id, last_sequence=batch[-1].sequence, records=batch, already_committed=True
             )
@@ -200,7 +207,12 @@ class LmdbJournal:
             if index is None:
                 continue
             used = int.from_bytes(index, "big")
-            if used != record.sequence or checksum_at(used) != bytes.fromhex(record.checksum):
+            if stored_at(used) is None:
+                raise CorruptionError(
+                    f"append rejected: run {run_id} event id {record.event_id} is indexed at sequence "
+                    f"{used}, which holds no record; restore the LMDB environment from a backup"
+                )
+            if used != record.sequence or stored_at(used) != record:
                 raise ConflictingRecord(
                     f"append rejected: run {run_id} event id {record.event_id} is already committed "
                     f"at sequence {used} with different content"
@@ -235,6 +247,11 @@ class LmdbJournal:
         records: list[JournalRecord] = []
         expected = start + 1
         for key, value in found:
+            if len(key) != _KEY_LENGTH:
+                raise CorruptionError(
+                    f"run {run_id} holds a malformed record key ({len(key)} bytes, not {_KEY_LENGTH}) "
+                    f"where sequence {expected} belongs; restore the LMDB environment from a backup"
+                )
             sequence = int.from_bytes(key[16:], "big")
             if sequence != expected:
                 raise JournalGap(
@@ -253,8 +270,8 @@ class LmdbJournal:
         wanted_end = next_sequence if count is None else min(next_sequence, start + 1 + count)
         if expected < wanted_end:
             raise JournalGap(
-                f"journal gap in run {run_id}: sequence {expected} is missing (the run's head is at "
-                f"{next_sequence}); restore the LMDB environment from a backup"
+                f"journal gap in run {run_id}: expected sequence {expected}, found none (the run's head "
+                f"is at {next_sequence}); restore the LMDB environment from a backup"
             )
         return records
 

@@ -44,6 +44,7 @@ MIN_MAP_SIZE: Final = 64 << 10
 _OPTIONS: Final = ("durability", "map_size", "max_map_size", "readonly")
 _SIZE = re.compile(r"([0-9]{1,20})\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
 _SHIFT: Final = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _BOOLEAN: Final = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -95,6 +96,13 @@ def parse_url(url: str) -> LmdbTarget:
     """Parse ``lmdb:///DIR?options`` into an :class:`LmdbTarget`; bad input raises InvalidBackendURL."""
     if not isinstance(url, str) or not url:
         raise InvalidBackendURL(f"lmdb journal URL must be a non-empty string, got {url!r}")
+    control = _CONTROL.search(url)
+    if control is not None:
+        # urlsplit() silently deletes raw tab, CR and LF (bpo-43882): another directory would open.
+        raise InvalidBackendURL(
+            f"lmdb journal URL {url!r} holds the control character {control.group()!r} at position "
+            f"{control.start()}; remove it (a URL is never rewritten to drop one)"
+        )
     parts = urlsplit(url)
     if parts.scheme.lower() != "lmdb":
         raise InvalidBackendURL(f"lmdb journal URL {url!r} must use the lmdb:// scheme")
