@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Final, Self
+from typing import Any, Final, Self
 from urllib.parse import urlsplit
 
 import msgspec
@@ -43,6 +43,7 @@ from mayfly.journal import (
 from mayfly.lease import validate_acquire
 from mayfly.model.errors import (
     AppendConflict,
+    ChecksumMismatch,
     ConflictingRecord,
     DurabilityUnavailable,
     FencingRejected,
@@ -90,6 +91,9 @@ CREATE TABLE IF NOT EXISTS mayfly_snapshots (
 
 def database_path(url: str) -> str:
     """Return the database file named by ``sqlite:///PATH``."""
+    if any(ord(character) < 0x20 or ord(character) == 0x7F for character in url):
+        # urlsplit() would silently delete a raw CR, LF or tab and name another file.
+        raise InvalidBackendURL(f"sqlite URL {url!r} holds a control character; remove it")
     parts = urlsplit(url)
     if parts.scheme != "sqlite" or not parts.path or parts.netloc or parts.query:
         raise InvalidBackendURL(f"expected sqlite:///PATH to a database file, got {url!r}")
@@ -156,17 +160,36 @@ def _fence(connection: sqlite3.Connection, run_id: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _record(row: tuple[str, int, str, str, int, bytes, str]) -> JournalRecord:
-    run_id, sequence, event_id, event_type, schema_version, payload, checksum = row
-    return JournalRecord(
+_COLUMNS: Final = "sequence, event_id, event_type, schema_version, payload, checksum"
+
+
+def _record(run_id: str, row: tuple[Any, ...]) -> JournalRecord:
+    """The verified record of one row, read under ``run_id``: any damage raises ChecksumMismatch.
+
+    The checksum covers every column and the run id the row was selected by.
+    SQLite keeps whatever type a damaged column was given, so a value of the
+    wrong type, or one that breaks the input rules, is damage of the same kind.
+    """
+    sequence, event_id, event_type, schema_version, payload, checksum = row
+    record = JournalRecord(
         run_id=run_id,
         sequence=sequence,
         event_id=event_id,
         event_type=event_type,
         schema_version=schema_version,
-        payload=bytes(payload),
+        payload=payload,
         checksum=checksum,
     )
+    try:
+        record.verify()
+    except ChecksumMismatch:
+        raise
+    except ValueError as error:  # InvalidRecord, InvalidIdentifier, LimitExceeded
+        raise ChecksumMismatch(
+            f"record of run {run_id} sequence {sequence} is damaged ({error}); restore the database "
+            "from a backup"
+        ) from None
+    return record
 
 
 class SqliteJournal:
@@ -216,17 +239,22 @@ class SqliteJournal:
                 (run_id,),
             ).fetchone()
             actual_next = int(last) + 1
+            # The stored rows the batch names, by event id or by sequence, read whole and verified:
+            # an exact re-append must equal records that are intact, not just their checksums.
+            wanted = {record.event_id for record in batch}
             stored = {
-                event_id: (sequence, checksum)
-                for event_id, sequence, checksum in connection.execute(
-                    "SELECT event_id, sequence, checksum FROM mayfly_records "
-                    f"WHERE run_id = ? AND event_id IN ({','.join('?' * len(batch))})",
-                    (run_id, *(record.event_id for record in batch)),
+                found.event_id: found
+                for found in (
+                    _record(run_id, row)
+                    for row in connection.execute(
+                        f"SELECT {_COLUMNS} FROM mayfly_records WHERE run_id = ? AND (sequence "
+                        f"BETWEEN ? AND ? OR event_id IN ({','.join('?' * len(batch))}))",
+                        (run_id, batch[0].sequence, batch[-1].sequence, *wanted),
+                    )
                 )
+                if found.event_id in wanted
             }
-            replay = all(
-                stored.get(record.event_id) == (record.sequence, record.checksum) for record in batch
-            )
+            replay = all(stored.get(record.event_id) == record for record in batch)
             if expected_next != actual_next and replay:
                 return AppendResult(
                     run_id=run_id,
@@ -235,13 +263,10 @@ class SqliteJournal:
                     already_committed=True,
                 )
             for record in batch:
-                if record.event_id in stored and stored[record.event_id] != (
-                    record.sequence,
-                    record.checksum,
-                ):
+                if record.event_id in stored and stored[record.event_id] != record:
                     raise ConflictingRecord(
                         f"append rejected: run {run_id} event id {record.event_id} is already "
-                        f"committed at sequence {stored[record.event_id][0]} with other content"
+                        f"committed at sequence {stored[record.event_id].sequence} with other content"
                     )
             if expected_next != actual_next:
                 raise AppendConflict(run_id, expected_next, actual_next)
@@ -271,17 +296,18 @@ class SqliteJournal:
         run, start, count = validate_read(run_id, after, limit)
         with self._db.reading() as connection:
             rows = connection.execute(
-                "SELECT run_id, sequence, event_id, event_type, schema_version, payload, checksum "
-                "FROM mayfly_records WHERE run_id = ? AND sequence > ? ORDER BY sequence LIMIT ?",
+                f"SELECT {_COLUMNS} FROM mayfly_records WHERE run_id = ? AND sequence > ? "
+                "ORDER BY sequence LIMIT ?",
                 (run, start, -1 if count is None else count),
             ).fetchall()
-        records = [_record(row) for row in rows]
-        for expected, record in enumerate(records, start=start + 1):
-            if record.sequence != expected:
+        records: list[JournalRecord] = []
+        for expected, row in enumerate(rows, start=start + 1):
+            if row[0] != expected:  # reported where it is: the first sequence that is not there
                 raise JournalGap(
-                    f"journal gap in run {run}: expected sequence {expected}, found {record.sequence}"
+                    f"journal gap in run {run}: expected sequence {expected}, found {row[0]!r}; "
+                    "restore the database from a backup"
                 )
-            record.verify()
+            records.append(_record(run, row))
         return records
 
     def next_sequence(self, run_id: str) -> int:
