@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from mayfly.journal import Durability, JournalCapabilities, WorkflowJournal
-from mayfly.model.errors import AppendConflict, ChecksumMismatch, ConflictingRecord
+from mayfly.journal import Durability, JournalCapabilities, JournalFaults, WorkflowJournal
+from mayfly.model.errors import AppendConflict, ChecksumMismatch, ConflictingRecord, CorruptionError
 from mayfly_contract.support import Records, sequences
 
 
@@ -155,3 +155,20 @@ def test_declared_capabilities_are_consistent(mayfly_journal: WorkflowJournal) -
         assert mayfly_journal.durability.meets(Durability.WRITE)
     assert isinstance(mayfly_journal.url, str)
     assert mayfly_journal.url
+
+
+@pytest.mark.clause("journal.append.reappend-verified")
+@pytest.mark.capability("fault_injection")
+def test_reappend_over_a_damaged_record_fails_closed(
+    mayfly_journal: WorkflowJournal, run_id: str, records: Records
+) -> None:
+    """Re-appending records whose stored copy is damaged raises CorruptionError, never already_committed."""
+    batch = records.batch(run_id, 1, 3)
+    mayfly_journal.append(run_id, 1, batch)
+    assert isinstance(mayfly_journal, JournalFaults)
+    mayfly_journal.corrupt_record(run_id, 2)
+    with pytest.raises(CorruptionError):
+        mayfly_journal.append(run_id, 1, batch)
+    with pytest.raises(CorruptionError):
+        mayfly_journal.append(run_id, 2, batch[1:])
+    assert mayfly_journal.next_sequence(run_id) == 4

@@ -1,7 +1,8 @@
-"""Contract clauses of reading: order, windows, verification, gaps, corruption and run listing."""
+"""Contract clauses of reading: order, windows, verification, located gaps, corruption and run listing."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -67,6 +68,35 @@ def test_corruption_fails_closed(mayfly_journal: WorkflowJournal, run_id: str, r
     mayfly_journal.corrupt_record(run_id, 2)
     with pytest.raises((ChecksumMismatch, CorruptionError)):
         list(mayfly_journal.read(run_id))
+
+
+@pytest.mark.clause("journal.read.gap-located")
+@pytest.mark.capability("fault_injection")
+def test_gap_is_reported_where_it_is(mayfly_journal: WorkflowJournal, run_id: str, records: Records) -> None:
+    """Record 4 of 9 removed: JournalGap names the run and sequence 4, the first one missing."""
+    mayfly_journal.append(run_id, 1, records.batch(run_id, 1, 9))
+    assert isinstance(mayfly_journal, JournalFaults)
+    mayfly_journal.remove_record(run_id, 4)
+    for window in ({}, {"after": 2}, {"after": 3, "limit": 1}):
+        with pytest.raises(JournalGap) as caught:
+            list(mayfly_journal.read(run_id, **window))
+        message = str(caught.value)
+        assert run_id in message, f"read({window}) raised {message!r}, which does not name run {run_id}"
+        assert re.search(r"\bexpected sequence 4\b", message), (
+            f"read({window}) raised {message!r}: the gap is at sequence 4, the first one missing"
+        )
+
+
+@pytest.mark.clause("journal.read.window-verified")
+@pytest.mark.capability("fault_injection")
+def test_every_window_verifies(mayfly_journal: WorkflowJournal, run_id: str, records: Records) -> None:
+    """A damaged record fails closed in every read window holding it (a snapshot's lookup included)."""
+    mayfly_journal.append(run_id, 1, records.batch(run_id, 1, 3))
+    assert isinstance(mayfly_journal, JournalFaults)
+    mayfly_journal.corrupt_record(run_id, 2)
+    for window in ({"after": 1}, {"after": 1, "limit": 1}, {"limit": 2}):
+        with pytest.raises(CorruptionError):
+            list(mayfly_journal.read(run_id, **window))
 
 
 def _just_below(run_id: str) -> str:
