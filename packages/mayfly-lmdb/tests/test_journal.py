@@ -389,7 +389,7 @@ def test_a_missing_record_is_reported_where_it_is(url: str) -> None:
         assert [r.sequence for r in journal.read(run, limit=3)] == [1, 2, 3]
 
 
-def test_a_missing_last_record_is_a_gap_not_a_shorter_history(url: str) -> None:
+def test_a_missing_last_record_is_located_against_the_head(url: str) -> None:
     """Record 9 of 9 removed: reads raise JournalGap at sequence 9 against the run's head, never return 8."""
     run = new_id()
     records = batch(run, 1, 9)
