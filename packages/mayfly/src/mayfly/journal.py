@@ -616,8 +616,7 @@ def redact_url(url: str) -> str:
     if parts.password is None:
         return url
     user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
+    # Everything after the last "@" of the authority is host and port, kept as
+    # written: a malformed port is the URL parser's to report, not a reason to fail here.
+    netloc = f"{user}:***@{parts.netloc.rpartition('@')[2]}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -247,3 +247,5 @@ def test_redact_url_hides_passwords() -> None:
     """Passwords never appear in a journal's reported URL."""
     assert redact_url("postgresql://u:secret@db:5432/x") == "postgresql://u:***@db:5432/x"
     assert redact_url("file:///tmp/j") == "file:///tmp/j"
+    assert redact_url("redis://u:p@h:notaport/0") == "redis://u:***@h:notaport/0"
+    assert redact_url("postgresql://u:p%40ss@[::1]:5432/x") == "postgresql://u:***@[::1]:5432/x"
