@@ -74,10 +74,10 @@ from mayfly.model.outcomes import (
 from mayfly.model.signals import AcceptedSignal, SignalToken
 from mayfly.model.state import NodeState, RunState
 from mayfly.recovery import (
-    BlockUnavailable,
     ReconcileAttempt,
     ReconcileChild,
     RecoveryEffect,
+    check_unfinished_handlers,
     inspect_run,
     recovery_effects,
     resume_run,
@@ -344,12 +344,12 @@ class RunDriver:
                 node = self.state.node_by_id(effect.node_id)
                 assert node is not None
                 self._launch(node.index, effect.attempt_id)
-            elif isinstance(effect, ReconcileChild):
+            elif (
+                isinstance(effect, ReconcileChild)
                 # An inline child reported earlier in this loop may have closed the run meanwhile.
-                if self._node(effect.node_id).attempt_id == effect.attempt_id:
-                    self._start_child(effect.node_id, effect.attempt_id, effect.child_run_id, None)
-            elif isinstance(effect, BlockUnavailable):
-                self._block_unavailable(effect.node_id, effect.attempt_id)
+                and self._node(effect.node_id).attempt_id == effect.attempt_id
+            ):
+                self._start_child(effect.node_id, effect.attempt_id, effect.child_run_id, None)
         # Retry timers, waits and ready nodes are derived from state by the loop itself.
         while not self.state.status.is_terminal:
             # Current-task mode can run handler after handler without ever parking in _wait.
@@ -404,19 +404,9 @@ class RunDriver:
         return min(deadlines) if deadlines else None
 
     def _start(self, ready: list[str]) -> None:
-        available = []
-        for node_id in ready:
-            node = self.state.node_by_id(node_id)
-            assert node is not None
-            # A child call has no handler of its own; its child run's handlers are checked up front.
-            if node.spec.child is not None or (
-                node.spec.handler is not None and self.registry.is_available(node.spec.handler)
-            ):
-                available.append(node_id)
-            else:
-                self._block_unavailable(node_id, None)
-                return
-        if any(self.state.node_by_id(n).spec.retry.attempt_deadline_ms for n in available):  # type: ignore[union-attr]
+        # Every handler these nodes need was checked before this driver began: by execute for the
+        # whole specification, by resume for every unfinished node (ARCHITECTURE section 11).
+        if any(self._node(n).spec.retry.attempt_deadline_ms for n in ready):
             self.advance_time()  # attempt deadlines are measured from the recorded start time
             if self.state.status.is_terminal or self.state.ready_nodes() != ready:
                 return
@@ -426,7 +416,7 @@ class RunDriver:
                 self.ids.new_id(),
                 child_run_id=self.ids.new_id() if self._node(node_id).spec.child else None,
             )
-            for node_id in available
+            for node_id in ready
         )
         commit = self.commit_or_raise(StartNodes(starts))
         children = {e.attempt_id: e for e in commit.events if isinstance(e, ChildStarted)}
@@ -601,7 +591,8 @@ class RunDriver:
     ) -> tuple[RecoveryLeaseGuard | None, RunState, tuple[RecoveryEffect, ...]]:
         if self.leases is None:
             state = inspect_run(self.journal, child_run_id).state
-            return None, state, recovery_effects(state, self.registry.is_available)
+            check_unfinished_handlers(state, self.registry.is_available)
+            return None, state, recovery_effects(state)
         session = resume_run(
             self.journal,
             self.leases,
@@ -789,15 +780,6 @@ class RunDriver:
             for path, name in child_waits.items():
                 waiting[f"{node_id}/{path}"] = name
         return waiting
-
-    def _block_unavailable(self, node_id: str, attempt_id: str | None) -> None:
-        """Record a node whose handler is missing as Blocked (ARCHITECTURE section 11)."""
-        if attempt_id is None:
-            attempt_id = self.ids.new_id()
-            self.commit_or_raise(StartNodes((AttemptStart(node_id, attempt_id),)))
-            if self.state.status.is_terminal:
-                return
-        self.commit(CompleteAttempt(node_id, attempt_id, Blocked(reason="handler unavailable")))
 
     def _request(
         self, index: int, attempt_id: str, cancellation: CancellationHandle
