@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import mayfly
@@ -324,3 +325,36 @@ def test_the_epoch_is_the_clock_wall_reading_when_each_run_is_created(env: Env) 
     # A fresh run starts at virtual time 0: creating it records no time advance of its own.
     assert not any(isinstance(e, VirtualTimeAdvanced) for e in env.events(child_run))
     assert isinstance(env.events(child_run)[-1], RunCompleted)
+
+
+def test_a_child_call_whose_deadline_passed_meanwhile_has_its_child_run_cancelled(env: Env) -> None:
+    """Catching up closes a child-call attempt past its deadline; its child run is cancelled, not driven."""
+    from mayfly.reducer.children import child_create_run
+
+    env.registry.register(
+        "scan", 1, lambda req: env.calls.append((req.node_id, req.attempt, "")) or Succeeded()
+    )
+    lint = ChildDefinition("acme.lint", 1, (Node("scan", handler="scan@1"),))
+    call = Node(
+        "lint",
+        child=ChildCall("acme.lint", 1, "propagate"),
+        retry=RetryPolicy(max_attempts=1, attempt_deadline_ms=1_000),
+    )
+    ids = mayfly.DeterministicIdSource(9)
+    run_id = ids.new_id()
+    create = CreateRun(run_id=run_id, spec=spec(call, catalog=(lint,)), epoch_ms=0)
+    state = commit_command(env.journal, None, create, ids=ids).state
+    start = StartNodes((AttemptStart("lint", ids.new_id(), child_run_id=ids.new_id()),))
+    commit = commit_command(env.journal, state, start, ids=ids)
+    (started,) = [e for e in commit.events if type(e).__name__ == "ChildStarted"]
+    child = msgspec.structs.replace(child_create_run(commit.state, started), epoch_ms=0)  # type: ignore[arg-type]
+    commit_command(env.journal, None, child, ids=ids)
+
+    result = env.runtime(wall_origin_ms=5_000).resume(run_id)
+
+    assert result.status is RunStatus.FAILED
+    assert ("AttemptDeadlineExpired", "lint", 1_000) in facts(env.events(run_id))
+    assert env.calls == []  # the child run was never driven on
+    cancelled = inspect_run(env.journal, child.run_id).state
+    assert cancelled.status is RunStatus.CANCELLED
+    assert cancelled.cancellation is not None and cancelled.cancellation.requester == f"parent {run_id}/lint"
