@@ -18,6 +18,7 @@ serialized wholesale, so a field added to an event later cannot leak through.
 
 from __future__ import annotations
 
+import datetime
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal
@@ -196,7 +197,11 @@ class RunInspection(_Frozen, frozen=True):
     """A schema-versioned, payload-free view of one run, built by :func:`build_inspection`.
 
     ``result`` is the terminal result (``None`` while running), ``now`` the
-    run's virtual time and ``sequence`` the last event it reflects.
+    run's virtual time as of its last recorded fact and ``sequence`` the last
+    event it reflects. Inspection is read-only, so ``now`` does not include
+    the time since then: ``epoch_ms`` (the wall-clock time of virtual time 0,
+    ``None`` for runs recorded before epochs) tells how much has passed, and
+    the next resume first advances the run to it.
     ``source`` says whether the state came from a snapshot plus the journal
     tail or from the whole journal, with ``diagnostics`` explaining any
     snapshot that was discarded. ``journal_url`` has its password redacted.
@@ -223,6 +228,7 @@ class RunInspection(_Frozen, frozen=True):
     parent_run_id: str | None = None
     parent_node_id: str | None = None
     depth: int = 0
+    epoch_ms: int | None = None
 
 
 # -- building ------------------------------------------------------------------------
@@ -547,6 +553,7 @@ def build_inspection(
         parent_run_id=None if state.parent is None else state.parent.run_id,
         parent_node_id=None if state.parent is None else state.parent.node_id,
         depth=state.depth,
+        epoch_ms=state.epoch_ms,
     )
 
 
@@ -593,6 +600,15 @@ def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
+def _wall_time(ms: int) -> str:
+    """Unix milliseconds as an ISO 8601 UTC time, or as a number when no calendar date holds it."""
+    try:
+        when = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms after the Unix epoch"
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def render_table(inspection: RunInspection) -> str:
     """A human-readable, aligned rendering: run facts, nodes, attempts, blocking reasons, history."""
     ins = inspection
@@ -604,7 +620,7 @@ def render_table(inspection: RunInspection) -> str:
         ("spec hash", ins.spec_hash),
         ("status", ins.status.value if ins.result is None else f"{ins.status.value} (terminal)"),
         ("sequence", str(ins.sequence)),
-        ("virtual now", f"{ins.now} ms"),
+        ("virtual now", f"{ins.now} ms (as of the last recorded fact)"),
         ("source", ins.source + "".join(f"; {_one_line(d, 200)}" for d in ins.diagnostics)),
         (
             "budgets",
@@ -614,6 +630,8 @@ def render_table(inspection: RunInspection) -> str:
     ]
     if ins.journal_url is not None:
         facts.insert(6, ("journal", ins.journal_url))
+    if ins.epoch_ms is not None:
+        facts.insert(6, ("epoch", f"{_wall_time(ins.epoch_ms)} (wall clock at virtual 0 ms)"))
     if ins.parent_run_id is not None:
         facts.append(("parent", f"run {ins.parent_run_id} node {ins.parent_node_id} (depth {ins.depth})"))
     if b.exhausted is not None:

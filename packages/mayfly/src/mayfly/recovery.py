@@ -8,6 +8,11 @@
   state, checks the pinned specification and that every unfinished node's
   handler is available, and returns the ordered effects that bring the run
   back to life. The lease guard lives in the returned :class:`ResumeSession`.
+  A missing or incompatible handler refuses the resume (``ResumeRefused``):
+  nothing is written and the lease is released, so the same resume with the
+  right handlers registered continues the run (ARCHITECTURE section 11,
+  "Missing handlers"). Blocked is an outcome a handler returns, never a
+  penalty for resuming from the wrong process.
 
 Completed nodes produce no effects. A started attempt without a terminal fact
 produces :class:`ReconcileAttempt` with its original attempt id and
@@ -20,7 +25,7 @@ result to the parent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Literal, Self, TypeAlias, final
 
@@ -28,15 +33,16 @@ import msgspec
 
 from mayfly.journal import JournalRecord, WorkflowJournal
 from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
-from mayfly.model.errors import CorruptionError, HistoryLost, RunNotFound, SnapshotCorrupt
+from mayfly.model.errors import CorruptionError, HistoryLost, ResumeRefused, RunNotFound, SnapshotCorrupt
 from mayfly.model.ids import idempotency_key
 from mayfly.model.signals import AcceptedSignal
-from mayfly.model.state import NodeState, NodeStatus, RunState
+from mayfly.model.spec import Node, WorkflowSpec
+from mayfly.model.state import RunState
 from mayfly.reducer import Upcaster, decode_event, reduce
+from mayfly.reducer.children import catalog_entry
 from mayfly.snapshot import restore_snapshot
 
 __all__ = [
-    "BlockUnavailable",
     "DispatchReady",
     "ReconcileAttempt",
     "ReconcileChild",
@@ -45,10 +51,12 @@ __all__ = [
     "RestoreRetryTimer",
     "RestoreSignalWait",
     "ResumeSession",
+    "check_unfinished_handlers",
     "inspect_run",
     "load_run",
     "recovery_effects",
     "replay_run",
+    "required_handlers",
     "resume_run",
 ]
 
@@ -100,22 +108,8 @@ class DispatchReady(msgspec.Struct, frozen=True, tag=True):
     node_ids: tuple[str, ...]
 
 
-class BlockUnavailable(msgspec.Struct, frozen=True, tag=True):
-    """An unfinished node's handler is not registered or not compatible: record it Blocked."""
-
-    node_id: str
-    handler: str
-    attempt_id: str | None
-    reason: str = "handler unavailable"
-
-
 RecoveryEffect: TypeAlias = (
-    ReconcileAttempt
-    | ReconcileChild
-    | RestoreSignalWait
-    | RestoreRetryTimer
-    | DispatchReady
-    | BlockUnavailable
+    ReconcileAttempt | ReconcileChild | RestoreSignalWait | RestoreRetryTimer | DispatchReady
 )
 """Everything :func:`resume_run` may ask the runtime to do, in the order given."""
 
@@ -244,30 +238,74 @@ def replay_run(
     return load_run(journal, run_id, use_snapshot=False, upcasters=upcasters)
 
 
-def recovery_effects(
-    state: RunState, handler_available: Callable[[str], bool] | None = None
-) -> tuple[RecoveryEffect, ...]:
+def required_handlers(state: RunState) -> Iterator[tuple[str, str]]:
+    """``(handler contract, node path)`` for every handler the run's unfinished work may still invoke.
+
+    A node needs its handler while it is unfinished, or finished but still
+    reachable by a conditional edge that may fire (a correction loop starts it
+    again). A finished node needs nothing, and a terminal run needs nothing.
+    A child-call node needs every handler of the workflow it calls, under the
+    path ``node/child-node`` (one more ``/`` per level): it may still start a
+    fresh child run, which has no finished node. Contracts come in
+    specification order, each node's path once per contract.
+    """
+    if state.status.is_terminal:
+        return
+    for node in state.nodes:
+        if node.status.is_terminal and node.closed_in >= node.in_edges:
+            continue
+        yield from _node_handlers(state.spec, node.spec, node.node_id, frozenset())
+
+
+def _node_handlers(
+    spec: WorkflowSpec, node: Node, path: str, calling: frozenset[tuple[str, int]]
+) -> Iterator[tuple[str, str]]:
+    if node.handler is not None:
+        yield node.handler, path
+    call = node.child
+    if call is None:
+        return
+    key = (call.workflow_id, call.version)
+    definition = catalog_entry(spec, *key)
+    # Validation refuses unknown and recursive calls; guard anyway, so a walk always ends.
+    if definition is None or key in calling:
+        return
+    for child in definition.nodes:
+        yield from _node_handlers(spec, child, f"{path}/{child.id}", calling | {key})
+
+
+def check_unfinished_handlers(state: RunState, handler_available: Callable[[str], bool]) -> None:
+    """Raise :class:`ResumeRefused` naming each unavailable contract the run still needs, and its nodes.
+
+    See :func:`required_handlers` for what a run needs; ``handler_available``
+    says whether a registered implementation serves a ``name@version``
+    contract (declaring compatibility with it counts).
+    """
+    available: dict[str, bool] = {}
+    missing: dict[str, list[str]] = {}
+    for handler, path in required_handlers(state):
+        ok = available.get(handler)
+        if ok is None:
+            ok = available[handler] = handler_available(handler)
+        if not ok:
+            missing.setdefault(handler, []).append(path)
+    if missing:
+        raise ResumeRefused(state.run_id, list(missing.items()))
+
+
+def recovery_effects(state: RunState) -> tuple[RecoveryEffect, ...]:
     """The ordered effects that restore a run's in-flight work; none for a terminal run.
 
-    Order: reconcile started attempts and child runs or restore their waits (in start
-    order), block ready or running nodes whose handler is unavailable, restore
-    retry timers (by deadline), then dispatch the remaining ready nodes (in spec
-    order). A child-call node needs no handler of its own: the handlers its
-    child run needs are checked when that run is resumed.
+    Order: reconcile started attempts and child runs or restore their waits
+    (in start order), restore retry timers (by deadline), then dispatch the
+    ready nodes (in spec order). Whether the handlers are there is checked
+    before, by :func:`check_unfinished_handlers`.
     """
     if state.status.is_terminal:
         return ()
-
-    def available(handler: str | None) -> bool:
-        return handler is not None and (handler_available is None or handler_available(handler))
-
-    def dispatchable(node: NodeState) -> bool:
-        return node.spec.child is not None or available(node.spec.handler)
-
     effects: list[RecoveryEffect] = []
     for attempt_id, index in state.active_attempts():
         node = state.node(index)
-        handler = node.spec.handler or ""
         if node.wait is not None:
             effects.append(RestoreSignalWait(node.node_id, attempt_id, node.wait.name, node.wait.deadline))
             continue
@@ -275,13 +313,10 @@ def recovery_effects(
             assert node.child_run_id is not None  # set by ChildStarted until the outcome closes it
             effects.append(ReconcileChild(node.node_id, attempt_id, node.child_run_id))
             continue
-        if not available(node.spec.handler):
-            effects.append(BlockUnavailable(node.node_id, handler, attempt_id))
-            continue
         effects.append(
             ReconcileAttempt(
                 node_id=node.node_id,
-                handler=handler,
+                handler=node.spec.handler or "",
                 attempt_id=attempt_id,
                 attempt=node.attempt,
                 idempotency_key=idempotency_key(state.run_id, node.node_id, attempt_id),
@@ -289,17 +324,10 @@ def recovery_effects(
                 signal=node.signal,
             )
         )
-    ready: list[str] = []
-    for node_id in state.ready_nodes():
-        ready_node = state.node_by_id(node_id)
-        assert ready_node is not None and ready_node.status is NodeStatus.READY
-        if dispatchable(ready_node):
-            ready.append(node_id)
-        else:
-            effects.append(BlockUnavailable(node_id, ready_node.spec.handler or "", None))
     for index, deadline in sorted(state.pending_retries(), key=lambda item: (item[1], item[0])):
         node = state.node(index)
         effects.append(RestoreRetryTimer(node.node_id, node.attempt + 1, deadline))
+    ready = state.ready_nodes()
     if ready:
         effects.append(DispatchReady(tuple(ready)))
     return tuple(effects)
@@ -361,12 +389,17 @@ def resume_run(
 
     Acquisition is non-blocking: another live owner raises ``LeaseHeld``.
     Invalid history or a tampered specification fails closed (and the lease
-    is released); an invalid snapshot is discarded with a diagnostic.
+    is released); an invalid snapshot is discarded with a diagnostic. With
+    ``handler_available``, a handler the run's unfinished work needs and
+    nothing serves raises :class:`~mayfly.model.errors.ResumeRefused`,
+    before anything is written, and releases the lease.
     """
     lease = leases.acquire(run_id, owner, ttl_ms)
     try:
         recovered = inspect_run(journal, run_id, upcasters=upcasters)
-        effects = recovery_effects(recovered.state, handler_available)
+        if handler_available is not None:
+            check_unfinished_handlers(recovered.state, handler_available)
+        effects = recovery_effects(recovered.state)
     except BaseException:
         lease.release()
         raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -184,3 +185,46 @@ def test_help_and_backends(tmp_path: Path) -> None:
     """--help documents the exit codes; `backends` lists the built-in file:// journal."""
     assert "130" in mayfly(tmp_path, "--help").stdout
     assert "file://" in mayfly(tmp_path, "backends").stdout
+
+
+STOPS_ONCE = """
+import pathlib
+from mayfly import HandlerRegistry, Succeeded
+
+registry = HandlerRegistry()
+MARK = pathlib.Path(__file__).with_name("stopped-once")
+
+@registry.handler("publish", version=2)
+def publish(req):
+    if not MARK.exists():
+        MARK.write_text(req.attempt_id)
+        raise SystemExit(3)  # the user's own workflow stops the process mid-attempt
+    return Succeeded(output={"attempt": req.attempt_id})
+"""
+
+
+def test_resume_without_the_handlers_is_refused_and_the_printed_resume_command_continues(
+    tmp_path: Path,
+) -> None:
+    """A stopped user workflow: `resume` without --handlers exits 2 writing nothing; the printed command works."""
+    spec = {"workflow_id": "cli.stop", "version": 1, "nodes": [{"id": "ship", "handler": "publish@2"}]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "stops.py").write_text(STOPS_ONCE)
+    stopped = mayfly(tmp_path, "run", "spec.json", "--handlers", "stops.py", check=130)
+    printed = re.search(r"continue it with `([^`]+)`", stopped.stderr)
+    assert printed is not None and printed.group(1).endswith("--handlers stops.py")
+    run_id = RUN_ID.search(stopped.stderr).group(1)  # type: ignore[union-attr]
+    before = json.loads(mayfly(tmp_path, "--json", "inspect", run_id).stdout)["sequence"]
+
+    refused = mayfly(tmp_path, "resume", run_id, check=2)
+    assert refused.stderr.count("\n") == 1 and refused.stderr.startswith("mayfly: error: resume refused: ")
+    assert "publish@2 -> node ship" in refused.stderr and "nothing was written" in refused.stderr
+    assert "no --handlers module was given" in refused.stderr and "--handlers MODULE" in refused.stderr
+    after = json.loads(mayfly(tmp_path, "--json", "inspect", run_id).stdout)
+    assert (after["sequence"], after["status"]) == (before, "running")
+
+    command = shlex.split(printed.group(1))
+    assert command[0] == "mayfly"
+    continued = mayfly(tmp_path, *command[1:])
+    assert "re-invoking ship attempt 1 under its original id" in continued.stdout
+    assert "run succeeded" in continued.stdout

@@ -188,7 +188,9 @@ def test_a_handler_calling_sys_exit_does_not_end_the_command_as_a_success(tmp_pa
     )
     assert result.returncode == 130, (result.stdout, result.stderr)
     assert result.stderr.count("\n") == 1 and "SystemExit(0)" in result.stderr
-    assert f"resume {json.loads(cli('--json', 'runs')[0])[0]['run_id']}`" in result.stderr
+    # The printed command names the handlers module too: without it the resume would be refused.
+    run_id = json.loads(cli("--json", "runs")[0])[0]["run_id"]
+    assert f"resume {run_id} --handlers {tmp_path / 'handlers.py'}`" in result.stderr
     out, _ = cli("--json", "runs", "--state", "running")
     assert len(json.loads(out)) == 1
 

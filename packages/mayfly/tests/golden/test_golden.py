@@ -13,10 +13,10 @@ import msgspec
 import pytest
 from samples import RETRYABLE, SAMPLE_EVENTS, SPEC
 
-from mayfly.model.events import EVENT_SCHEMA_VERSIONS, EVENT_TYPES
+from mayfly.model.events import EVENT_SCHEMA_VERSIONS, EVENT_TYPES, RunCreated
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import RunState, RunStateRecord
-from mayfly.reducer import decode_event, encode_event
+from mayfly.reducer import decode_event, encode_event, reduce
 from mayfly.testing import ReducerHarness
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
@@ -72,3 +72,31 @@ def test_state_encoding_matches_its_fixture() -> None:
     assert data == expected
     restored = RunState.from_record(msgspec.json.decode(expected, type=RunStateRecord))
     assert restored.to_record() == run.state.to_record()
+
+
+def test_run_created_with_an_epoch_matches_its_fixture_and_the_old_bytes_still_decode() -> None:
+    """The additive epoch_ms field has its own fixture; a RunCreated without it keeps its old bytes."""
+    plain = SAMPLE_EVENTS["RunCreated"]
+    assert isinstance(plain, RunCreated) and plain.epoch_ms is None
+    with_epoch = msgspec.structs.replace(plain, epoch_ms=1_767_225_600_000)
+    encoded = encode_event(with_epoch)
+    assert encoded.schema_version == EVENT_SCHEMA_VERSIONS["RunCreated"]
+    expected = golden(f"events/RunCreated.v{encoded.schema_version}.epoch_ms.json", encoded.payload)
+    assert encoded.payload == expected
+    assert decode_event("RunCreated", encoded.schema_version, expected) == with_epoch
+    old = golden(f"events/RunCreated.v{encoded.schema_version}.json", encode_event(plain).payload)
+    assert b"epoch_ms" not in old
+    assert decode_event("RunCreated", encoded.schema_version, old) == plain
+
+
+def test_state_with_an_epoch_matches_its_fixture() -> None:
+    """A state of a run created with an epoch carries it in its record, with pinned bytes."""
+    commands = ReducerHarness(SPEC, input={"ticket": 42})
+    created = msgspec.structs.replace(commands.history[0], epoch_ms=1_767_225_600_000)
+    state = reduce(None, created, 1)
+    data = msgspec.json.encode(state.to_record())
+    expected = golden("state.v1.epoch_ms.json", data)
+    assert data == expected
+    restored = RunState.from_record(msgspec.json.decode(expected, type=RunStateRecord))
+    assert restored.epoch_ms == 1_767_225_600_000
+    assert restored.to_record() == state.to_record()

@@ -553,3 +553,32 @@ def test_any_scripted_run_inspects_consistently_and_payload_free(
     assert {d.node_id for d in inspection.blocking} == unsettled
     assert from_json(to_json(inspection)) == inspection
     assert_payload_free(inspection, state.spec)
+
+
+@pytest.mark.parametrize(
+    ("epoch_ms", "shown"),
+    [
+        (1_767_225_600_000, "epoch        2026-01-01T00:00:00.000Z (wall clock at virtual 0 ms)"),
+        (10**17, f"epoch        {10**17} ms after the Unix epoch (wall clock at virtual 0 ms)"),
+    ],
+)
+def test_the_inspection_shows_the_run_epoch_beside_the_recorded_virtual_time(
+    tmp_path: Path, epoch_ms: int, shown: str
+) -> None:
+    """Inspection stays read-only: it shows the time as recorded, and the wall-clock epoch it counts from."""
+    from mayfly.commit import commit_command
+    from mayfly.local import LocalWorkflowJournal
+    from mayfly.model.commands import CreateRun
+    from mayfly.recovery import inspect_run
+
+    journal = LocalWorkflowJournal(f"file://{tmp_path}/j?durability=write")
+    ids = DeterministicIdSource(namespace=12)
+    run_id = ids.new_id()
+    spec = WorkflowSpec("ops.epoch", 1, (Node("a", handler="a@1"),))
+    commit_command(journal, None, CreateRun(run_id=run_id, spec=spec, epoch_ms=epoch_ms), ids=ids)
+    inspection = build_inspection(inspect_run(journal, run_id))
+    assert (inspection.now, inspection.epoch_ms) == (0, epoch_ms)
+    assert from_json(to_json(inspection)) == inspection
+    lines = render_table(inspection).splitlines()
+    assert "virtual now  0 ms (as of the last recorded fact)" in lines
+    assert lines[lines.index("virtual now  0 ms (as of the last recorded fact)") + 1] == shown

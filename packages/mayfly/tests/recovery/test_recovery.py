@@ -12,18 +12,25 @@ from mayfly.commit import commit_command
 from mayfly.journal import SnapshotRecord
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 from mayfly.model.commands import AdvanceTime, AttemptStart, CompleteAttempt, CreateRun, StartNodes
-from mayfly.model.errors import CorruptionError, HistoryLost, LeaseHeld, RunNotFound
+from mayfly.model.errors import (
+    CorruptionError,
+    HandlerUnavailable,
+    HistoryLost,
+    LeaseHeld,
+    ResumeRefused,
+    RunNotFound,
+)
 from mayfly.model.ids import DeterministicIdSource, idempotency_key
-from mayfly.model.outcomes import RetryableFailure, Succeeded
-from mayfly.model.spec import FixedBackoff, RetryPolicy
+from mayfly.model.outcomes import ChangesRequested, RetryableFailure, Succeeded
+from mayfly.model.spec import ChildCall, ChildDefinition, Edge, FixedBackoff, Node, OnOutcome, RetryPolicy
 from mayfly.model.state import RunState
 from mayfly.recovery import (
-    BlockUnavailable,
     DispatchReady,
     ReconcileAttempt,
     RestoreRetryTimer,
     inspect_run,
     replay_run,
+    required_handlers,
     resume_run,
 )
 from mayfly.snapshot import make_snapshot
@@ -185,18 +192,70 @@ def test_completed_runs_produce_no_effects(store: Store) -> None:
         assert session.effects == ()
 
 
-def test_unavailable_handlers_are_reported_for_blocking(store: Store) -> None:
-    """A running or ready node whose handler is not registered is to be blocked, not invoked."""
-    run_id, _, attempts = in_flight(store)
-    with resume_run(
-        store.journal, store.leases, run_id, owner="w", handler_available=lambda h: h not in {"c@1", "d@1"}
-    ) as session:
-        assert session.effects == (
-            BlockUnavailable(node_id="c", handler="c@1", attempt_id=attempts["c"]),
-            BlockUnavailable(node_id="d", handler="d@1", attempt_id=None),
-            RestoreRetryTimer(node_id="b", next_attempt=2, deadline=600),
-            DispatchReady(node_ids=("e",)),
-        )
+def test_unavailable_handlers_refuse_the_resume_write_nothing_and_release_the_lease(store: Store) -> None:
+    """A missing handler of an unfinished node refuses the resume, naming it and its nodes (section 11)."""
+    run_id, _, _ = in_flight(store)
+    before = store.journal.read(run_id)
+    # a's handler is gone too, but a already succeeded: a finished node needs no handler.
+    gone = {"a@1", "c@1", "d@1"}
+    with pytest.raises(ResumeRefused) as refused:
+        resume_run(store.journal, store.leases, run_id, owner="w", handler_available=lambda h: h not in gone)
+    assert isinstance(refused.value, HandlerUnavailable)
+    assert refused.value.run_id == run_id
+    assert refused.value.missing == (("c@1", ("c",)), ("d@1", ("d",)))
+    assert str(refused.value) == (
+        f"resume refused: run {run_id} needs handler(s) that are not registered or not compatible: "
+        "c@1 -> node c, d@1 -> node d; nothing was written"
+    )
+    assert store.journal.read(run_id) == before
+    with resume_run(store.journal, store.leases, run_id, owner="next", handler_available=lambda h: True) as s:
+        assert [type(e) for e in s.effects] == [ReconcileAttempt, RestoreRetryTimer, DispatchReady]
+
+
+def test_a_finished_node_that_a_correction_edge_can_restart_still_needs_its_handler(store: Store) -> None:
+    """Only unfinished nodes need handlers, and a node a conditional edge may start again is unfinished."""
+    loop = workflow(
+        node("implement"),
+        node("review", "implement"),
+        node("ship", "review"),
+        edges=(Edge("review", "implement", when=OnOutcome(ChangesRequested.kind)),),
+        initial=("implement",),
+    )
+    run_id = store.ids.new_id()
+    state = store.commit(None, CreateRun(run_id=run_id, spec=loop))
+    for name in ("implement", "review"):
+        attempt = store.ids.new_id()
+        state = store.commit(state, StartNodes((AttemptStart(name, attempt),)))
+        if name == "review":
+            assert sorted(set(required_handlers(state))) == [
+                ("implement@1", "implement"),
+                ("review@1", "review"),
+                ("ship@1", "ship"),
+            ]
+        state = store.commit(state, CompleteAttempt(name, attempt, Succeeded()))
+    # review finished and nothing can start it again, so its edge can no longer restart implement.
+    assert list(required_handlers(state)) == [("ship@1", "ship")]
+
+
+def test_a_child_call_needs_every_handler_of_the_workflow_it_calls(store: Store) -> None:
+    """An unfinished child-call node needs its called workflow's handlers, named by node path."""
+    lint = ChildDefinition("acme.lint", 1, (Node("scan", handler="scan@1"), Node("fmt", handler="fmt@1")))
+    gate = ChildDefinition("acme.gate", 1, (Node("inner", child=ChildCall("acme.lint", 1, "propagate")),))
+    spec = workflow(
+        node("checkout"),
+        Node("gate", child=ChildCall("acme.gate", 1, "propagate"), depends_on=("checkout",)),
+        catalog=(lint, gate),
+    )
+    run_id = store.ids.new_id()
+    state = store.commit(None, CreateRun(run_id=run_id, spec=spec))
+    assert list(required_handlers(state)) == [
+        ("checkout@1", "checkout"),
+        ("scan@1", "gate/inner/scan"),
+        ("fmt@1", "gate/inner/fmt"),
+    ]
+    with pytest.raises(ResumeRefused) as refused:
+        resume_run(store.journal, store.leases, run_id, owner="w", handler_available=lambda h: h != "fmt@1")
+    assert refused.value.missing == (("fmt@1", ("gate/inner/fmt",)),)
 
 
 def test_only_one_owner_may_resume_a_run(store: Store, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from mayfly.model.errors import CommandRejected
 from mayfly.model.events import NodeReady, NodeStarted, RunCreated
 from mayfly.model.outcomes import Cancelled, PermanentFailure, Succeeded
 from mayfly.model.state import NodeStatus
-from mayfly.reducer import decide
+from mayfly.reducer import decide, reduce
 from mayfly.testing import ReducerHarness
 
 RUN = "00000000-0000-7000-8000-0000000000aa"
@@ -47,6 +47,7 @@ def test_create_run_pins_spec_hash_and_readies_initial_nodes() -> None:
         (CreateRun(run_id="nope", spec=workflow(node("a"))), RejectionCode.INVALID_INPUT),
         (CreateRun(run_id=RUN, spec=workflow(node("a", "zz"))), RejectionCode.INVALID_SPEC),
         (CreateRun(run_id=RUN, spec=workflow(node("a")), input="x" * 70_000), RejectionCode.INVALID_INPUT),
+        (CreateRun(run_id=RUN, spec=workflow(node("a")), epoch_ms=-1), RejectionCode.INVALID_INPUT),
         (StartNodes(()), RejectionCode.RUN_NOT_FOUND),
         (AdvanceTime(5), RejectionCode.RUN_NOT_FOUND),
     ],
@@ -54,6 +55,17 @@ def test_create_run_pins_spec_hash_and_readies_initial_nodes() -> None:
 def test_rejections_before_the_run_exists(command: CreateRun, expected: RejectionCode) -> None:
     """Bad creation input and commands for a missing run are typed rejections."""
     assert code(decide(None, command)) is expected
+
+
+def test_create_run_records_the_epoch_it_is_given_and_the_state_keeps_it() -> None:
+    """The runtime's wall-clock epoch goes into RunCreated as given; decide itself reads no clock."""
+    spec = workflow(node("a"))
+    created = decide(None, CreateRun(run_id=RUN, spec=spec, epoch_ms=1_767_225_600_000))
+    assert isinstance(created, list) and isinstance(created[0], RunCreated)
+    assert created[0].epoch_ms == 1_767_225_600_000
+    state = reduce(None, created[0], 1)
+    assert state.epoch_ms == 1_767_225_600_000 and state.to_record().epoch_ms == 1_767_225_600_000
+    assert ReducerHarness(spec).state.epoch_ms is None  # created without one: counts only driven time
 
 
 def test_create_run_twice_is_rejected() -> None:

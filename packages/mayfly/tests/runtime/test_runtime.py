@@ -312,12 +312,11 @@ def test_cancel_in_current_task_mode_takes_effect_between_handlers(env: Env) -> 
     assert results[0].nodes["b"].status is NodeStatus.CANCELLED
 
 
-def test_resume_of_an_unfinished_run_with_a_missing_handler_blocks_it(env: Env) -> None:
-    """ARCHITECTURE section 11: on resume, a node whose handler is unavailable becomes Blocked."""
+def _started_run(env: Env, ids: mayfly.DeterministicIdSource) -> str:
+    """A run whose node ``a`` (handler gone@1) was started by a process that then stopped; ``b`` is ready."""
     from mayfly.commit import commit_command
     from mayfly.model.commands import AttemptStart, CreateRun, StartNodes
 
-    ids = mayfly.DeterministicIdSource(8)
     run_id = ids.new_id()
     state = commit_command(
         env.journal,
@@ -326,11 +325,33 @@ def test_resume_of_an_unfinished_run_with_a_missing_handler_blocks_it(env: Env) 
         ids=ids,
     ).state
     commit_command(env.journal, state, StartNodes((AttemptStart("a", ids.new_id()),)), ids=ids)
-    registry = HandlerRegistry()
-    registry.register("here", 1, lambda req: Succeeded())
-    result = WorkflowRuntime(env.journal, registry, leases=env.leases).resume(run_id)
+    return run_id
+
+
+def test_resume_with_a_missing_handler_is_refused_and_the_same_resume_with_it_continues(env: Env) -> None:
+    """ARCHITECTURE section 11: resume refuses, writing nothing and releasing its lease; it is never Blocked."""
+    run_id = _started_run(env, mayfly.DeterministicIdSource(8))
+    before = env.journal.read(run_id)
+    env.registry.register("here", 1, lambda req: Succeeded())
+    seen: list[object] = []
+    # A long lease: if the refusal kept it, the next resume would find it held.
+    with pytest.raises(mayfly.ResumeRefused) as refused:
+        env.runtime(lease_ttl_ms=3_600_000).resume(run_id, on_recovery=lambda *plan: seen.append(plan))
+    assert refused.value.missing == (("gone@1", ("a",)),)
+    assert seen == [] and env.journal.read(run_id) == before
+    env.registry.register("gone", 1, lambda req: Succeeded(output=req.attempt_id))
+    result = WorkflowRuntime(env.journal, env.registry, leases=env.leases, owner="other").resume(run_id)
+    assert result.status is RunStatus.SUCCEEDED
+    started = [e for e in env.events(run_id) if isinstance(e, NodeStarted) and e.node_id == "a"]
+    assert result.outputs["a"] == started[0].attempt_id and len(started) == 1  # reconciled, not restarted
+
+
+def test_a_resumed_handler_that_returns_blocked_still_blocks_the_node(env: Env) -> None:
+    """Blocked stays an outcome a handler may return: the resumed handler's Blocked is recorded."""
+    run_id = _started_run(env, mayfly.DeterministicIdSource(8))
+    env.registry.register("here", 1, lambda req: Succeeded())
+    env.registry.register("gone", 1, lambda req: mayfly.Blocked(reason="needs a human"))
+    result = env.runtime().resume(run_id)
     assert result.status is RunStatus.BLOCKED
-    assert (
-        result.nodes["a"].status is NodeStatus.BLOCKED and result.nodes["a"].reason == "handler unavailable"
-    )
+    assert result.nodes["a"].status is NodeStatus.BLOCKED and result.nodes["a"].reason == "needs a human"
     assert result.nodes["b"].status is NodeStatus.SUCCEEDED

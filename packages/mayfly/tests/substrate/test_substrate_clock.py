@@ -48,3 +48,30 @@ def test_both_clocks_satisfy_the_clock_protocol() -> None:
     """RealClock and VirtualClock are both Clocks to the hub."""
     assert isinstance(RealClock(), Clock)
     assert isinstance(VirtualClock(), Clock)
+
+
+def test_real_clock_reads_the_system_wall_clock() -> None:
+    """RealClock.wall_ms is Unix milliseconds from the system clock, beside the monotonic reading."""
+    clock = RealClock()
+    before = time.time_ns() // 1_000_000
+    wall = clock.wall_ms()
+    after = time.time_ns() // 1_000_000
+    assert isinstance(wall, int)
+    assert before <= wall <= after
+
+
+def test_virtual_clock_wall_time_is_its_origin_plus_virtual_time() -> None:
+    """A VirtualClock's wall reading is deterministic: wall_origin_ms plus its virtual now."""
+    clock = VirtualClock(start_ms=500, wall_origin_ms=1_000_000)
+    assert clock.wall_ms() == 1_000_500
+    time.sleep(0.01)
+    assert clock.wall_ms() == 1_000_500
+    clock.advance_to(2_500)
+    assert clock.wall_ms() == 1_002_500
+    assert VirtualClock().wall_ms() == 0
+
+
+def test_virtual_clock_rejects_a_negative_wall_origin() -> None:
+    """The wall origin is Unix milliseconds, so it cannot be negative."""
+    with pytest.raises(ValueError, match="wall_origin_ms must be >= 0"):
+        VirtualClock(wall_origin_ms=-1)

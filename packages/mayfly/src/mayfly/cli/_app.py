@@ -23,11 +23,12 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO, assert_never
 
 import msgspec
 
@@ -49,6 +50,7 @@ from mayfly.model.errors import (
     LimitExceeded,
     MayflyError,
     PluginError,
+    ResumeRefused,
     RunNotFound,
     SpecValidationError,
 )
@@ -121,12 +123,18 @@ def _driving(args: argparse.Namespace, run_id: str, drive: Callable[[], RunResul
             if isinstance(exc, KeyboardInterrupt)
             else f"a handler raised SystemExit({exc.code!r})"
         )
-        url = _journal_url(args)
-        flag = "" if url == DEFAULT_JOURNAL else f" --journal '{url}'"
         raise Interrupted(
             f"{why}; run {run_id} stopped with its attempt in flight; continue it with "
-            f"`mayfly{flag} resume {run_id}`"
+            f"`{_resume_command(args, run_id, getattr(args, 'handlers', None))}`"
         ) from None
+
+
+def _resume_command(args: argparse.Namespace, run_id: str, handlers: str | None) -> str:
+    """The ``mayfly resume`` command line that continues ``run_id`` with the same journal and handlers."""
+    url = _journal_url(args)
+    flag = "" if url == DEFAULT_JOURNAL else f" --journal '{url}'"
+    module = "" if handlers is None else f" --handlers {shlex.quote(handlers)}"
+    return f"mayfly{flag} resume {run_id}{module}"
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -343,7 +351,7 @@ def describe_effect(effect: RecoveryEffect) -> str:
         return f"dispatching ready nodes: {', '.join(effect.node_ids)}"
     if isinstance(effect, ReconcileChild):
         return f"{effect.node_id} resumes child run {effect.child_run_id} (attempt {effect.attempt_id})"
-    return f"{effect.node_id} is blocked: handler {effect.handler} is not available"
+    assert_never(effect)
 
 
 def describe_event(event: Event) -> str | None:
@@ -426,7 +434,21 @@ def cmd_resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(f"  recovery: {describe_effect(effect)}\n")
         out.flush()
 
-    result = _driving(args, run_id, lambda: runtime.resume(run_id, on_recovery=None if args.json else plan))
+    try:
+        result = _driving(
+            args, run_id, lambda: runtime.resume(run_id, on_recovery=None if args.json else plan)
+        )
+    except ResumeRefused as exc:
+        # Exit 2: the run is intact and unowned; the same command with the right handlers continues it.
+        given = (
+            "no --handlers module was given"
+            if args.handlers is None
+            else f"the handlers module {args.handlers!r} does not serve them"
+        )
+        raise UsageError(
+            f"{exc}; {given}: continue with `{_resume_command(args, run_id, 'MODULE')}`, where MODULE "
+            "registers them (installed plugins are always loaded)"
+        ) from None
     _print_result(result, args, out)
     return _result_code(result)
 

@@ -39,12 +39,19 @@ class _Command(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_fiel
 
 
 class CreateRun(_Command, kw_only=True, frozen=True):
-    """Create a run that pins ``spec`` and ``input``; ``parent`` links a child run to its call."""
+    """Create a run that pins ``spec`` and ``input``; ``parent`` links a child run to its call.
+
+    ``epoch_ms`` is the wall-clock time (milliseconds since the Unix epoch)
+    at which the run's virtual time is 0: the runtime reads it from its
+    injected clock, so ``decide`` still reads none. Without it the run's
+    virtual time counts only the time some process was driving it.
+    """
 
     run_id: str
     spec: WorkflowSpec
     input: JsonValue = None
     parent: ParentLink | None = None
+    epoch_ms: int | None = None
 
 
 class AttemptStart(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

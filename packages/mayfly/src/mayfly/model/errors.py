@@ -39,6 +39,7 @@ __all__ = [
     "MayflyError",
     "OffloadTimeout",
     "PluginError",
+    "ResumeRefused",
     "RunNotFound",
     "SnapshotCorrupt",
     "SpecValidationError",
@@ -332,3 +333,33 @@ class HistoryLost(JournalError, CorruptionError):
         self.evidence = evidence
         self.remedy = remedy
         super().__init__(f"run {run_id} lost committed records: {evidence}; {remedy}")
+
+
+# --- Resume refused for missing handlers (ARCHITECTURE section 11, "Missing handlers") ---
+
+
+class ResumeRefused(HandlerUnavailable):
+    """Resume refused: handlers the run's unfinished nodes need are not registered or not compatible.
+
+    ``missing`` pairs each ``name@version`` contract nothing serves with the
+    unfinished nodes that need it (``node/child-node`` inside a called
+    workflow). Nothing was written and the run's lease was released: the
+    same resume with those handlers registered continues the run.
+    """
+
+    def __init__(self, run_id: str, missing: Sequence[tuple[str, Sequence[str]]]) -> None:
+        self.run_id = run_id
+        self.missing = tuple((handler, tuple(nodes)) for handler, nodes in missing)
+        shown = ", ".join(f"{handler} -> {_listed(nodes, 5)}" for handler, nodes in self.missing[:10])
+        more = f" (and {len(self.missing) - 10} more)" if len(self.missing) > 10 else ""
+        super().__init__(
+            f"resume refused: run {run_id} needs handler(s) that are not registered or not compatible: "
+            f"{shown}{more}; nothing was written"
+        )
+
+
+def _listed(names: Sequence[str], limit: int) -> str:
+    """``node a`` / ``nodes a, b (and 3 more)``: a bounded list for a one-line message."""
+    head = ", ".join(names[:limit])
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return f"{'node' if len(names) == 1 else 'nodes'} {head}{more}"

@@ -91,6 +91,11 @@ class RunCreated(_Event, frozen=True):
     """A run exists and pins its specification, content hash and input.
 
     ``parent`` is set only on a child run and links it to the call that started it.
+    ``epoch_ms`` is the wall-clock time (Unix milliseconds) at which the run's
+    virtual time is 0; a runtime resuming the run advances virtual time to
+    the wall time elapsed since then. Runs recorded before the field existed
+    have none (an additive optional field: same schema version, and their
+    bytes are unchanged); their virtual time counts only driven time.
     """
 
     run_id: str
@@ -98,6 +103,7 @@ class RunCreated(_Event, frozen=True):
     spec_hash: str
     input: JsonValue = None
     parent: ParentLink | None = None
+    epoch_ms: int | None = None
 
 
 class NodeReady(_Event, frozen=True):

@@ -257,6 +257,7 @@ class RunStateRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     edges_fired: tuple[int, ...] = ()
     parent: ParentLink | None = None
     signals: tuple[ConsumedSignal, ...] = ()
+    epoch_ms: int | None = None
 
 
 class RunState:
@@ -277,6 +278,7 @@ class RunState:
         "_waiting",
         "attempts_used",
         "cancellation",
+        "epoch_ms",
         "exhausted",
         "index",
         "input",
@@ -304,9 +306,13 @@ class RunState:
         spec_hash: str,
         input: JsonValue,
         parent: ParentLink | None = None,
+        *,
+        epoch_ms: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.parent = parent
+        self.epoch_ms = epoch_ms
+        """Wall-clock Unix milliseconds at virtual time 0, from ``RunCreated`` (``None`` for older runs)."""
         self.spec = spec
         self.spec_hash = spec_hash
         self.input = input
@@ -513,12 +519,20 @@ class RunState:
             edges_fired=tuple(self._edges_fired) if any(self._edges_fired) else (),
             parent=self.parent,
             signals=tuple(self._signals.values()),
+            epoch_ms=self.epoch_ms,
         )
 
     @classmethod
     def from_record(cls, record: RunStateRecord) -> RunState:
         """Rebuild a state (with its indexes and counters) from its serialized form."""
-        state = cls(record.run_id, record.spec, record.spec_hash, record.input, record.parent)
+        state = cls(
+            record.run_id,
+            record.spec,
+            record.spec_hash,
+            record.input,
+            record.parent,
+            epoch_ms=record.epoch_ms,
+        )
         if len(record.nodes) != len(state.nodes):
             raise ValueError("state record does not match its specification's nodes")
         state.status = record.status

@@ -263,7 +263,9 @@ class Draft:
 
 def new_state(event: RunCreated) -> RunState:
     """The state of a run right after ``event`` (its first event, sequence 1)."""
-    state = RunState(event.run_id, event.spec, event.spec_hash, event.input, event.parent)
+    state = RunState(
+        event.run_id, event.spec, event.spec_hash, event.input, event.parent, epoch_ms=event.epoch_ms
+    )
     state.sequence = 1
     return state
 

@@ -143,6 +143,11 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
         check_input(command.input, "run input")
     except ValueError as exc:
         return Rejection(RejectionCode.INVALID_INPUT, str(exc))
+    if command.epoch_ms is not None and command.epoch_ms < 0:
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"run {command.run_id}: epoch_ms must be wall-clock milliseconds >= 0, got {command.epoch_ms}",
+        )
     parent = command.parent
     if parent is not None:
         problem = _parent_problem(command)
@@ -154,6 +159,7 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
         spec_hash=command.spec.content_hash(),
         input=command.input,
         parent=parent,
+        epoch_ms=command.epoch_ms,
     )
     draft = Draft(new_state(created))
     draft.events.append(created)

@@ -8,6 +8,11 @@ reducer and discarded here); attempts the run closed (cancellation, deadline,
 budget) have their tasks cancelled; hub timers become ``AdvanceTime``
 commands, so the reducer never reads a clock.
 
+Before anything else, a driver advances the run's virtual time to the wall
+time elapsed since the run's epoch (:func:`mayfly.runtime._time.catch_up`):
+what fell due while no process ran fires first, in deadline order, and an
+in-flight attempt closed that way is not re-invoked.
+
 Child calls: once ``ChildStarted`` is committed, the driver creates the child
 run (under its own recovery lease, held by the same owner) and drives it with
 a nested driver, in a task of its own (concurrent mode) or inline (current-task
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import msgspec.structs
 
 from mayfly.commit import Commit, commit_command
 from mayfly.journal import WorkflowJournal
@@ -74,16 +81,18 @@ from mayfly.model.outcomes import (
 from mayfly.model.signals import AcceptedSignal, SignalToken
 from mayfly.model.state import NodeState, RunState
 from mayfly.recovery import (
-    BlockUnavailable,
     ReconcileAttempt,
     ReconcileChild,
     RecoveryEffect,
+    check_unfinished_handlers,
     inspect_run,
     recovery_effects,
     resume_run,
 )
 from mayfly.reducer import decode_event
 from mayfly.reducer.children import child_completion, child_create_run
+from mayfly.runtime._time import catch_up as catch_up_to
+from mayfly.runtime._time import next_deadline, run_time_at
 from mayfly.runtime.registry import HandlerEntry, HandlerRegistry
 from mayfly.runtime.request import DependencyResult, HandlerRequest, clone_json
 from mayfly.runtime.signals import WaitForSignal
@@ -183,7 +192,9 @@ class RunDriver:
     parent's store and owner; without a store, children run unleased like
     their parent); ``drivers`` is the runtime's table of live drivers by run
     id, so signals and cancellations addressed to a child run reach its
-    nested driver.
+    nested driver. ``wall_ms`` is the wall-clock reading the run's virtual
+    time is synchronised with (the hub clock's, read now, by default): a
+    creator passes the reading it recorded as the run's epoch.
     """
 
     def __init__(
@@ -203,6 +214,7 @@ class RunDriver:
         owner: str = "mayfly",
         drivers: dict[str, RunDriver] | None = None,
         outer: RunDriver | None = None,
+        wall_ms: int | None = None,
     ) -> None:
         self.journal = journal
         self.registry = registry
@@ -219,9 +231,11 @@ class RunDriver:
         self.drivers = drivers
         self.outer = outer
         self.hub = current_hub()
-        # Virtual time continues from the recorded time; downtime is not counted, so
-        # a restored deadline is never reached early.
-        self._epoch = self.hub.now_ms() - state.now
+        # The hub time at which the run's virtual time is 0. Virtual time is the wall time since the
+        # run's epoch (never less than the recorded time), and from here on follows the hub's monotonic
+        # clock, so a wall-clock jump while this driver runs moves no deadline.
+        wall = self.hub.clock.wall_ms() if wall_ms is None else wall_ms
+        self._origin = self.hub.now_ms() - run_time_at(state, wall)
         self._renewed_at = self.hub.now_ms()
         self._since_snapshot = 0
         self._done: Channel[Task[_Work]] = Channel()
@@ -252,8 +266,8 @@ class RunDriver:
         return None if self.lease is None else self.lease.fencing_token
 
     def run_now(self) -> int:
-        """The run's virtual time now: recorded time plus hub time elapsed since this driver began."""
-        return max(self.state.now, self.hub.now_ms() - self._epoch)
+        """The run's virtual time now: wall time since its epoch when it began, plus hub time since."""
+        return max(self.state.now, self.hub.now_ms() - self._origin)
 
     def commit(self, command: Command) -> Commit | Rejection:
         """Commit ``command``; a rejection is returned (nothing written), journal errors propagate."""
@@ -288,6 +302,13 @@ class RunDriver:
         now = self.run_now()
         if now > self.state.now:
             self.commit_or_raise(AdvanceTime(now))
+
+    def catch_up(self) -> None:
+        """Advance virtual time to now, firing what fell due meanwhile one deadline at a time, in order."""
+        commit = self.commit_or_raise  # commits against self.state, which it keeps current
+        catch_up_to(
+            self.state, self.run_now(), lambda _, command: commit(command).state, timed=self._timed_nodes
+        )
 
     def request_cancel(self, requester: str, reason: str) -> None:
         """Ask the driver to cancel the run at its next step (from another task on the same hub)."""
@@ -339,17 +360,24 @@ class RunDriver:
     def _drive(self, effects: tuple[RecoveryEffect, ...]) -> RunState:
         if self.state.status.is_terminal:
             self._cancel_recorded_children()
+        else:
+            self.catch_up()
         for effect in effects:
+            # Catching up (or an inline child reported earlier in this loop) may have closed the
+            # attempt meanwhile: an expired attempt is not re-invoked.
             if isinstance(effect, ReconcileAttempt):
-                node = self.state.node_by_id(effect.node_id)
-                assert node is not None
-                self._launch(node.index, effect.attempt_id)
+                node = self._node(effect.node_id)
+                if node.attempt_id == effect.attempt_id:
+                    self._launch(node.index, effect.attempt_id)
             elif isinstance(effect, ReconcileChild):
-                # An inline child reported earlier in this loop may have closed the run meanwhile.
                 if self._node(effect.node_id).attempt_id == effect.attempt_id:
                     self._start_child(effect.node_id, effect.attempt_id, effect.child_run_id, None)
-            elif isinstance(effect, BlockUnavailable):
-                self._block_unavailable(effect.node_id, effect.attempt_id)
+                elif effect.child_run_id not in self._cancelled_children:
+                    # Its attempt closed before the child run was picked up again: the child run
+                    # must not outlive it.
+                    self._cancelled_children.add(effect.child_run_id)
+                    why = f"parent run {self.state.run_id} closed attempt {effect.attempt_id}"
+                    self._cascade_cancel(effect.child_run_id, self._child_requester(effect.node_id), why)
         # Retry timers, waits and ready nodes are derived from state by the loop itself.
         while not self.state.status.is_terminal:
             # Current-task mode can run handler after handler without ever parking in _wait.
@@ -381,42 +409,17 @@ class RunDriver:
         return deadline is not None and deadline <= self.run_now()
 
     def _next_deadline(self, *, waits: bool = True) -> int | None:
-        """The earliest virtual time something is due: a retry, an attempt or wait deadline, the budget.
+        """The earliest virtual time something is due (see :func:`mayfly.runtime._time.next_deadline`).
 
-        ``waits=False`` leaves out what only ends a parked run (a wait's expiry,
-        the run's elapsed budget): deadlines that must not keep a detaching
+        ``waits=False`` leaves out deadlines that must not keep a detaching
         driver from returning; resume restores them from the history.
         """
-        state = self.state
-        deadlines = [deadline for _, deadline in state.pending_retries()]
-        # Only nodes whose spec sets an attempt deadline can have one: no scan of every attempt.
-        for index in self._timed_nodes:
-            attempt_deadline = state.node(index).attempt_deadline
-            if attempt_deadline is not None:
-                deadlines.append(attempt_deadline)
-        if waits:
-            for node in state.waiting_nodes():
-                if node.wait is not None and node.wait.deadline is not None:
-                    deadlines.append(node.wait.deadline)
-        elapsed = state.spec.budgets.max_elapsed_ms
-        if elapsed is not None and waits:
-            deadlines.append(elapsed)
-        return min(deadlines) if deadlines else None
+        return next_deadline(self.state, waits=waits, timed=self._timed_nodes)
 
     def _start(self, ready: list[str]) -> None:
-        available = []
-        for node_id in ready:
-            node = self.state.node_by_id(node_id)
-            assert node is not None
-            # A child call has no handler of its own; its child run's handlers are checked up front.
-            if node.spec.child is not None or (
-                node.spec.handler is not None and self.registry.is_available(node.spec.handler)
-            ):
-                available.append(node_id)
-            else:
-                self._block_unavailable(node_id, None)
-                return
-        if any(self.state.node_by_id(n).spec.retry.attempt_deadline_ms for n in available):  # type: ignore[union-attr]
+        # Every handler these nodes need was checked before this driver began: by execute for the
+        # whole specification, by resume for every unfinished node (ARCHITECTURE section 11).
+        if any(self._node(n).spec.retry.attempt_deadline_ms for n in ready):
             self.advance_time()  # attempt deadlines are measured from the recorded start time
             if self.state.status.is_terminal or self.state.ready_nodes() != ready:
                 return
@@ -426,7 +429,7 @@ class RunDriver:
                 self.ids.new_id(),
                 child_run_id=self.ids.new_id() if self._node(node_id).spec.child else None,
             )
-            for node_id in available
+            for node_id in ready
         )
         commit = self.commit_or_raise(StartNodes(starts))
         children = {e.attempt_id: e for e in commit.events if isinstance(e, ChildStarted)}
@@ -519,7 +522,7 @@ class RunDriver:
         """Open child run ``child_run_id`` (create or resume it) and drive it until it ends or parks."""
         call = self._node(node_id).spec.child
         assert call is not None
-        lease, state, effects = self._open_child(node_id, attempt_id, child_run_id, create)
+        lease, state, effects, created = self._open_child(node_id, attempt_id, child_run_id, create)
         try:
             driver = RunDriver(
                 # A child never detaches on its own account: it parks only when its parent would.
@@ -537,6 +540,8 @@ class RunDriver:
                 owner=self.owner,
                 drivers=self.drivers,
                 outer=self,
+                # A run just created starts at virtual time 0, at the wall time recorded as its epoch.
+                wall_ms=state.epoch_ms if created else None,
             )
             self._child_drivers[child_run_id] = (node_id, driver)
             if self.drivers is not None:
@@ -559,8 +564,8 @@ class RunDriver:
 
     def _open_child(
         self, node_id: str, attempt_id: str, child_run_id: str, create: CreateRun | None
-    ) -> tuple[RecoveryLeaseGuard | None, RunState, tuple[RecoveryEffect, ...]]:
-        """The child run's lease, state and recovery effects: created fresh, or resumed from its journal."""
+    ) -> tuple[RecoveryLeaseGuard | None, RunState, tuple[RecoveryEffect, ...], bool]:
+        """The child run's lease, state and recovery effects, and whether it was created (not resumed)."""
         if create is None:
             try:
                 lease, state, effects = self._resume_child(child_run_id)
@@ -580,7 +585,9 @@ class RunDriver:
                         f"run {child_run_id} is not the child of run {self.state.run_id} node {node_id!r} "
                         f"attempt {attempt_id} (its parent link is {link}); inspect both runs"
                     )
-                return lease, state, effects
+                return lease, state, effects, False
+        # The child's virtual time counts from its own creation, in wall time like every run's.
+        create = msgspec.structs.replace(create, epoch_ms=self.hub.clock.wall_ms())
         lease = (
             None if self.leases is None else self.leases.acquire(child_run_id, self.owner, self.lease_ttl_ms)
         )
@@ -594,14 +601,15 @@ class RunDriver:
             raise
         if self.observer is not None:
             self.observer(commit.state, commit.events)
-        return lease, commit.state, ()
+        return lease, commit.state, (), True
 
     def _resume_child(
         self, child_run_id: str
     ) -> tuple[RecoveryLeaseGuard | None, RunState, tuple[RecoveryEffect, ...]]:
         if self.leases is None:
             state = inspect_run(self.journal, child_run_id).state
-            return None, state, recovery_effects(state, self.registry.is_available)
+            check_unfinished_handlers(state, self.registry.is_available)
+            return None, state, recovery_effects(state)
         session = resume_run(
             self.journal,
             self.leases,
@@ -790,15 +798,6 @@ class RunDriver:
                 waiting[f"{node_id}/{path}"] = name
         return waiting
 
-    def _block_unavailable(self, node_id: str, attempt_id: str | None) -> None:
-        """Record a node whose handler is missing as Blocked (ARCHITECTURE section 11)."""
-        if attempt_id is None:
-            attempt_id = self.ids.new_id()
-            self.commit_or_raise(StartNodes((AttemptStart(node_id, attempt_id),)))
-            if self.state.status.is_terminal:
-                return
-        self.commit(CompleteAttempt(node_id, attempt_id, Blocked(reason="handler unavailable")))
-
     def _request(
         self, index: int, attempt_id: str, cancellation: CancellationHandle
     ) -> tuple[HandlerEntry, HandlerRequest]:
@@ -870,7 +869,7 @@ class RunDriver:
         deadline = self._next_deadline()
         renew_at = self._renewed_at + self.lease_ttl_ms // 3 if self.lease is not None else None
         wake_at = min(
-            [t for t in (None if deadline is None else self._epoch + deadline, renew_at) if t is not None],
+            [t for t in (None if deadline is None else self._origin + deadline, renew_at) if t is not None],
             default=None,
         )
         timeout = None if wake_at is None else max(wake_at - self.hub.now_ms(), 0) / 1000

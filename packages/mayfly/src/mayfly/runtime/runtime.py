@@ -19,6 +19,13 @@ A child that parks on a signal keeps its parent running: ``execute`` returns
 with the child's waits in :attr:`RunResult.waiting` as ``"node/child-node"``;
 deliver the signal to the child run (:attr:`NodeSummary.child_run_id`), then
 resume the *parent*, which resumes the child.
+
+Time: a run's virtual time is the wall time since its epoch, which ``execute``
+records from the clock in ``RunCreated``. ``resume`` (and a signal delivered
+to a run no process drives) first advances the run to that time, so what came
+due while nothing ran fires at once (ARCHITECTURE section 11, "Time across
+downtime"). ``resume`` refuses, writing nothing, when a handler an unfinished
+node needs is not registered (``ResumeRefused``, section 11 "Missing handlers").
 """
 
 from __future__ import annotations
@@ -34,8 +41,14 @@ from mayfly.commit import commit_command
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import WorkflowJournal
 from mayfly.lease import RecoveryLeaseStore
-from mayfly.model.commands import CreateRun, DeliverSignal, Rejection, RejectionCode
-from mayfly.model.errors import AppendConflict, CommandRejected, MayflyError, SpecValidationError
+from mayfly.model.commands import AdvanceTime, CreateRun, DeliverSignal, Rejection, RejectionCode
+from mayfly.model.errors import (
+    AppendConflict,
+    CommandRejected,
+    HubNotRunning,
+    MayflyError,
+    SpecValidationError,
+)
 from mayfly.model.events import Event, SignalRejected
 from mayfly.model.ids import IdSource
 from mayfly.model.json import JsonValue
@@ -44,10 +57,11 @@ from mayfly.model.signals import SignalToken
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.recovery import RecoveryEffect, inspect_run, resume_run
-from mayfly.reducer import check_input, validate
+from mayfly.reducer import check_input, decide, validate
 from mayfly.runtime._driver import Observer, RunDriver, SignalRequest
+from mayfly.runtime._time import catch_up, run_time_at
 from mayfly.runtime.registry import HandlerRegistry
-from mayfly.substrate import Clock, Hub, current_hub
+from mayfly.substrate import Clock, Hub, RealClock, current_hub
 
 __all__ = [
     "NodeSummary",
@@ -162,7 +176,9 @@ class WorkflowRuntime:
     ``"file://./.mayfly"`` (resolved through the installed backends);
     ``leases`` defaults to the store at the same URL. ``clock`` chooses the
     hub clock for standalone runs: pass a :class:`~mayfly.substrate.VirtualClock`
-    to run hour-long backoffs in milliseconds.
+    to run hour-long backoffs in milliseconds. Its wall reading
+    (:meth:`~mayfly.substrate.Clock.wall_ms`) is recorded as a new run's
+    epoch and measures the time elapsed since, across processes.
     """
 
     def __init__(
@@ -271,7 +287,9 @@ class WorkflowRuntime:
         If this runtime is driving the run (called from another task of the
         same hub), the driver records it; otherwise the run's lease is taken
         for the delivery (``LeaseHeld`` if another process owns the run) and
-        the run stays parked until it is resumed. A wait inside a child run
+        the run stays parked until it is resumed: its virtual time is first
+        advanced to the wall time since its epoch, so a signal that comes after
+        the wait's deadline finds the wait expired. A wait inside a child run
         is answered on the child run (``result.nodes[node].child_run_id``);
         resume the root run afterwards.
         """
@@ -290,6 +308,17 @@ class WorkflowRuntime:
             command = DeliverSignal(
                 node_id=node_id, signal_id=signal_id, token=raw, decision=decision, name=name
             )
+
+            def commit_time(current: RunState, advance: AdvanceTime) -> RunState:
+                done = commit_command(self.journal, current, advance, ids=self.ids, fence=lease.fencing_token)
+                if self.observer is not None:
+                    self.observer(done.state, done.events)
+                return done.state
+
+            # Only a delivery that would be recorded brings the run's time up to date first: a refused
+            # one (unknown node, bad input, a consumed signal id, an ended run) still writes nothing.
+            if not isinstance(decide(state, command), Rejection):
+                state = catch_up(state, run_time_at(state, self._wall_ms()), commit_time)
             try:
                 commit = commit_command(self.journal, state, command, ids=self.ids, fence=lease.fencing_token)
             except CommandRejected as rejected:
@@ -317,6 +346,13 @@ class WorkflowRuntime:
 
     def _hub(self) -> Hub:
         return Hub(self._clock() if self._clock is not None else None)
+
+    def _wall_ms(self) -> int:
+        """The wall clock outside a driver: the running hub's, else this runtime's clock."""
+        try:
+            return current_hub().clock.wall_ms()
+        except HubNotRunning:
+            return (self._clock() if self._clock is not None else RealClock()).wall_ms()
 
     def _prepare(self, spec: WorkflowSpec, input: JsonValue, run_id: str | None) -> str:
         issues = validate(spec)
@@ -348,12 +384,14 @@ class WorkflowRuntime:
         self, spec: WorkflowSpec, input: JsonValue, run_id: str, concurrent: bool, detach: bool
     ) -> RunResult:
         lease = self.leases.acquire(run_id, self.owner, self.lease_ttl_ms)
+        # The run's epoch: virtual time 0 is now, in the wall time of the injected clock.
+        epoch_ms = current_hub().clock.wall_ms()
         try:
             try:
                 commit = commit_command(
                     self.journal,
                     None,
-                    CreateRun(run_id=run_id, spec=spec, input=input),
+                    CreateRun(run_id=run_id, spec=spec, input=input, epoch_ms=epoch_ms),
                     ids=self.ids,
                     fence=lease.fencing_token,
                 )
@@ -366,7 +404,7 @@ class WorkflowRuntime:
                 raise CommandRejected(rejection, f"CreateRun rejected: {rejection}") from None
             if self.observer is not None:
                 self.observer(commit.state, commit.events)
-            driver = self._driver(commit.state, lease, concurrent, detach)
+            driver = self._driver(commit.state, lease, concurrent, detach, wall_ms=epoch_ms)
             return self._drive(driver, ())
         finally:
             lease.release()
@@ -394,8 +432,11 @@ class WorkflowRuntime:
             driver = self._driver(session.state, session.lease, concurrent, detach)
             return self._drive(driver, session.effects)
 
-    def _driver(self, state: RunState, lease: Any, concurrent: bool, detach: bool) -> RunDriver:
+    def _driver(
+        self, state: RunState, lease: Any, concurrent: bool, detach: bool, *, wall_ms: int | None = None
+    ) -> RunDriver:
         return RunDriver(
+            wall_ms=wall_ms,
             detach_on_wait=detach,
             observer=self.observer,
             journal=self.journal,
