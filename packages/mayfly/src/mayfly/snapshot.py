@@ -94,6 +94,8 @@ def _rebuild(snapshot: SnapshotRecord) -> RunState | str:
         record = _STATE_DECODER.decode(snapshot.state)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         return f"snapshot of run {snapshot.run_id}: state does not decode ({exc})"
+    except RecursionError:
+        return f"snapshot of run {snapshot.run_id}: state does not decode (nested too deeply)"
     if record.schema_version != STATE_SCHEMA_VERSION:
         return f"snapshot of run {snapshot.run_id}: unknown state schema version {record.schema_version}"
     if (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from mayfly.model.errors import InvalidIdentifier
+from mayfly.model.errors import InvalidIdentifier, SpecDecodeError, SpecValidationError
 from mayfly.model.spec import (
     ExponentialBackoff,
     Node,
@@ -49,10 +49,14 @@ def test_content_hash_is_pinned() -> None:
 
 
 def test_unknown_fields_are_rejected_with_their_path() -> None:
-    """A misspelled field fails decoding and the error names where it is."""
+    """A misspelled field fails decoding with a typed error that names where it is."""
     data = b'{"workflow_id":"w","version":1,"nodes":[{"id":"a","handler":"a@1","dependson":[]}]}'
-    with pytest.raises(msgspec.ValidationError, match=r"dependson.*\$\.nodes\[0\]"):
+    with pytest.raises(SpecDecodeError, match=r"at \$\.nodes\[0\]: .*dependson") as caught:
         WorkflowSpec.from_json(data)
+    assert (caught.value.path, caught.value.problem) == (
+        "$.nodes[0]",
+        "Object contains unknown field `dependson`",
+    )
 
 
 def test_defaults_match_the_adr() -> None:
@@ -79,3 +83,43 @@ def test_malformed_handler_references_are_rejected(value: str) -> None:
     """Missing or zero versions and bad names are rejected showing the value."""
     with pytest.raises(InvalidIdentifier, match="handler reference"):
         parse_handler_ref(value)
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "problem"),
+    [
+        (
+            b'{"workflow_id":"w","version":1,"nodes":[{"id":"a","handler":7}]}',
+            "$.nodes[0].handler",
+            "Expected `str | null`, got `int`",
+        ),
+        (b'{"workflow_id":"w","version":1,"nodes":[', "$", "Input data was truncated"),
+        (b"[]", "$", "Expected `object`, got `array`"),
+        (
+            b'{"workflow_id":"w","version":1,"nodes":[{"id":"a","input":'
+            + b"[" * 2000
+            + b"]" * 2000
+            + b"}]}",
+            "$",
+            "nested too deeply to decode (node inputs may nest at most 128 levels)",
+        ),
+        (
+            b'{"workflow_id":"w","version":1,"nodes":[{"id":"a","input":' + b"9" * 5000 + b"}]}",
+            "$.nodes[0].input",
+            "Integer value out of range",
+        ),
+        (
+            b'{"workflow_id":"w","version":1,"nodes":[{"id":"a","artifacts":[{"artifact_id":"x","byte_length":1,"sha256":"0"}]}]}',
+            "$.nodes[0].artifacts[0]",
+            "invalid artifact id 'x': expected a canonical UUID",
+        ),
+    ],
+    ids=["wrong-type", "truncated", "not-an-object", "too-deep", "long-integer", "bad-artifact"],
+)
+def test_undecodable_json_raises_a_located_spec_decode_error(data: bytes, path: str, problem: str) -> None:
+    """from_json refuses bad JSON with one typed, one-line error naming where, never a raw msgspec error."""
+    with pytest.raises(SpecDecodeError) as caught:
+        WorkflowSpec.from_json(data)
+    assert (caught.value.path, caught.value.problem) == (path, problem)
+    assert str(caught.value) == f"workflow specification JSON is invalid at {path}: {problem}"
+    assert isinstance(caught.value, SpecValidationError) and caught.value.issues[0].path == path

@@ -119,6 +119,21 @@ def test_invalid_payload_is_corruption_with_its_path() -> None:
         decode_event("NodeReady", 1, b'{"type":"NodeReady","node_id":7,"cause":"initial"}')
 
 
+def test_a_payload_nested_too_deeply_to_decode_is_corruption() -> None:
+    """A payload deeper than the decoder can recurse is a CorruptionError, never a RecursionError."""
+    payload = (
+        b'{"type":"SignalAccepted","signal_id":"0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a62","node_id":"a",'
+        b'"attempt_id":"0193a3b2-7c4d-7e5f-8a9b-0c1d2e3f4a60","name":"go","at":0,"decision":'
+        + b"[" * 5000
+        + b"]" * 5000
+        + b"}"
+    )
+    with pytest.raises(
+        CorruptionError, match="SignalAccepted v1 payload is invalid: nested too deeply to decode"
+    ):
+        decode_event("SignalAccepted", 1, payload)
+
+
 def test_upcasters_lift_older_versions_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """With NodeReady at v3, a v1 payload is lifted by the v1->v2 then v2->v3 upcasters."""
     from mayfly.reducer import codec

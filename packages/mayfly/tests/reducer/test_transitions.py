@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mayfly.model.commands import CancelRun, CompleteAttempt
-from mayfly.model.errors import CorruptionError
+from mayfly.model.errors import CorruptionError, SpecDecodeError
 from mayfly.model.events import (
     BudgetExhausted,
     BudgetKind,
@@ -327,11 +327,11 @@ def test_float_predicate_values_are_rejected() -> None:
 
 
 def test_float_predicate_values_cannot_be_decoded() -> None:
-    """The JSON form of a spec with a float predicate value fails to decode."""
+    """The JSON form of a spec with a float predicate value fails to decode, naming the predicate's path."""
     raw = (
         _classify(Edge("classify", "fast", OnField("n", 1))).to_json().replace(b'"equals":1', b'"equals":1.0')
     )
-    with pytest.raises(msgspec.ValidationError, match=r"edges\[0\]\.when\.equals"):
+    with pytest.raises(SpecDecodeError, match=r"edges\[0\]\.when\.equals"):
         WorkflowSpec.from_json(raw)
 
 

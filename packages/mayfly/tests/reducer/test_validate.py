@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import msgspec
 import pytest
 from conftest import node, workflow
 
-from mayfly.model.errors import SpecValidationError, ValidationIssue
+from mayfly.model.errors import InvalidJSONValue, LimitExceeded, SpecValidationError, ValidationIssue
 from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.spec import ExponentialBackoff, Node, RetryPolicy, RunBudgets, WorkflowSpec
-from mayfly.reducer import ensure_valid, validate
+from mayfly.reducer import check_input, ensure_valid, validate
 
 
 def messages(spec: WorkflowSpec) -> list[str]:
@@ -134,3 +137,44 @@ def test_ensure_valid_raises_with_all_issues() -> None:
         ValidationIssue("nodes[b].depends_on[0]", "unknown node 'y'"),
     )
     assert "2 problem(s)" in str(info.value)
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (
+            {1: "a"},
+            InvalidJSONValue,
+            "run input is not JSON: it has the object key 1, and JSON keys are strings",
+        ),
+        ([10**4300], InvalidJSONValue, "run input holds an integer of more than 4300 digits"),
+        (
+            {"x": [float("nan")]},
+            InvalidJSONValue,
+            "run input is not JSON: it contains the non-finite number nan",
+        ),
+        (object(), InvalidJSONValue, "run input is not JSON-serializable"),
+        (_nested(129), LimitExceeded, "run input nesting is 129 levels, over the limit of 128 levels"),
+        (_nested(995), LimitExceeded, "run input nesting is 995 levels, over the limit of 128 levels"),
+    ],
+    ids=["int-key", "long-integer", "nan", "object", "just-too-deep", "recursion-deep"],
+)
+def test_inputs_that_would_not_read_back_are_refused_with_typed_errors(
+    value: object, error: type[Exception], message: str
+) -> None:
+    """check_input refuses what JSON cannot carry back unchanged, as a typed ValueError naming the problem."""
+    with pytest.raises(error, match=re.escape(message)):
+        check_input(value, "run input")
+    assert issubclass(error, ValueError)
+
+
+def test_inputs_at_the_limits_are_accepted() -> None:
+    """128 levels and 4,300-digit integers are inside the limits."""
+    check_input({"deep": _nested(127), "long": -(10**4300 - 1)}, "run input")

@@ -28,6 +28,7 @@ __all__ = [
     "HubNotRunning",
     "InvalidBackendURL",
     "InvalidIdentifier",
+    "InvalidJSONValue",
     "InvalidRecord",
     "JournalError",
     "JournalGap",
@@ -42,6 +43,7 @@ __all__ = [
     "ResumeRefused",
     "RunNotFound",
     "SnapshotCorrupt",
+    "SpecDecodeError",
     "SpecValidationError",
     "SubstrateError",
     "TaskCancelled",
@@ -363,3 +365,35 @@ def _listed(names: Sequence[str], limit: int) -> str:
     head = ", ".join(names[:limit])
     more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
     return f"{'node' if len(names) == 1 else 'nodes'} {head}{more}"
+
+
+# --- Bad input at the entry points (specification JSON, JSON values, signal tokens) ---
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped, for a message quoting input (msgspec quotes it raw)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class SpecDecodeError(SpecValidationError):
+    """A specification's JSON cannot be decoded: malformed JSON, a wrong type, an unknown field.
+
+    ``path`` locates the problem the way msgspec does (``$.nodes[0].handler``;
+    ``$`` when the document as a whole is at fault) and ``problem`` says what
+    was expected and found. It is a :class:`SpecValidationError` with that one
+    issue, so code that handles invalid specifications handles this too.
+    """
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        self.issues = (ValidationIssue(path, problem),)
+        MayflyError.__init__(self, f"workflow specification JSON is invalid at {path}: {problem}")
+
+
+class InvalidJSONValue(MayflyError, ValueError):
+    """A value bound for durable JSON (an input, a signal decision) is not JSON; nothing was written.
+
+    Not serializable, a NaN or infinity (JSON has none: it would come back as
+    ``null``), or an integer too long for a JSON decoder to read back.
+    """

@@ -8,6 +8,8 @@ __all__ = [
     "MAX_HANDLER_NAME",
     "MAX_INLINE_INPUT_BYTES",
     "MAX_INLINE_OUTPUT_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_INT_DIGITS",
     "MAX_NODES",
     "MAX_REASON_BYTES",
 ]
@@ -17,6 +19,17 @@ MAX_INLINE_OUTPUT_BYTES = 64 * 1024
 
 MAX_INLINE_INPUT_BYTES = 64 * 1024
 """Inline node or run input, as compact JSON; larger input travels as artifact references."""
+
+MAX_JSON_DEPTH = 128
+"""Nesting levels of arrays and objects in an inline input or signal decision.
+
+Decoders recurse once per level, and Python's recursion limit sits near 1,000
+frames, shared with whatever is on the stack; a bound far below it means a
+value accepted today decodes in every later replay, from any caller.
+"""
+
+MAX_JSON_INT_DIGITS = 4_300
+"""Decimal digits of an integer in an inline input or signal decision (msgspec reads no longer ones)."""
 
 MAX_REASON_BYTES = 4 * 1024
 """A non-success reason, as UTF-8."""

@@ -16,9 +16,9 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from mayfly.model.errors import InvalidIdentifier
+from mayfly.model.errors import InvalidIdentifier, SpecDecodeError, one_line
 from mayfly.model.json import JsonValue, canonical_json, content_hash
-from mayfly.model.limits import MAX_HANDLER_NAME
+from mayfly.model.limits import MAX_HANDLER_NAME, MAX_JSON_DEPTH
 from mayfly.model.outcomes import ArtifactRef, NodeOutcomeKind
 
 __all__ = [
@@ -260,5 +260,26 @@ class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @classmethod
     def from_json(cls, data: bytes | str) -> WorkflowSpec:
-        """Decode a spec from JSON; unknown fields and wrong types are rejected with their path."""
-        return msgspec.json.decode(data, type=cls)
+        """Decode a spec from JSON; anything undecodable raises :class:`SpecDecodeError` naming where.
+
+        Unknown fields, wrong types, malformed JSON and nesting too deep to
+        decode are all refused with a one-line message such as ``... at
+        $.nodes[0].handler: Expected `str`, got `int```.
+        """
+        try:
+            return _SPEC_DECODER.decode(data)
+        except msgspec.ValidationError as exc:
+            # msgspec ends a located message with " - at `$.nodes[0].handler`".
+            problem, located, where = one_line(str(exc)).rpartition(" - at `")
+            if not located:
+                raise SpecDecodeError("$", where) from None
+            raise SpecDecodeError(where.rstrip("`"), problem) from None
+        except msgspec.DecodeError as exc:
+            raise SpecDecodeError("$", one_line(str(exc))) from None
+        except RecursionError:
+            raise SpecDecodeError(
+                "$", f"nested too deeply to decode (node inputs may nest at most {MAX_JSON_DEPTH} levels)"
+            ) from None
+
+
+_SPEC_DECODER = msgspec.json.Decoder(WorkflowSpec)

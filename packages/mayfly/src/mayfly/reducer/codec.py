@@ -3,7 +3,9 @@
 Events are written at the schema version this code knows
 (:data:`~mayfly.model.events.EVENT_SCHEMA_VERSIONS`) and read back through
 registered upcasters from older versions. An unknown event type or version is a
-:class:`CompatibilityError`; it is never skipped.
+:class:`CompatibilityError`; it is never skipped. A payload that does not decode
+as its type is a :class:`CorruptionError`; no other error escapes, whatever
+the bytes (an upcaster's own errors aside).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from mayfly.model.errors import CompatibilityError, CorruptionError
+from mayfly.model.errors import CompatibilityError, CorruptionError, one_line
 from mayfly.model.events import EVENT_SCHEMA_VERSIONS, EVENT_TYPES, Event
 
 __all__ = ["EncodedEvent", "Upcaster", "decode_event", "encode_event"]
@@ -77,4 +79,11 @@ def decode_event(
         converted: Event = msgspec.convert(body, EVENT_TYPES[event_type])
         return converted
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise CorruptionError(f"{event_type} v{schema_version} payload is invalid: {exc}") from None
+        raise CorruptionError(
+            f"{event_type} v{schema_version} payload is invalid: {one_line(str(exc))}"
+        ) from None
+    except RecursionError:
+        # Nothing Mayfly writes nests this deep (inputs and decisions are bounded well below).
+        raise CorruptionError(
+            f"{event_type} v{schema_version} payload is invalid: nested too deeply to decode"
+        ) from None

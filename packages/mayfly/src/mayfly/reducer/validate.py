@@ -19,13 +19,14 @@ import msgspec
 
 from mayfly.model.errors import (
     InvalidIdentifier,
+    InvalidJSONValue,
     LimitExceeded,
     SpecValidationError,
     ValidationIssue,
 )
 from mayfly.model.ids import NODE_ID_GRAMMAR, is_node_id, parse_workflow_id
-from mayfly.model.json import check_finite
-from mayfly.model.limits import MAX_EVIDENCE_REFS, MAX_INLINE_INPUT_BYTES, MAX_NODES
+from mayfly.model.json import check_json_value
+from mayfly.model.limits import MAX_EVIDENCE_REFS, MAX_INLINE_INPUT_BYTES, MAX_JSON_DEPTH, MAX_NODES
 from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.spec import (
     SUPPORTED_SPEC_SCHEMA_VERSIONS,
@@ -54,12 +55,20 @@ _MAX_OUTPUT_NAME = 64
 
 
 def check_input(value: object, what: str = "input") -> None:
-    """Raise if ``value`` is not JSON-encodable or its compact JSON is over 64 KiB."""
+    """Raise if ``value`` cannot be stored as JSON and read back unchanged, or is over 64 KiB.
+
+    :class:`InvalidJSONValue` if it is not JSON (unserializable, a NaN, an
+    integer longer than 4,300 digits); :class:`LimitExceeded` if it nests
+    deeper than 128 levels or its compact JSON is over 64 KiB. Both are
+    ``ValueError`` subclasses.
+    """
+    if value is None:
+        return  # most node inputs: nothing to check
+    check_json_value(value, what)  # first: it bounds the depth the encoder recurses to
     try:
         size = len(_JSON.encode(value))
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise ValueError(f"{what} is not JSON-serializable: {exc}") from None
-    check_finite(value, what)
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
+        raise InvalidJSONValue(f"{what} is not JSON-serializable: {exc}") from None
     if size > MAX_INLINE_INPUT_BYTES:
         raise LimitExceeded(f"inline {what} (use artifact references)", MAX_INLINE_INPUT_BYTES, size)
 
@@ -84,8 +93,16 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
     # with located messages ("Expected `int`, got `str` - at `$.nodes[0].retry`").
     try:
         msgspec.json.decode(_JSON.encode(spec), type=WorkflowSpec)
-    except (msgspec.ValidationError, msgspec.EncodeError, TypeError) as exc:
+    except (msgspec.ValidationError, msgspec.EncodeError, TypeError, ValueError) as exc:
         return [ValidationIssue("", f"malformed specification: {exc}")]
+    except RecursionError:
+        return [
+            ValidationIssue(
+                "",
+                "malformed specification: nested too deeply to encode as JSON "
+                f"(node inputs may nest at most {MAX_JSON_DEPTH} levels)",
+            )
+        ]
     issues: list[ValidationIssue] = []
     add = issues.append
     if spec.schema_version not in SUPPORTED_SPEC_SCHEMA_VERSIONS:
