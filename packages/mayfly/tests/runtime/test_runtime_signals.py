@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mayfly import HandlerRegistry, HandlerRequest, Node, RetryPolicy, RunStatus, Succeeded, WorkflowSpec
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
+from mayfly.model.commands import RejectionCode
+from mayfly.model.errors import CommandRejected, InvalidSignalToken
 from mayfly.model.outcomes import PermanentFailure
+from mayfly.model.signals import SignalToken
 from mayfly.model.state import NodeStatus
 from mayfly.recovery import RestoreSignalWait, resume_run
 from mayfly.runtime import WaitForSignal, WorkflowRuntime, new_signal_token
@@ -95,3 +100,39 @@ def test_an_unanswered_wait_expires_on_the_virtual_clock(tmp_path: Path) -> None
     assert result.nodes["approval"].status is NodeStatus.FAILED
     assert "signal wait 'approval' expired at 86400000 ms" in result.nodes["approval"].reason
     assert result.nodes["publish"].status is NodeStatus.SKIPPED
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "too-short",
+        "x" * 1025,
+        "has spaces in the middle",
+        "n\u00f8n-ascii-token-0123456789",
+        "tab\tin-the-token-0123",
+    ],
+)
+def test_a_malformed_token_is_a_typed_rejection_that_changes_nothing(tmp_path: Path, token: str) -> None:
+    """signal() refuses a malformed token with CommandRejected (invalid_input) before taking the lease."""
+    rt = runtime(tmp_path)
+    parked = rt.execute(SPEC)
+    with rt.leases.acquire(parked.run_id, "probe", 5_000) as lease:
+        fence = lease.fencing_token
+    before = (rt.journal.next_sequence(parked.run_id), rt.journal.read(parked.run_id))
+    with pytest.raises(CommandRejected) as caught:
+        rt.signal(parked.run_id, "approval", token, {"verdict": "approve", "by": "eve"})
+    assert caught.value.rejection.code is RejectionCode.INVALID_INPUT  # type: ignore[attr-defined]
+    assert str(caught.value).startswith(
+        f"signal rejected: invalid_input: signal to run {parked.run_id} node 'approval'"
+    )
+    assert token not in str(caught.value)  # a mistyped secret is still a secret
+    assert (rt.journal.next_sequence(parked.run_id), rt.journal.read(parked.run_id)) == before
+    with rt.leases.acquire(parked.run_id, "probe", 5_000) as lease:
+        assert lease.fencing_token == fence + 1  # no lease was granted in between
+
+
+def test_a_malformed_token_raises_invalid_signal_token() -> None:
+    """SignalToken's own refusal is a typed ValueError whose message never shows the token."""
+    with pytest.raises(InvalidSignalToken, match=r"16\.\.1024 characters") as caught:
+        SignalToken("secret")
+    assert isinstance(caught.value, ValueError) and "secret" not in str(caught.value)

@@ -30,6 +30,7 @@ __all__ = [
     "InvalidIdentifier",
     "InvalidJSONValue",
     "InvalidRecord",
+    "InvalidSignalToken",
     "JournalError",
     "JournalGap",
     "JournalUnavailable",
@@ -397,3 +398,7 @@ class InvalidJSONValue(MayflyError, ValueError):
     Not serializable, a NaN or infinity (JSON has none: it would come back as
     ``null``), or an integer too long for a JSON decoder to read back.
     """
+
+
+class InvalidSignalToken(MayflyError, ValueError):
+    """A signal token is malformed; the message states the rule and never shows the token."""

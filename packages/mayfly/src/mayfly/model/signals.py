@@ -15,6 +15,7 @@ from typing import Any, NoReturn, final
 
 import msgspec
 
+from mayfly.model.errors import InvalidSignalToken
 from mayfly.model.json import JsonValue
 
 __all__ = [
@@ -40,7 +41,8 @@ def is_token_digest(value: object) -> bool:
 class SignalToken:
     """An opaque signal token; compare it only through :attr:`digest`.
 
-    Tokens are 16 to 1024 printable ASCII characters. Use
+    Tokens are 16 to 1024 printable ASCII characters without spaces; anything
+    else raises :class:`~mayfly.model.errors.InvalidSignalToken`. Use
     ``SignalToken.generate()`` (in the runtime layer) or any secret of your own.
     """
 
@@ -48,9 +50,9 @@ class SignalToken:
 
     def __init__(self, secret: str) -> None:
         if not isinstance(secret, str) or not (_MIN_TOKEN <= len(secret) <= _MAX_TOKEN):
-            raise ValueError(f"a signal token must be {_MIN_TOKEN}..{_MAX_TOKEN} characters")
+            raise InvalidSignalToken(f"a signal token must be {_MIN_TOKEN}..{_MAX_TOKEN} characters")
         if not (secret.isascii() and secret.isprintable()) or " " in secret:
-            raise ValueError("a signal token must be printable ASCII without spaces")
+            raise InvalidSignalToken("a signal token must be printable ASCII without spaces")
         self.__secret = secret
 
     @property

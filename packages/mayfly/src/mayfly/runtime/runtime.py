@@ -46,6 +46,7 @@ from mayfly.model.errors import (
     AppendConflict,
     CommandRejected,
     HubNotRunning,
+    InvalidSignalToken,
     MayflyError,
     SpecValidationError,
 )
@@ -292,8 +293,20 @@ class WorkflowRuntime:
         the wait's deadline finds the wait expired. A wait inside a child run
         is answered on the child run (``result.nodes[node].child_run_id``);
         resume the root run afterwards.
+
+        A malformed token, signal id or decision, or an unknown node, raises
+        :class:`CommandRejected` (``rejection.code`` is ``invalid_input`` or
+        ``unknown_node``) and an unknown run :class:`RunNotFound`; nothing is
+        written for any of them.
         """
-        raw = token if isinstance(token, SignalToken) else SignalToken(token)
+        try:
+            raw = token if isinstance(token, SignalToken) else SignalToken(token)
+        except InvalidSignalToken as exc:
+            # Refused before the lease is taken: a malformed token changes nothing anywhere.
+            rejection = Rejection(
+                RejectionCode.INVALID_INPUT, f"signal to run {run_id} node {node_id!r}: {exc}"
+            )
+            raise CommandRejected(rejection, f"signal rejected: {rejection}") from None
         signal_id = signal_id if signal_id is not None else self.ids.new_id()
         driver = self._drivers.get(run_id)
         if driver is not None:
