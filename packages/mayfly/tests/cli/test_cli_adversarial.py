@@ -346,3 +346,35 @@ def test_demo_crash_in_json_mode_still_names_the_run_to_resume(tmp_path: Path) -
     assert crashed.returncode == -signal.SIGKILL and crashed.stdout == ""
     run_id = json.loads(cli("--json", "runs")[0])[0]["run_id"]
     assert f"resume {run_id}" in crashed.stderr
+
+
+@pytest.mark.parametrize("depth", [1_000, 995, 200])
+def test_a_spec_nested_too_deeply_is_a_usage_error_that_creates_nothing(cli: Cli, depth: int) -> None:
+    """A spec whose node input nests ~1,000 levels (or past the 128-level limit) gives one line, exit 2, no store."""
+    path = cli.root / "deep.json"
+    deep = "[" * depth + "]" * depth
+    path.write_text(
+        f'{{"workflow_id": "adv.deep", "version": 1, "nodes": [{{"id": "a", "handler": "ok@1", "input": {deep}}}]}}'
+    )
+    _, err = cli("run", str(path), "--handlers", str(cli.root / "handlers.py"), code=2)
+    assert "nested too deeply" in err or "nesting is 200 levels" in err
+    assert not (cli.root / "journal").exists()
+
+
+def test_integers_too_long_for_json_are_usage_errors_that_change_nothing(cli: Cli) -> None:
+    """An integer of more than 4,300 digits in --input or --decision gives one line and exit 2."""
+    handlers = str(cli.root / "handlers.py")
+    long = "9" * 5_000
+    for text in (long, f"[{long}]", f'{{"n": -{long}}}'):
+        _, err = cli("run", cli.spec("ok@1"), "--handlers", handlers, "--input", text, code=2)
+        assert "an integer of 5000 digits is over the limit of 4300 digits" in err
+    assert not (cli.root / "journal").exists()
+    run_id = cli.parked()
+    with LocalWorkflowJournal(cli.journal) as journal:
+        before = journal.read(run_id)
+        _, err = cli("signal", run_id, "a", "--token", TOKEN, "--decision", long, code=2)
+        assert err == (
+            "mayfly: error: --decision: an integer of 5000 digits is over the limit of 4300 digits; "
+            "pass it as a string\n"
+        )
+        assert journal.read(run_id) == before

@@ -45,6 +45,7 @@ from mayfly.model.errors import (
     HandlerUnavailable,
     InvalidBackendURL,
     InvalidIdentifier,
+    InvalidJSONValue,
     JournalError,
     LeaseHeld,
     LimitExceeded,
@@ -52,6 +53,7 @@ from mayfly.model.errors import (
     PluginError,
     ResumeRefused,
     RunNotFound,
+    SpecDecodeError,
     SpecValidationError,
 )
 from mayfly.model.events import (
@@ -72,6 +74,7 @@ from mayfly.model.events import (
     SignalWaitOpened,
 )
 from mayfly.model.ids import parse_run_id
+from mayfly.model.limits import MAX_JSON_INT_DIGITS
 from mayfly.model.signals import SignalToken
 from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.plugins import list_backends, open_journal, open_leases, plugin_manager
@@ -85,7 +88,7 @@ from mayfly.recovery import (
     inspect_run,
     replay_run,
 )
-from mayfly.reducer import check_input
+from mayfly.reducer import check_input, ensure_valid
 from mayfly.runtime import HandlerRegistry, RunResult, WorkflowRuntime, cancel_run_cascade
 
 __all__ = ["EXIT", "main"]
@@ -222,8 +225,8 @@ def _load_spec(path: str) -> mayfly.WorkflowSpec:
         raise UsageError(f"cannot read specification {path!r}: {exc.strerror}") from None
     try:
         return mayfly.WorkflowSpec.from_json(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise UsageError(f"specification {path!r} is not valid: {exc}") from None
+    except SpecDecodeError as exc:
+        raise UsageError(f"specification {path!r} is invalid at {exc.path}: {exc.problem}") from None
 
 
 def _loads(text: str, what: str) -> Any:
@@ -238,7 +241,16 @@ def _loads(text: str, what: str) -> Any:
             raise UsageError(f"{what}: {digits} is out of range for a JSON number")
         return value
 
-    return json.loads(text, parse_constant=constant, parse_float=number)
+    def integer(digits: str) -> int:
+        # int() refuses these itself, with a ValueError that is not a JSONDecodeError.
+        if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
+            raise UsageError(
+                f"{what}: an integer of {len(digits.lstrip('-'))} digits is over the limit of "
+                f"{MAX_JSON_INT_DIGITS} digits; pass it as a string"
+            )
+        return int(digits)
+
+    return json.loads(text, parse_constant=constant, parse_float=number, parse_int=integer)
 
 
 def _parse_json(text: str | None, what: str) -> Any:
@@ -412,8 +424,11 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     run_input = _parse_json(args.input, "--input")
     try:
         check_input(run_input, "run input")
-    except LimitExceeded as exc:
+    except (LimitExceeded, InvalidJSONValue) as exc:
         raise UsageError(f"--input: {exc}") from None
+    # Refused before the journal is opened, so a rejected run leaves no store behind.
+    ensure_valid(spec)
+    registry.check(spec)
     runtime = _runtime(args, registry, _observer(args, out, err, len(spec.nodes)))
     run_id = runtime.ids.new_id()
     result = _driving(args, run_id, lambda: runtime.execute(spec, run_input, run_id=run_id))
