@@ -742,7 +742,7 @@ def render_mermaid(inspection: RunInspection, spec: WorkflowSpec) -> str:
     (so ids like ``end`` cannot clash with Mermaid keywords) and labelled
     with their id and status.
     """
-    if spec.content_hash() != inspection.spec_hash:
+    if not spec.matches_hash(inspection.spec_hash):
         raise ValueError(
             f"render_mermaid: the given spec ({spec.content_hash()}) is not the one run "
             f"{inspection.run_id} pinned ({inspection.spec_hash}); pass the run's own spec"

@@ -35,6 +35,7 @@ from mayfly.journal import JournalRecord, WorkflowJournal
 from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
 from mayfly.model.errors import CorruptionError, HistoryLost, ResumeRefused, RunNotFound, SnapshotCorrupt
 from mayfly.model.ids import idempotency_key
+from mayfly.model.json import content_hash
 from mayfly.model.signals import AcceptedSignal
 from mayfly.model.spec import Node, WorkflowSpec
 from mayfly.model.state import RunState
@@ -166,11 +167,28 @@ def load_run(
     if state is None or last is None:
         raise RunNotFound(run_id)
     # restore_snapshot already checked a restored spec against its hash, and reducing never changes it.
-    if source == "journal" and state.spec.content_hash() != state.spec_hash:
+    if source == "journal" and not _pinned_spec_verifies(state, records[0]):
         raise CorruptionError(
             f"run {run_id}: the pinned specification does not match its recorded hash {state.spec_hash}"
         )
     return RecoveredRun(state, source, len(records), last, tuple(diagnostics))
+
+
+def _pinned_spec_verifies(state: RunState, created: JournalRecord) -> bool:
+    """Whether the run's pinned spec matches the hash its ``RunCreated`` (``created``) recorded.
+
+    Before content hashes were canonical, a spec holding a default in an
+    object of its own (``json.loads('"all_succeeded"')``) was hashed with that
+    field written out, and its decoded copy no longer was; such a run still
+    verifies against the spec exactly as its record holds it.
+    """
+    if state.spec.matches_hash(state.spec_hash):
+        return True
+    try:
+        written = msgspec.json.decode(created.payload)["spec"]
+        return bool(content_hash(written) == state.spec_hash)
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return False
 
 
 def _from_snapshot(

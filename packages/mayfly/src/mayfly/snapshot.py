@@ -102,7 +102,7 @@ def _rebuild(snapshot: SnapshotRecord) -> RunState | str:
         record.run_id != snapshot.run_id
         or record.sequence != snapshot.last_sequence
         or record.spec_hash != snapshot.spec_checksum
-        or record.spec.content_hash() != record.spec_hash
+        or not record.spec.matches_hash(record.spec_hash)
     ):
         return f"snapshot of run {snapshot.run_id}: state does not match the snapshot's identity or spec"
     try:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 
 from mayfly.model.errors import InvalidIdentifier, SpecDecodeError, SpecValidationError
+from mayfly.model.json import content_hash
+from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.spec import (
+    ChildCall,
+    ChildDefinition,
+    Edge,
     ExponentialBackoff,
     Node,
+    OnAnyOutcome,
     RetryPolicy,
+    RunBudgets,
     WorkflowSpec,
     parse_handler_ref,
 )
@@ -83,6 +92,96 @@ def test_malformed_handler_references_are_rejected(value: str) -> None:
     """Missing or zero versions and bad names are rejected showing the value."""
     with pytest.raises(InvalidIdentifier, match="handler reference"):
         parse_handler_ref(value)
+
+
+def _spec(*nodes: Node, **fields: object) -> WorkflowSpec:
+    return WorkflowSpec("acme.review", 1, nodes=nodes, **fields)  # type: ignore[arg-type]
+
+
+RETRYABLE = NodeOutcomeKind.RETRYABLE_FAILURE
+SPELLED_DEFAULTS = {
+    "policy from JSON": _spec(Node("a", handler="a@1", policy=json.loads('"all_succeeded"'))),
+    "empty list": _spec(Node("a", handler="a@1", depends_on=[], outputs=[], artifacts=[])),  # type: ignore[arg-type]
+    "fresh retry policy": _spec(Node("a", handler="a@1", retry=RetryPolicy())),
+    "every retry field": _spec(
+        Node(
+            "a",
+            handler="a@1",
+            retry=RetryPolicy(
+                max_attempts=int("3"),
+                retry_on=[RETRYABLE],  # type: ignore[arg-type]
+                backoff=ExponentialBackoff(int("1000"), int("2"), int("60000")),
+                jitter_max_ms=int("0"),
+            ),
+        )
+    ),
+    "enum as its value": _spec(Node("a", handler="a@1", retry=RetryPolicy(retry_on=("retryable_failure",)))),  # type: ignore[arg-type]
+    "budgets": _spec(Node("a", handler="a@1"), budgets=RunBudgets(int("10000"), int("100000"))),
+    "edge predicate": _spec(
+        Node("a", handler="a@1"), Node("b", handler="b@1"), edges=(Edge("a", "b", OnAnyOutcome()),)
+    ),
+    "child call and catalog": _spec(
+        Node("a", child=ChildCall("acme.child", 1, "propagate", inputs=[], outputs=[])),  # type: ignore[arg-type]
+        catalog=(
+            ChildDefinition("acme.child", 1, (Node("c", handler="c@1"),), edges=[], budgets=RunBudgets()),
+        ),  # type: ignore[arg-type]
+    ),
+}
+LEFT_OUT = {
+    "policy from JSON": _spec(Node("a", handler="a@1")),
+    "empty list": _spec(Node("a", handler="a@1")),
+    "fresh retry policy": _spec(Node("a", handler="a@1")),
+    "every retry field": _spec(Node("a", handler="a@1")),
+    "enum as its value": _spec(Node("a", handler="a@1")),
+    "budgets": _spec(Node("a", handler="a@1")),
+    "edge predicate": _spec(Node("a", handler="a@1"), Node("b", handler="b@1"), edges=(Edge("a", "b"),)),
+    "child call and catalog": _spec(
+        Node("a", child=ChildCall("acme.child", 1, "propagate")),
+        catalog=(ChildDefinition("acme.child", 1, (Node("c", handler="c@1"),)),),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPELLED_DEFAULTS))
+def test_a_default_held_in_an_object_of_its_own_hashes_like_the_default(case: str) -> None:
+    """A field equal to its default is left out of the canonical JSON whatever object holds it."""
+    spelled, plain = SPELLED_DEFAULTS[case], LEFT_OUT[case]
+    assert spelled.to_json() == plain.to_json()
+    assert spelled.content_hash() == plain.content_hash()
+    assert WorkflowSpec.from_json(spelled.to_json()).content_hash() == spelled.content_hash()
+
+
+@pytest.mark.parametrize(
+    "retry",
+    [RetryPolicy(max_attempts=3.0), RetryPolicy(jitter_max_ms=False), RetryPolicy(max_attempts=True)],  # type: ignore[arg-type]
+)
+def test_values_equal_in_python_but_not_in_json_hash_differently(retry: RetryPolicy) -> None:
+    """3.0 and True are not the JSON of 3 and 0: a float or a bool is never taken for the int default."""
+    assert retry == RetryPolicy() or retry.max_attempts == 1  # Python calls them equal (True == 1)
+    assert (
+        _spec(Node("a", handler="a@1", retry=retry)).content_hash()
+        != LEFT_OUT["fresh retry policy"].content_hash()
+    )
+
+
+def test_json_that_spells_out_defaults_hashes_like_json_that_leaves_them_out() -> None:
+    """Decoded from JSON, explicit defaults (ints beyond the small-int cache, nested structs) hash as absent."""
+    spelled = WorkflowSpec.from_json(
+        b'{"workflow_id":"acme.review","version":1,"budgets":{"max_attempts":10000},"nodes":'
+        b'[{"id":"a","handler":"a@1","policy":"all_succeeded","retry":{"backoff":{"type":"exponential"}}}]}'
+    )
+    assert spelled.content_hash() == LEFT_OUT["budgets"].content_hash()
+
+
+def test_hashes_recorded_before_hashing_was_canonical_still_match() -> None:
+    """matches_hash accepts the hash an earlier Mayfly recorded for a spec, and no other spec's."""
+    spelled = WorkflowSpec.from_json(
+        b'{"workflow_id":"acme.review","version":1,"budgets":{"max_attempts":10000},"nodes":[{"id":"a","handler":"a@1"}]}'
+    )
+    earlier = content_hash(spelled)  # what content_hash() computed before: the encoding as held
+    assert earlier != spelled.content_hash()
+    assert spelled.matches_hash(earlier) and spelled.matches_hash(spelled.content_hash())
+    assert not SPEC.matches_hash(earlier) and not SPEC.matches_hash(spelled.content_hash())
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -9,7 +10,7 @@ import pytest
 from conftest import node, workflow
 
 from mayfly.commit import commit_command
-from mayfly.journal import SnapshotRecord
+from mayfly.journal import JournalRecord, SnapshotRecord
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 from mayfly.model.commands import AdvanceTime, AttemptStart, CompleteAttempt, CreateRun, StartNodes
 from mayfly.model.errors import (
@@ -20,9 +21,20 @@ from mayfly.model.errors import (
     ResumeRefused,
     RunNotFound,
 )
+from mayfly.model.events import RunCreated
 from mayfly.model.ids import DeterministicIdSource, idempotency_key
+from mayfly.model.json import content_hash
 from mayfly.model.outcomes import ChangesRequested, RetryableFailure, Succeeded
-from mayfly.model.spec import ChildCall, ChildDefinition, Edge, FixedBackoff, Node, OnOutcome, RetryPolicy
+from mayfly.model.spec import (
+    ChildCall,
+    ChildDefinition,
+    Edge,
+    FixedBackoff,
+    Node,
+    OnOutcome,
+    RetryPolicy,
+    WorkflowSpec,
+)
 from mayfly.model.state import RunState
 from mayfly.recovery import (
     DispatchReady,
@@ -33,6 +45,7 @@ from mayfly.recovery import (
     required_handlers,
     resume_run,
 )
+from mayfly.reducer import encode_event
 from mayfly.snapshot import make_snapshot
 
 SPEC = workflow(
@@ -277,3 +290,60 @@ def test_resume_releases_the_lease_when_history_is_invalid(store: Store) -> None
     with pytest.raises(CorruptionError):
         resume_run(store.journal, store.leases, run_id, owner="w")
     store.leases.acquire(run_id, "next", 1000).release()
+
+
+def _created_by_an_earlier_mayfly(store: Store, spec: WorkflowSpec) -> str:
+    """A run whose RunCreated pins ``spec`` under the hash content_hash() computed before it was canonical."""
+    run_id = store.ids.new_id()
+    event = RunCreated(run_id=run_id, spec=spec, spec_hash=content_hash(spec))
+    encoded = encode_event(event)
+    record = JournalRecord.seal(
+        run_id=run_id,
+        sequence=1,
+        event_id=store.ids.new_id(),
+        event_type=encoded.event_type,
+        schema_version=encoded.schema_version,
+        payload=encoded.payload,
+    )
+    store.journal.append(run_id, 1, [record])
+    return run_id
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # JSON that spells a default out: its decoded copy hashed as written, and still does.
+        WorkflowSpec.from_json(
+            b'{"workflow_id":"w","version":1,"budgets":{"max_attempts":10000},"nodes":[{"id":"a","handler":"a@1"}]}'
+        ),
+        # A default in an object of its own: written out live, left out after decoding.
+        WorkflowSpec("w", 1, nodes=(Node("a", handler="a@1", policy=json.loads('"all_succeeded"')),)),
+    ],
+    ids=["spelled-out-in-json", "distinct-object"],
+)
+def test_runs_pinned_before_hashes_were_canonical_still_verify(store: Store, spec: WorkflowSpec) -> None:
+    """A spec hash recorded by an earlier Mayfly verifies on replay, inspection and resume."""
+    run_id = _created_by_an_earlier_mayfly(store, spec)
+    assert replay_run(store.journal, run_id).state.spec_hash == content_hash(spec)
+    inspect_run(store.journal, run_id)
+    with resume_run(store.journal, store.leases, run_id, owner="t", ttl_ms=5_000) as session:
+        assert session.state.spec == spec
+
+
+def test_a_pinned_spec_that_matches_no_recorded_hash_fails_closed(store: Store) -> None:
+    """A RunCreated whose spec is not the one its hash names is corruption, whichever hashing is tried."""
+    run_id = store.ids.new_id()
+    spec = WorkflowSpec("w", 1, nodes=(Node("a", handler="a@1"),))
+    other = WorkflowSpec("w", 1, nodes=(Node("b", handler="a@1"),))
+    encoded = encode_event(RunCreated(run_id=run_id, spec=spec, spec_hash=other.content_hash()))
+    record = JournalRecord.seal(
+        run_id=run_id,
+        sequence=1,
+        event_id=store.ids.new_id(),
+        event_type=encoded.event_type,
+        schema_version=encoded.schema_version,
+        payload=encoded.payload,
+    )
+    store.journal.append(run_id, 1, [record])
+    with pytest.raises(CorruptionError, match="does not match its recorded hash"):
+        replay_run(store.journal, run_id)

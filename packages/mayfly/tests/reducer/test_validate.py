@@ -178,3 +178,26 @@ def test_inputs_that_would_not_read_back_are_refused_with_typed_errors(
 def test_inputs_at_the_limits_are_accepted() -> None:
     """128 levels and 4,300-digit integers are inside the limits."""
     check_input({"deep": _nested(127), "long": -(10**4300 - 1)}, "run input")
+
+
+@pytest.mark.parametrize(
+    ("node", "issue"),
+    [
+        (
+            Node("a", handler="a@1", max_attempts=float("nan")),
+            "nodes[a].max_attempts: does not read back unchanged",
+        ),  # type: ignore[arg-type]
+        (Node("a", handler="a@1", input=_nested(200)), "nodes[a].input: input nesting is 200 levels"),
+        (
+            Node("a", handler="a@1", input=_nested(995)),
+            "malformed specification: nested too deeply to encode as JSON",
+        ),
+        (Node("a", handler="a@1", input={1: "a"}), "malformed specification:"),
+        (Node("a", handler="a@1", input=[10**5000]), "malformed specification:"),
+    ],
+    ids=["nan-in-a-typed-field", "deep-input", "recursion-deep-input", "int-key", "long-integer"],
+)
+def test_a_spec_that_would_replay_differently_is_invalid(node: Node, issue: str) -> None:
+    """A Python-built spec whose JSON would read back as another spec, or not at all, fails validation."""
+    (found,) = messages(workflow(node))
+    assert found.startswith(issue)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -122,6 +123,22 @@ def test_a_handler_exception_becomes_a_typed_failure(env: Env) -> None:
     assert summary.outcome is mayfly.NodeOutcomeKind.RETRYABLE_FAILURE
     assert summary.reason.startswith("handler raised ConnectionError: upstream reset!!!")
     assert len(summary.reason.encode()) <= 4096
+
+
+def test_a_spec_holding_a_default_in_an_object_of_its_own_replays_inspects_and_resumes(env: Env) -> None:
+    """policy=json.loads('"all_succeeded"') equals the default, so the journal's copy verifies against it."""
+    env.registry.register("ok", 1, lambda req: Succeeded())
+    pinned = spec(
+        Node("a", handler="ok@1", policy=json.loads('"all_succeeded"')),
+        Node(
+            "b", handler="ok@1", depends_on=["a"], retry=RetryPolicy(), policy=json.loads('"all_succeeded"')
+        ),  # type: ignore[list-item]
+    )
+    result = env.runtime().execute(pinned)
+    assert result.succeeded
+    assert mayfly.replay_run(env.journal, result.run_id).state.spec_hash == pinned.content_hash()
+    mayfly.inspect_run(env.journal, result.run_id)
+    assert env.runtime().resume(result.run_id).succeeded
 
 
 def test_returning_a_non_outcome_is_a_permanent_failure(env: Env) -> None:

@@ -7,12 +7,18 @@ spec's content hash (SHA-256 of its canonical JSON).
 
 These structs only *hold* a specification; :func:`mayfly.reducer.validate`
 checks it and reports every problem at once.
+
+The content hash is a function of the specification's value alone: a field
+whose JSON equals its default's is left out whatever object holds it (see
+:meth:`WorkflowSpec.content_hash`).
 """
 
 from __future__ import annotations
 
+import operator
 import re
-from typing import Literal, TypeAlias
+from collections.abc import Callable
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -42,6 +48,7 @@ __all__ = [
     "RunBudgets",
     "WorkflowSpec",
     "parse_handler_ref",
+    "spec_difference",
 ]
 
 SPEC_SCHEMA_VERSION = 1
@@ -251,12 +258,27 @@ class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     schema_version: int = SPEC_SCHEMA_VERSION
 
     def content_hash(self) -> str:
-        """``sha256:<hex>`` over the canonical JSON of this spec; stable across machines."""
-        return content_hash(self)
+        """``sha256:<hex>`` over the canonical JSON of this spec; stable across machines.
+
+        It depends only on the specification's value: equal specifications
+        hash equally however they were built (from JSON, from Python, with a
+        default spelled out or left out, with lists or tuples), and a spec
+        hashes like its own JSON round trip.
+        """
+        return content_hash(_canonical(self))
+
+    def matches_hash(self, recorded: str) -> bool:
+        """Whether ``recorded`` is this spec's content hash, as this or an earlier Mayfly computed it.
+
+        Before hashes were canonical, a field that held its default in a
+        different object (``"budgets": {"max_attempts": 10000}`` read from
+        JSON) was hashed as written; runs pinned that way still verify.
+        """
+        return recorded == self.content_hash() or recorded == content_hash(self)
 
     def to_json(self) -> bytes:
-        """The spec as compact JSON (canonical: sorted keys)."""
-        return canonical_json(self)
+        """The spec as compact JSON (canonical: sorted keys, fields holding their default left out)."""
+        return canonical_json(_canonical(self))
 
     @classmethod
     def from_json(cls, data: bytes | str) -> WorkflowSpec:
@@ -283,3 +305,269 @@ class WorkflowSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _SPEC_DECODER = msgspec.json.Decoder(WorkflowSpec)
+
+
+# -- the canonical form ----------------------------------------------------------------
+#
+# msgspec's ``omit_defaults`` leaves a field out only when it holds the very object that is
+# its default. ``Node(policy=json.loads('"all_succeeded"'))``, ``RunBudgets(max_attempts=
+# int("10000"))``, a fresh ``ExponentialBackoff()`` or ``depends_on=[]`` are written out,
+# while the same spec decoded from JSON, where msgspec fills in the default object, is not:
+# equal specifications would hash differently, and a run would not verify after its own
+# journal round trip. The canonical form swaps every field whose JSON equals its default's
+# JSON for the default object itself, so encoding it depends on the value alone.
+#
+# Which fields to look at is derived from the struct definitions, once: the defaulted fields
+# of each ``omit_defaults`` struct, and every field that may hold such a struct deeper down.
+# A field whose default is ``None`` needs no look: only ``None`` encodes as ``null`` (NaN
+# does too, but validation refuses a spec that does not survive its JSON round trip).
+#
+# Specs are hashed on every run creation and resume, and a spec may have 100,000 nodes, so
+# each struct type gets a generated function (as dataclasses and attrs generate __init__):
+# in the common case it costs one identity check per looked-at field, and a sub-struct that
+# many nodes share is looked at once.
+
+_SCALAR, _EMPTY, _VALUE, _STRUCT, _ITEMS = range(5)
+"""How a field is looked at: a str/int/bool default; a ``()`` default; any other default,
+compared by JSON; a field that may hold a looked-at struct; a tuple of such structs."""
+
+_Plan = tuple[tuple[str, Any, int], ...]
+"""Per struct type: (field name, default or ``_REQUIRED``, how it is looked at)."""
+
+_Canonicalize: TypeAlias = Callable[[Any, list[dict[int, Any]]], Any]
+_Infos: TypeAlias = "dict[type[msgspec.Struct], msgspec.inspect.StructType]"
+
+_REQUIRED: Any = msgspec.NODEFAULT
+_JSON_TYPES = (str, int, float, bool, type(None), list, tuple, dict)
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+def _struct_types(info: msgspec.inspect.Type) -> list[msgspec.inspect.StructType]:
+    if isinstance(info, msgspec.inspect.StructType):
+        return [info]
+    if isinstance(info, msgspec.inspect.UnionType):
+        return [s for t in info.types for s in _struct_types(t)]
+    if isinstance(info, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
+        return _struct_types(info.item_type)
+    return []
+
+
+def _how(field: msgspec.inspect.Field, planned: dict[type[msgspec.Struct], _Plan], omit: bool) -> int | None:
+    if any(s.cls in planned for s in _struct_types(field.type)):
+        return _ITEMS if isinstance(field.type, msgspec.inspect.VarTupleType) else _STRUCT
+    default = field.default
+    if not omit or default is _REQUIRED or default is None:
+        return None
+    if type(default) in (str, int, bool):
+        return _SCALAR
+    return _EMPTY if default == () else _VALUE
+
+
+def _reachable(root: type[msgspec.Struct]) -> _Infos:
+    infos: _Infos = {}
+    pending = _struct_types(msgspec.inspect.type_info(root))
+    while pending:
+        info = pending.pop()
+        if info.cls not in infos:
+            infos[info.cls] = info
+            pending.extend(s for field in info.fields for s in _struct_types(field.type))
+    return infos
+
+
+def _plans(infos: _Infos) -> dict[type[msgspec.Struct], _Plan]:
+    plans: dict[type[msgspec.Struct], _Plan] = {}
+    changed = True
+    while changed:  # a field needs a look if a struct it may hold does: iterate to a fixpoint
+        changed = False
+        for cls, info in infos.items():
+            omit = cls.__struct_config__.omit_defaults
+            plan = tuple(
+                (field.name, field.default, how)
+                for field in info.fields
+                if (how := _how(field, plans, omit)) is not None
+            )
+            if plan and plans.get(cls) != plan:
+                plans[cls] = plan
+                changed = True
+    return plans
+
+
+def _is_plain_default(default: Any, infos: _Infos) -> bool:
+    """Whether ``default`` is an omit_defaults struct holding every field's own default object.
+
+    A canonical value of its type then equals it exactly when each of its
+    fields is that field's default object: a run of identity checks.
+    """
+    info = infos.get(type(default))
+    return (
+        info is not None
+        and type(default).__struct_config__.omit_defaults
+        and all(f.default is not _REQUIRED and getattr(default, f.name) is f.default for f in info.fields)
+    )
+
+
+def _compile(cls: type[msgspec.Struct], plan: _Plan, infos: _Infos, first_memo: int) -> _Canonicalize:
+    """The canonicalising function of one struct type: unrolled checks, one per planned field."""
+    env: dict[str, Any] = {"_same_json": _same_json, "_replace": msgspec.structs.replace}
+    env |= {"_items": _items, "_CANONICAL": _CANONICAL}
+    lines = ["def canonical(obj, memos):", "    changes = None"]
+    for k, (name, default, how) in enumerate(plan):
+        d = f"_d{k}"
+        env[d] = default
+        lines.append(f"    value = obj.{name}")
+        if how == _SCALAR:
+            lines.append(f"    if value is not {d} and (type(value) is not type({d}) or value == {d}):")
+            lines.append(f"        new = {d} if _same_json(value, {d}) else value")
+        elif how == _EMPTY:
+            lines.append(f"    if value is not {d} and type(value) is not tuple:  # () is a singleton")
+            lines.append(f"        new = {d} if _same_json(value, {d}) else value")
+        elif how == _ITEMS:
+            lines.append(f"    if value is not {d}:")
+            lines.append("        new = _items(value, memos)")
+            if default is not _REQUIRED:
+                lines.append(f"        if not new:\n            new = {d}")
+        else:
+            lines.append(f"    if value is not {d}:")
+            lines.append(f"        memo = memos[{first_memo + k}]")
+            lines.append("        new = memo.get(id(value))")
+            lines.append("        if new is None:")
+            if how == _STRUCT:
+                lines.append("            canonicalize = _CANONICAL.get(type(value))")
+                lines.append(
+                    "            new = value if canonicalize is None else canonicalize(value, memos)"
+                )
+            else:
+                lines.append("            new = value")
+            if default is None or default is _REQUIRED:
+                pass  # only None is None, and a required field has no default to become
+            elif _is_plain_default(default, infos):
+                fields = infos[type(default)].fields
+                env |= {f"_d{k}_{f.name}": f.default for f in fields}
+                same = " and ".join(f"new.{f.name} is _d{k}_{f.name}" for f in fields)
+                lines.append(f"            if type(new) is type({d}) and {same}:")
+                lines.append(f"                new = {d}")
+            else:
+                lines.append(f"            if _same_json(new, {d}):")
+                lines.append(f"                new = {d}")
+            lines.append("            memo[id(value)] = new")
+        lines.append("        if new is not value:")
+        lines.append("            if changes is None:")
+        lines.append("                changes = {}")
+        lines.append(f"            changes[{name!r}] = new")
+    lines.append("    return obj if changes is None else _replace(obj, **changes)")
+    exec("\n".join(lines), env)  # source generated from our own struct definitions
+    function: _Canonicalize = env["canonical"]
+    return function
+
+
+def _struct(obj: Any, memos: list[dict[int, Any]]) -> Any:
+    canonical = _CANONICAL.get(type(obj))
+    return obj if canonical is None else canonical(obj, memos)
+
+
+def _items(value: Any, memos: list[dict[int, Any]]) -> Any:
+    if not isinstance(value, list | tuple) or not value:
+        return value
+    # The items of a tuple field (nodes, edges) nearly always share one type: look it up once.
+    kind = type(value[0])
+    canonicalize = _CANONICAL.get(kind)
+    if canonicalize is None:
+        canonical = [_struct(item, memos) for item in value]
+    else:
+        canonical = [
+            canonicalize(item, memos) if type(item) is kind else _struct(item, memos) for item in value
+        ]
+    if type(value) is tuple and all(map(operator.is_, canonical, value)):
+        return value
+    return tuple(canonical)
+
+
+def _canonical(spec: WorkflowSpec) -> WorkflowSpec:
+    """``spec`` with every field that JSON-equals its default holding the default object itself.
+
+    Returns ``spec`` itself, not a copy, when nothing needs replacing. Each
+    struct-valued field has its own memo (by the identity of the value), so
+    a value shared by many nodes is canonicalised once.
+    """
+    result: WorkflowSpec = _struct(spec, [{} for _ in range(_MEMOS)])
+    return result
+
+
+def spec_difference(spec: WorkflowSpec, other: WorkflowSpec) -> str | None:
+    """``None`` if both specs have the same canonical JSON, else the path of the first difference.
+
+    The path names fields by name and list items by position, or by id for
+    nodes (``nodes[review].max_attempts``); it is ``""`` when the two differ
+    only as wholes.
+    """
+    a, b = _canonical(spec), _canonical(other)
+    if canonical_json(a) == canonical_json(b):
+        return None
+    return _locate(a, b, "")
+
+
+def _locate(a: Any, b: Any, path: str) -> str:
+    if isinstance(a, msgspec.Struct) and type(a) is type(b):
+        for name in type(a).__struct_fields__:
+            if _written(a, name) != _written(b, name):
+                return _locate(getattr(a, name), getattr(b, name), f"{path}.{name}" if path else name)
+    elif isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if canonical_json(x) != canonical_json(y):
+                label = x.id if isinstance(x, Node) and isinstance(x.id, str) else i
+                return _locate(x, y, f"{path}[{label}]")
+    return path
+
+
+def _written(struct: Any, name: str) -> bytes | None:
+    """The JSON a canonical struct writes for field ``name``, or ``None`` if it leaves it out."""
+    value = getattr(struct, name)
+    plan = _PLAN_DEFAULTS.get((type(struct), name), _REQUIRED)
+    return None if value is plan else canonical_json(value)
+
+
+def _same_json(value: Any, default: Any) -> bool:
+    """Whether ``value`` encodes to the same JSON as ``default`` (``value`` already canonical)."""
+    if value is default:
+        return True
+    if value is None or default is None:
+        return False
+    kind = type(default)
+    if type(value) is kind:
+        if kind is str or kind is int or kind is bool:
+            return bool(value == default)
+        if kind is tuple:
+            return len(value) == len(default) and all(map(_same_json, value, default))
+        if issubclass(kind, msgspec.Struct):
+            return all(
+                _same_json(getattr(value, name), getattr(default, name)) for name in kind.__struct_fields__
+            )
+    elif isinstance(value, list | tuple) and isinstance(default, list | tuple):
+        return len(value) == len(default) and all(map(_same_json, value, default))
+    elif isinstance(value, _JSON_TYPES) and isinstance(default, _JSON_TYPES):
+        return False  # the JSON types differ: 1 is neither true nor 1.0
+    # An enum, a subclass, another struct type: compare what they encode to.
+    try:
+        return bool(_ENCODER.encode(value) == _ENCODER.encode(default))
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):
+        return False
+
+
+def _compile_all(root: type[msgspec.Struct]) -> int:
+    """Fill :data:`_CANONICAL` for every struct type reachable from ``root``; return the memo count."""
+    infos = _reachable(root)
+    memos = 0
+    for cls, plan in _plans(infos).items():
+        _CANONICAL[cls] = _compile(cls, plan, infos, memos)
+        memos += len(plan)
+    return memos
+
+
+_CANONICAL: dict[type[msgspec.Struct], _Canonicalize] = {}
+_MEMOS = _compile_all(WorkflowSpec)
+_PLAN_DEFAULTS = {
+    (cls, name): default
+    for cls, info in _reachable(WorkflowSpec).items()
+    if cls.__struct_config__.omit_defaults
+    for name, default in ((f.name, f.default) for f in info.fields)
+}

@@ -25,7 +25,7 @@ from mayfly.model.errors import (
     ValidationIssue,
 )
 from mayfly.model.ids import NODE_ID_GRAMMAR, is_node_id, parse_workflow_id
-from mayfly.model.json import check_json_value
+from mayfly.model.json import canonical_json, check_json_value
 from mayfly.model.limits import MAX_EVIDENCE_REFS, MAX_INLINE_INPUT_BYTES, MAX_JSON_DEPTH, MAX_NODES
 from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.spec import (
@@ -41,6 +41,7 @@ from mayfly.model.spec import (
     RunBudgets,
     WorkflowSpec,
     parse_handler_ref,
+    spec_difference,
 )
 from mayfly.reducer.children import call_graph_issues
 from mayfly.reducer.transitions import describe_predicate, first_overlaps, overlap_reason
@@ -90,9 +91,17 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
     levels is reported before any run exists.
     """
     # Python-built structs skip msgspec's type checks; a JSON round trip applies them
-    # with located messages ("Expected `int`, got `str` - at `$.nodes[0].retry`").
+    # with located messages ("Expected `int`, got `str` - at `$.nodes[0].retry`"). The
+    # run's history holds exactly that JSON, so a spec must also read back from it with
+    # the same content: a NaN or an object JSON cannot hold would otherwise run live as
+    # one value and replay as another.
     try:
-        msgspec.json.decode(_JSON.encode(spec), type=WorkflowSpec)
+        written = spec.to_json()
+        decoded = msgspec.json.decode(written, type=WorkflowSpec)
+        # ``written`` leaves out exactly the fields that equal their defaults, and those decode as
+        # the default objects themselves: the decoded spec encodes as ``written`` again, as it is,
+        # unless a value changed on the way.
+        difference = None if canonical_json(decoded) == written else spec_difference(spec, decoded)
     except (msgspec.ValidationError, msgspec.EncodeError, TypeError, ValueError) as exc:
         return [ValidationIssue("", f"malformed specification: {exc}")]
     except RecursionError:
@@ -101,6 +110,14 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
                 "",
                 "malformed specification: nested too deeply to encode as JSON "
                 f"(node inputs may nest at most {MAX_JSON_DEPTH} levels)",
+            )
+        ]
+    if difference is not None:
+        return [
+            ValidationIssue(
+                difference,
+                "does not read back unchanged from its own JSON: it holds a value JSON cannot "
+                "represent (a NaN or infinity, an object that is not a JSON value)",
             )
         ]
     issues: list[ValidationIssue] = []
