@@ -125,6 +125,107 @@ def test_a_handler_exception_becomes_a_typed_failure(env: Env) -> None:
     assert len(summary.reason.encode()) <= 4096
 
 
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_an_exception_registered_as_non_retryable_fails_the_node_permanently(
+    env: Env, cooperative: bool
+) -> None:
+    """A type named in non_retryable (or a subclass) is one PermanentFailure naming it; others still retry."""
+    calls: list[str] = []
+
+    @env.registry.handler("stock", non_retryable=(LookupError,), cooperative=cooperative)
+    def stock(req: HandlerRequest) -> Succeeded:
+        calls.append(req.node_id)
+        if req.node_id == "bug":
+            raise KeyError("sku")
+        raise ConnectionError("reset")
+
+    retry = RetryPolicy(max_attempts=3, backoff=ImmediateBackoff())
+    result = env.runtime(clock=VirtualClock).execute(
+        spec(Node("bug", handler="stock@1", retry=retry), Node("flaky", handler="stock@1", retry=retry))
+    )
+    assert (result.nodes["bug"].outcome, result.nodes["bug"].attempts) == (
+        mayfly.NodeOutcomeKind.PERMANENT_FAILURE,
+        1,
+    )
+    assert result.nodes["bug"].reason == "handler raised KeyError: 'sku'"
+    assert (result.nodes["flaky"].outcome, result.nodes["flaky"].attempts) == (
+        mayfly.NodeOutcomeKind.RETRYABLE_FAILURE,
+        3,
+    )
+    assert calls.count("bug") == 1
+
+
+class Discontinued(mayfly.NonRetryable):
+    """A handler's own permanent error."""
+
+
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_raising_non_retryable_fails_the_node_permanently_naming_the_cause(
+    env: Env, cooperative: bool
+) -> None:
+    """mayfly.NonRetryable, or a subclass, is a bounded PermanentFailure whose reason names it and its cause."""
+
+    @env.registry.handler("order", cooperative=cooperative)
+    def order(req: HandlerRequest) -> Succeeded:
+        if req.node_id == "plain":
+            raise mayfly.NonRetryable("sku 42 is discontinued")
+        if req.node_id == "long":
+            raise mayfly.NonRetryable("x" * 10_000)
+        try:
+            {}["sku"]
+        except KeyError as exc:
+            raise Discontinued("sku 42") from exc
+        return Succeeded()
+
+    retry = RetryPolicy(max_attempts=3, backoff=ImmediateBackoff())
+    result = env.runtime(clock=VirtualClock).execute(
+        spec(*(Node(n, handler="order@1", retry=retry) for n in ("plain", "caused", "long")))
+    )
+    for summary in result.nodes.values():
+        assert (summary.outcome, summary.attempts) == (mayfly.NodeOutcomeKind.PERMANENT_FAILURE, 1)
+    assert result.nodes["plain"].reason == "handler raised NonRetryable: sku 42 is discontinued"
+    assert result.nodes["caused"].reason == "handler raised Discontinued: sku 42 (from KeyError: 'sku')"
+    assert result.nodes["long"].reason.startswith("handler raised NonRetryable: xxx")
+    assert len(result.nodes["long"].reason.encode()) <= 4096
+
+
+def test_a_permanent_failure_is_retried_when_the_policy_names_it(env: Env) -> None:
+    """NonRetryable makes the outcome permanent; a policy that retries permanent failures still may."""
+
+    @env.registry.handler("gone")
+    def gone(req: HandlerRequest) -> Succeeded:
+        raise mayfly.NonRetryable("gone")
+
+    retry = RetryPolicy(
+        max_attempts=2,
+        retry_on=(mayfly.NodeOutcomeKind.PERMANENT_FAILURE,),
+        backoff=ImmediateBackoff(),
+    )
+    result = env.runtime(clock=VirtualClock).execute(spec(Node("a", handler="gone@1", retry=retry)))
+    assert result.nodes["a"].attempts == 2
+
+
+@pytest.mark.parametrize("kinds", [(KeyboardInterrupt,), ("KeyError",), (KeyError, 3)])
+def test_non_retryable_must_name_exception_classes(kinds: tuple[Any, ...]) -> None:
+    """Registration refuses anything but Exception subclasses, so a typo cannot silently retry forever."""
+    with pytest.raises(TypeError, match="non_retryable must list Exception subclasses"):
+        HandlerRegistry().register("x", 1, lambda req: Succeeded(), non_retryable=kinds)
+
+
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_exception_text_that_is_not_utf8_is_recorded_not_fatal(env: Env, cooperative: bool) -> None:
+    """A lone surrogate in a handler's exception text becomes "?" in the reason instead of stopping the run."""
+
+    @env.registry.handler("odd", cooperative=cooperative)
+    def odd(req: HandlerRequest) -> Succeeded:
+        raise ValueError("bad \ud800 text")
+
+    result = env.runtime(clock=VirtualClock).execute(
+        spec(Node("a", handler="odd@1", retry=RetryPolicy(max_attempts=1)))
+    )
+    assert result.nodes["a"].reason == "handler raised ValueError: bad ? text"
+
+
 def test_a_spec_holding_a_default_in_an_object_of_its_own_replays_inspects_and_resumes(env: Env) -> None:
     """policy=json.loads('"all_succeeded"') equals the default, so the journal's copy verifies against it."""
     env.registry.register("ok", 1, lambda req: Succeeded())

@@ -39,6 +39,7 @@ __all__ = [
     "LeaseLost",
     "LimitExceeded",
     "MayflyError",
+    "NonRetryable",
     "OffloadTimeout",
     "PluginError",
     "ResumeRefused",
@@ -402,3 +403,14 @@ class InvalidJSONValue(MayflyError, ValueError):
 
 class InvalidSignalToken(MayflyError, ValueError):
     """A signal token is malformed; the message states the rule and never shows the token."""
+
+
+class NonRetryable(Exception):  # raised by handler code, so deliberately not a MayflyError
+    """Raise from a handler to fail the attempt permanently instead of retrying it.
+
+    The attempt's outcome is a ``PermanentFailure`` whose reason names the
+    exception's type and message (``handler raised NonRetryable: sku 42 is
+    discontinued``), and the cause's when raised ``from`` another exception.
+    Subclass it to name your own permanent errors. A retry policy that lists
+    ``permanent_failure`` in ``retry_on`` still retries it.
+    """

@@ -54,6 +54,7 @@ from mayfly.model.errors import (
     CorruptionError,
     LimitExceeded,
     MayflyError,
+    NonRetryable,
     RunNotFound,
     TaskCancelled,
     TaskFailed,
@@ -132,11 +133,20 @@ _PERMANENT_ERRORS = ("mayfly.model.errors.LimitExceeded", "TypeError")
 
 
 def _bounded(text: str) -> str:
-    raw = text.encode("utf-8", "replace")
+    raw = text.encode("utf-8", "replace")  # a lone surrogate in exception text becomes "?"
     if len(raw) <= MAX_REASON_BYTES:
-        return text
+        return raw.decode("utf-8")
     # Exception text is diagnostic, not durable data: cut at the bound, marking the cut.
     return raw[: MAX_REASON_BYTES - 16].decode("utf-8", "ignore") + " [...truncated]"
+
+
+def _described(error: BaseException) -> str:
+    """``KeyError: 'sku'``: the exception's type and text, even when its ``__str__`` fails."""
+    try:
+        text = str(error)
+    except Exception:  # a handler's exception must not break the recording of its failure
+        text = "<unprintable>"
+    return f"{type(error).__qualname__}: {text}"
 
 
 HandlerResult = NodeOutcome | WaitForSignal
@@ -147,9 +157,20 @@ def invoke_handler(entry: HandlerEntry, request: HandlerRequest) -> HandlerResul
     """Call the handler (offloaded unless cooperative) and return a valid outcome or wait.
 
     A return value that is not an outcome becomes a PermanentFailure naming
-    what was returned; exceptions propagate to the caller's task.
+    what was returned, and so does a raised :class:`NonRetryable` or an
+    exception of a type the registration names ``non_retryable``, naming the
+    exception; other exceptions propagate to the caller's task.
     """
-    result: Any = entry.fn(request) if entry.cooperative else offload(entry.fn, request)
+    permanent: tuple[type[Exception], ...] = (NonRetryable, *entry.non_retryable)
+    try:
+        result: Any = entry.fn(request) if entry.cooperative else offload(entry.fn, request)
+    except TaskCancelled:
+        raise  # cancellation is never the handler's failure, even under non_retryable=(Exception,)
+    except permanent as exc:
+        reason = f"handler raised {_described(exc)}"
+        if isinstance(exc, NonRetryable) and exc.__cause__ is not None:
+            reason += f" (from {_described(exc.__cause__)})"
+        return PermanentFailure(reason=_bounded(reason))
     if isinstance(result, (*_OUTCOME_TYPES, WaitForSignal)):
         checked: HandlerResult = result
         return checked

@@ -28,16 +28,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 class HandlerEntry:
     """One registered implementation."""
 
-    __slots__ = ("compatible", "cooperative", "fn", "name", "version")
+    __slots__ = ("compatible", "cooperative", "fn", "name", "non_retryable", "version")
 
     def __init__(
-        self, name: str, version: int, fn: HandlerFunction, compatible: frozenset[int], cooperative: bool
+        self,
+        name: str,
+        version: int,
+        fn: HandlerFunction,
+        compatible: frozenset[int],
+        cooperative: bool,
+        *,
+        non_retryable: tuple[type[Exception], ...] = (),
     ) -> None:
         self.name = name
         self.version = version
         self.fn = fn
         self.compatible = compatible
         self.cooperative = cooperative
+        self.non_retryable = non_retryable
+        """Exception types that fail an attempt permanently instead of being retried."""
 
     @property
     def ref(self) -> str:
@@ -55,6 +64,12 @@ class HandlerRegistry:
     a blocking handler cannot freeze timers, deadlines or cancellation. A
     handler written against substrate primitives (``mayfly.substrate.sleep``...)
     may declare ``cooperative=True`` to run directly on a hub greenlet.
+
+    An exception a handler raises is a ``RetryableFailure`` by default, as in
+    Temporal: the retry policy decides. ``non_retryable=(KeyError, ...)``
+    names the exception types (and their subclasses) that are bugs or
+    permanent conditions instead; raising one, or :class:`mayfly.NonRetryable`,
+    records a ``PermanentFailure`` whose reason names the type.
     """
 
     def __init__(self) -> None:
@@ -69,19 +84,32 @@ class HandlerRegistry:
         *,
         compatible_with: Iterable[int] = (),
         cooperative: bool = False,
+        non_retryable: Iterable[type[Exception]] = (),
     ) -> HandlerEntry:
-        """Register ``fn`` as contract ``name@version`` (and the older versions it is compatible with)."""
+        """Register ``fn`` as contract ``name@version`` (and the older versions it is compatible with).
+
+        ``non_retryable`` lists exception types that fail an attempt
+        permanently: they are code, not data, so they belong here with the
+        handler that raises them rather than in the serialized spec.
+        """
         parse_handler_ref(f"{name}@{version}")  # same grammar as specifications
         if not callable(fn):
             # Refused here, not when a run first reaches the node and records a failure for it.
             raise TypeError(f"handler {name}@{version} must be callable, got {type(fn).__name__}")
+        permanent = tuple(non_retryable)
+        for kind in permanent:
+            # KeyboardInterrupt and SystemExit stop the process, never only the attempt.
+            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                raise TypeError(
+                    f"handler {name}@{version}: non_retryable must list Exception subclasses, got {kind!r}"
+                )
         versions = frozenset({version, *compatible_with})
         if any(v < 1 or v > version for v in versions):
             raise ValueError(
                 f"handler {name}@{version}: compatible versions must be between 1 and {version}, "
                 f"got {sorted(versions)}"
             )
-        entry = HandlerEntry(name, version, fn, versions, cooperative)
+        entry = HandlerEntry(name, version, fn, versions, cooperative, non_retryable=permanent)
         for served in versions:
             existing = self._serves.get((name, served))
             if existing is not None:
@@ -95,12 +123,25 @@ class HandlerRegistry:
         return entry
 
     def handler(
-        self, name: str, version: int = 1, *, compatible_with: Iterable[int] = (), cooperative: bool = False
+        self,
+        name: str,
+        version: int = 1,
+        *,
+        compatible_with: Iterable[int] = (),
+        cooperative: bool = False,
+        non_retryable: Iterable[type[Exception]] = (),
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`: ``@registry.handler("review", version=1)``."""
 
         def decorate(fn: F) -> F:
-            self.register(name, version, fn, compatible_with=compatible_with, cooperative=cooperative)
+            self.register(
+                name,
+                version,
+                fn,
+                compatible_with=compatible_with,
+                cooperative=cooperative,
+                non_retryable=non_retryable,
+            )
             return fn
 
         return decorate
