@@ -57,7 +57,7 @@ from mayfly.model.outcomes import NodeOutcomeKind, Succeeded
 from mayfly.model.signals import SignalToken
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
-from mayfly.recovery import RecoveryEffect, inspect_run, resume_run
+from mayfly.recovery import RecoveryEffect, inspect_run, require_run, resume_run
 from mayfly.reducer import check_input, decide, validate
 from mayfly.runtime._driver import Observer, RunDriver, SignalRequest
 from mayfly.runtime._time import catch_up, run_time_at
@@ -316,6 +316,7 @@ class WorkflowRuntime:
             if request.error is not None:
                 raise request.error
             return SignalDisposition.of(signal_id, request.result)
+        require_run(self.journal, run_id)
         with self.leases.acquire(run_id, self.owner, self.lease_ttl_ms) as lease:
             state = inspect_run(self.journal, run_id).state
             command = DeliverSignal(
