@@ -156,7 +156,7 @@ class RunResult(msgspec.Struct, frozen=True):
                 status=node.status,
                 outcome=None if outcome is None else outcome.kind,
                 attempts=node.total_attempts,
-                reason="" if outcome is None else getattr(outcome, "reason", ""),
+                reason="" if outcome is None else outcome.reason,
                 child_run_id=children.get(node.node_id),
             )
             if isinstance(outcome, Succeeded) and node.status is NodeStatus.SUCCEEDED:
