@@ -59,7 +59,8 @@ from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.recovery import RecoveryEffect, inspect_run, require_run, resume_run
 from mayfly.reducer import check_input, decide, validate
-from mayfly.runtime._driver import Observer, RunDriver, SignalRequest
+from mayfly.runtime._context import DriveContext, Observer
+from mayfly.runtime._driver import RunDriver, SignalRequest
 from mayfly.runtime._time import catch_up, run_time_at
 from mayfly.runtime.registry import HandlerRegistry
 from mayfly.substrate import Clock, Hub, RealClock, current_hub
@@ -450,20 +451,26 @@ class WorkflowRuntime:
         self, state: RunState, lease: Any, concurrent: bool, detach: bool, *, wall_ms: int | None = None
     ) -> RunDriver:
         return RunDriver(
-            wall_ms=wall_ms,
+            self._context(),
+            state,
+            lease=lease,
+            concurrent=concurrent,
             detach_on_wait=detach,
-            observer=self.observer,
+            drivers=self._drivers,
+            wall_ms=wall_ms,
+        )
+
+    def _context(self) -> DriveContext:
+        """What every run this runtime drives shares (read afresh: the attributes are public)."""
+        return DriveContext(
             journal=self.journal,
             registry=self.registry,
             ids=self.ids,
-            state=state,
-            lease=lease,
-            concurrent=concurrent,
-            snapshot_every=self.snapshot_every,
             lease_ttl_ms=self.lease_ttl_ms,
+            snapshot_every=self.snapshot_every,
             leases=self.leases,
             owner=self.owner,
-            drivers=self._drivers,
+            observer=self.observer,
         )
 
     def _drive(self, driver: RunDriver, effects: tuple[Any, ...]) -> RunResult:
