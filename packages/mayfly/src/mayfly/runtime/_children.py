@@ -482,6 +482,8 @@ def cancel_run_cascade(
     pending = [(run_id, requester, reason)]
     while pending:
         run, who, why = pending.pop()
+        if journal.next_sequence(run) == 1:
+            continue  # never created (a child whose parent stopped before its RunCreated): no lease either
         lease = None if leases is None else leases.acquire(run, owner, ttl_ms)
         try:
             try:
