@@ -235,3 +235,15 @@ def test_resume_without_the_handlers_is_refused_and_the_printed_resume_command_c
     continued = mayfly(tmp_path, *command[1:])
     assert "re-invoking ship attempt 1 under its original id" in continued.stdout
     assert "run succeeded" in continued.stdout
+
+
+def test_the_demo_handlers_are_in_no_users_registry(tmp_path: Path) -> None:
+    """A user's run that names a demo handler is refused: the demo is not a plugin, so nothing serves it."""
+    node = {"id": "a", "handler": "demo.plan@1", "input": {"ticket": "T-1"}}
+    spec = {"workflow_id": "cli.demo", "version": 1, "nodes": [node]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    refused = mayfly(tmp_path, "run", "spec.json", "--handlers", "handlers.py", check=2)
+    assert "demo.plan@1" in refused.stderr
+    served = mayfly(tmp_path, "--json", "run", "spec.json", "--handlers", "mayfly.demo")
+    assert json.loads(served.stdout)["outputs"]["a"]["ticket"] == "T-1"
