@@ -145,6 +145,46 @@ def test_an_installed_upcaster_upgrades_a_v1_event_on_every_read_path(
     assert "run succeeded" in resumed.stdout
 
 
+PROJECT = """
+import sys
+from mayfly.inspect import build_inspection
+from mayfly.local import LocalWorkflowJournal
+from mayfly.recovery import inspect_run
+from mayfly.telemetry import compute_metrics, project_pal
+
+journal = LocalWorkflowJournal(sys.argv[1])
+records = journal.read(sys.argv[2])
+upcasters = {("NodeReady", 1): lambda body: {"type": "NodeReady", "node_id": body["node"], "cause": body["cause"]}}
+recovered = inspect_run(journal, sys.argv[2], upcasters=upcasters)  # recovery takes them explicitly
+print(build_inspection(recovered, records).history.lines[1])
+print([fact.event_type for fact in project_pal(records)][1])
+print(compute_metrics([recovered], {sys.argv[2]: records}).runs_observed)
+"""
+
+
+def test_projections_read_records_through_the_installed_upcasters_by_default(
+    tmp_path: Path, policy_site: Path
+) -> None:
+    """build_inspection, project_pal and compute_metrics decode v1 records through the installed plugin."""
+    url = f"file://{tmp_path}/journal"
+    run_id = v1_fixture(url)
+    write(tmp_path, "project.py", PROJECT)
+    done = run(policy_site, url, "project.py", url, run_id, cwd=tmp_path, future=True)
+    assert done.stdout.splitlines() == ["#2 NodeReady a ready (initial)", "NodeReady", "1"], done.stderr
+    bare = run(None, url, "project.py", url, run_id, cwd=tmp_path, future=True)
+    assert bare.returncode == 1 and "no upcaster registered for NodeReady v1 -> v2" in bare.stderr
+
+
+def test_mayfly_cancel_reads_through_the_installed_upcaster(tmp_path: Path, policy_site: Path) -> None:
+    """`mayfly cancel` of a v1 history works with the plugin installed and fails closed without it."""
+    url = f"file://{tmp_path}/journal"
+    run_id = v1_fixture(url)
+    bare = run(None, url, "cancel", run_id, "--reason", "old", cwd=tmp_path, future=True)
+    assert bare.returncode == 5 and "no upcaster registered for NodeReady v1 -> v2" in bare.stderr
+    done = run(policy_site, url, "cancel", run_id, "--reason", "old", cwd=tmp_path, future=True)
+    assert (done.returncode, done.stdout.strip()) == (0, f"run {run_id}: cancelled"), done.stderr
+
+
 def test_two_plugins_declaring_one_upcaster_key_fail_loudly(tmp_path: Path, clashing_site: Path) -> None:
     """With both plugins installed, every read refuses, naming both plugins: neither silently wins."""
     url = f"file://{tmp_path}/journal"

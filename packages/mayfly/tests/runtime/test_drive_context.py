@@ -137,7 +137,7 @@ def test_a_child_the_parent_never_created_is_created_from_its_childstarted_read_
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The recorded ChildStarted a missing child is created from is decoded with the context's upcasters."""
-    ids = mayfly.DeterministicIdSource(41)
+    ids = mayfly.ids.DeterministicIdSource(41)
     run_id = ids.new_id()
     created = commit_command(
         env.journal, None, CreateRun(run_id=run_id, spec=PARENT, input={"repo": "acme/app"}), ids=ids

@@ -246,6 +246,7 @@ def cmd_cancel(ctx: Context) -> int:
         reason=args.reason,
         owner=f"mayfly-cli:{os.getpid()}",
         ids=Uuid7IdSource(),
+        upcasters=runtime.upcasters,
     )
     state = runtime.inspect(run_id).state
     if args.json:

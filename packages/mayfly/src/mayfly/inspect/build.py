@@ -218,10 +218,16 @@ def build_inspection(
     the history is empty (all lines omitted) and attempt timings are
     unknown. A record of another run, or out of order, raises
     :class:`~mayfly.model.errors.InvalidRecord`.
+    ``upcasters`` lift older event versions as the records are decoded; left
+    out, they are those of the process's plugin manager
+    (:func:`mayfly.plugins.plugin_manager`), and ``{}`` means none.
     """
     _check_history_limit(history_limit)
     state = recovered.state
-    timing = None if records is None else _scan(state, records, history_limit, upcasters)
+    timing = None
+    if records is not None:
+        upcasters = plugin_manager().event_upcasters() if upcasters is None else upcasters
+        timing = _scan(state, records, history_limit, upcasters)
     edge_sources: dict[str, list[str]] = {}
     for edge in state.spec.edges:
         sources = edge_sources.setdefault(edge.target, [])

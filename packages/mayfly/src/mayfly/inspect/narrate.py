@@ -83,8 +83,7 @@ def narrate(event: Event) -> Narration:
             text += " (timeout)"
         if event.attempt_id is None:
             text += " (assigned)"
-        reason = getattr(outcome, "reason", "")
-        return Narration(event.node_id, text, reason if isinstance(reason, str) else "")
+        return Narration(event.node_id, text, outcome.reason)
     if isinstance(event, NodeFailed):
         return Narration(event.node_id, f"failed ({event.cause.value})", event.detail)
     if isinstance(event, RetryScheduled):

@@ -278,8 +278,11 @@ class MetricsCollector:
     ) -> None:
         """Count one run: its state, its nodes' states and failures, its attempt outcomes.
 
-        With the run's ``records`` (from sequence 1, or any contiguous part)
-        attempt latencies are counted too: dispatch time to committed outcome.
+            With the run's ``records`` (from sequence 1, or any contiguous part)
+            attempt latencies are counted too: dispatch time to committed outcome.
+        ``upcasters`` lift older event versions as the records are decoded; left
+            out, they are those of the process's plugin manager
+            (:func:`mayfly.plugins.plugin_manager`), and ``{}`` means none.
         """
         self._runs += 1
         run_state = state.status
@@ -299,6 +302,7 @@ class MetricsCollector:
                 )
             )
         if records:
+            upcasters = plugin_manager().event_upcasters() if upcasters is None else upcasters
             started: dict[str, int] = {}
             for record in records:
                 if record.run_id != state.run_id:
@@ -340,12 +344,17 @@ class MetricsCollector:
 def compute_metrics(
     runs: Iterable[RunState | RecoveredRun],
     records: Mapping[str, Sequence[JournalRecord]] | None = None,
+    *,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
 ) -> MetricsSnapshot:
-    """One snapshot over ``runs``; ``records`` maps a run id to its records for latency counters."""
+    """One snapshot over ``runs``; ``records`` maps a run id to its records for latency counters.
+
+    ``upcasters`` read the records, as in :meth:`MetricsCollector.add_run`.
+    """
     collector = MetricsCollector()
     for run in runs:
         state = run.state if isinstance(run, RecoveredRun) else run
-        collector.add_run(state, None if records is None else records.get(state.run_id))
+        collector.add_run(state, None if records is None else records.get(state.run_id), upcasters=upcasters)
     return collector.snapshot()
 
 

@@ -20,6 +20,7 @@ from mayfly.model.events import (
 )
 from mayfly.model.outcomes import NodeOutcomeKind, RetryableFailure
 from mayfly.model.state import NodeStatus, RunState, RunStatus
+from mayfly.plugins import plugin_manager
 from mayfly.recovery import RecoveredRun
 from mayfly.reducer import Upcaster, decode_event, reduce
 from mayfly.telemetry.metrics import RecoveryMode
@@ -87,6 +88,9 @@ class PalProjector:
     Start it empty (records from sequence 1) or from a copy of a run's state
     (records from ``state.sequence + 1``). A record out of order, or of
     another run, raises :class:`~mayfly.model.errors.InvalidRecord`.
+    ``upcasters`` lift older event versions as the records are decoded; left
+    out, they are those of the process's plugin manager
+    (:func:`mayfly.plugins.plugin_manager`), and ``{}`` means none.
     """
 
     def __init__(
@@ -97,7 +101,7 @@ class PalProjector:
     ) -> None:
         # A copy: reduction mutates in place, and the caller's state must stay untouched.
         self._state = None if state is None else RunState.from_record(state.to_record())
-        self._upcasters = upcasters
+        self._upcasters = plugin_manager().event_upcasters() if upcasters is None else upcasters
 
     def project(self, records: Iterable[JournalRecord]) -> list[PalFact]:
         """The facts of ``records``, which continue the run where the projector stands."""
