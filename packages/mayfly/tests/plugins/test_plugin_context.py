@@ -13,7 +13,18 @@ from installed import v1_fixture
 
 import mayfly.runtime.runtime
 import mayfly.telemetry
-from mayfly import HandlerRegistry, Node, Succeeded, WorkflowRuntime, WorkflowSpec
+from mayfly import (
+    ChildCall,
+    ChildDefinition,
+    HandlerRegistry,
+    HandlerRequest,
+    Node,
+    Succeeded,
+    WaitForSignal,
+    WorkflowRuntime,
+    WorkflowSpec,
+    new_signal_token,
+)
 from mayfly.cli import main
 from mayfly.errors import (
     BackendNotInstalled,
@@ -202,3 +213,51 @@ def test_the_demo_is_not_a_plugin() -> None:
     handlers = HandlerRegistry()
     manager.register_handlers(handlers)
     assert handlers.resolve("demo.plan@1") is None
+
+
+class SameShapeSignalWaitOpened:
+    """An upcaster for a SignalWaitOpened v2 that kept v1's shape."""
+
+    MAYFLY_PLUGIN_API = 1
+
+    @hookimpl
+    def mayfly_event_upcasters(self) -> Mapping[tuple[str, int], Callable[[Any], Any]]:
+        return {("SignalWaitOpened", 1): lambda body: body}
+
+
+def test_child_runs_are_resumed_through_the_runtimes_plugin_upcasters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resuming a parent reads its parked child's older history through the runtime's plugin context.
+
+    Only the child recorded a SignalWaitOpened, so only the child's read needs the upcaster.
+    """
+    lint = ChildDefinition("acme.lint", 1, (Node("scan", handler="a@1"),))
+    parent = WorkflowSpec(
+        "acme.ci", 1, (Node("lint", child=ChildCall("acme.lint", 1, "require_success")),), catalog=(lint,)
+    )
+    url = f"file://{tmp_path}/journal"
+    journal, leases = LocalWorkflowJournal(url), LocalLeaseStore(url)
+    tokens: dict[str, str] = {}
+
+    def scan(req: HandlerRequest) -> Any:
+        if req.signal is None:
+            token = new_signal_token()
+            tokens[req.run_id] = token.reveal()
+            return WaitForSignal("go", token)
+        return Succeeded()
+
+    handlers = HandlerRegistry()
+    handlers.register("a", 1, scan)
+    first = WorkflowRuntime(journal, handlers, leases=leases, plugins=context())
+    parked = first.execute(parent)
+    child_id = str(parked.nodes["lint"].child_run_id)
+    assert first.signal(child_id, "scan", tokens[child_id], "yes").status == "accepted"
+    monkeypatch.setitem(EVENT_SCHEMA_VERSIONS, "SignalWaitOpened", 2)
+    bare = WorkflowRuntime(journal, handlers, leases=leases, plugins=context())
+    assert bare.inspect(parked.run_id).state.status.value == "running"  # the parent reads without it
+    with pytest.raises(CompatibilityError, match="SignalWaitOpened v1 -> v2"):
+        bare.resume(parked.run_id)
+    runtime = WorkflowRuntime(journal, handlers, leases=leases, plugins=context(SameShapeSignalWaitOpened()))
+    assert runtime.resume(parked.run_id).succeeded
+    assert runtime.inspect(child_id).state.status.value == "succeeded"
