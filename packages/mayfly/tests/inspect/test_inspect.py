@@ -359,7 +359,7 @@ def test_history_keeps_the_most_recent_lines_and_counts_the_rest(tmp_path: Path)
     history = inspection.history
     assert (history.complete, history.retained, history.omitted) == (len(records), 5, len(records) - 5)
     assert [line.split()[0] for line in history.lines] == [f"#{r.sequence}" for r in records[-5:]]
-    assert history.lines[-1] == f"#{len(records)} RunCompleted run succeeded"
+    assert history.lines[-1] == f"#{len(records)} RunCompleted succeeded"
     assert "HISTORY (complete 28, retained 5, omitted 23)" in render_table(inspection)
 
 
@@ -388,7 +388,7 @@ def test_history_lines_are_payload_free_one_per_event(tmp_path: Path) -> None:
     """Each line names the sequence, event type, node and outcome class only."""
     run = run_review(tmp_path)
     lines = build_inspection(run.recovered(), run.records()).history.lines
-    assert lines[0] == "#1 RunCreated run created: demo.review@1 (5 nodes)"
+    assert lines[0] == "#1 RunCreated created: demo.review@1 (5 nodes)"
     assert "#10 NodeOutcomeCommitted review changes_requested" in lines
     assert "#19 NodeOutcomeCommitted qa retryable_failure" in lines
     assert "#20 RetryScheduled qa retry 2 scheduled in 1500 ms (at 1500 ms)" in lines

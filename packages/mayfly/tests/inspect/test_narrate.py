@@ -23,7 +23,8 @@ def test_the_timeline_and_the_history_tell_each_event_in_the_same_words(tmp_path
     for record, line in zip(records, lines, strict=True):
         event = decode_event(record.event_type, record.schema_version, record.payload)
         told = narrate(event)
-        assert line == f"#{record.sequence} {record.event_type} {told.line}"
+        said = told.line if told.subject is not None else told.text  # a run event's type names the run
+        assert line == f"#{record.sequence} {record.event_type} {said}"
         entry = timeline_line(event)
         if told.bookkeeping:
             assert entry is None

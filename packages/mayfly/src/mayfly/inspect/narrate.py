@@ -133,5 +133,11 @@ def narrate(event: Event) -> Narration:
 
 
 def history_line(event: Event) -> str:
-    """The event's type and narration, without its sequence, e.g. ``NodeReady plan ready (initial)``."""
-    return f"{type(event).__name__} {narrate(event).line}"
+    """The event's type and narration, without its sequence, e.g. ``NodeReady plan ready (initial)``.
+
+    The type already says an event is the run's own (``RunCompleted succeeded``), so the subject
+    ``run`` is left out there.
+    """
+    narration = narrate(event)
+    told = narration.text if narration.subject is None else narration.line
+    return f"{type(event).__name__} {told}".rstrip()
