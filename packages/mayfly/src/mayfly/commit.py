@@ -9,17 +9,18 @@ nothing half-applied in memory.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import final
+from typing import TypeGuard, final
 
-from mayfly.journal import JournalRecord, WorkflowJournal
+from mayfly.journal import AppendResult, JournalRecord, WorkflowJournal
 from mayfly.model.commands import Command, CreateRun, Rejection
 from mayfly.model.errors import CommandRejected, CorruptionError
 from mayfly.model.events import Event
 from mayfly.model.ids import IdSource
 from mayfly.model.state import RunState
 from mayfly.reducer import decide, encode_event, reduce
+from mayfly.runindex import RunIndexJournal, index_entry
 
-__all__ = ["Commit", "commit_command", "seal_events"]
+__all__ = ["Commit", "commit_command", "keeps_run_index", "seal_events"]
 
 
 @final
@@ -77,8 +78,12 @@ def commit_command(
     :class:`CommandRejected` with nothing written. Journal errors
     (``AppendConflict``, ``FencingRejected``, ``JournalUnavailable``...) propagate
     with the state untouched; after an error the caller reloads the run from
-    the journal before deciding again. An acknowledgement that does not match
-    the decided records exactly is a :class:`CorruptionError`.
+    the journal before deciding again (with a journal that keeps the run
+    index, ``state`` has then already been advanced in place and must be
+    discarded). An acknowledgement that does not match the decided records
+    exactly is a :class:`CorruptionError`. A journal that keeps the run index
+    receives the run's new :class:`~mayfly.runindex.IndexEntry` with the
+    records (:meth:`~mayfly.runindex.RunIndexJournal.append_indexed`).
     """
     decision = decide(state, command)
     if isinstance(decision, Rejection):
@@ -92,15 +97,42 @@ def commit_command(
         assert state is not None
         return Commit(state, (), ())
     records = seal_events(run_id, first, decision, ids)
+    if keeps_run_index(journal):
+        # The run's index entry is derived from the state after the batch and written in the same
+        # atomic step, so the state is reduced first. It is still exposed only once the append is
+        # acknowledged; after a journal error the caller reloads the run, as it always must.
+        reduced = state
+        for offset, event in enumerate(decision):
+            reduced = reduce(reduced, event, first + offset)
+        assert reduced is not None
+        result = journal.append_indexed(run_id, first, records, fence, index_entry(reduced))
+        _check_ack(journal.url, run_id, first, records, result)
+        return Commit(reduced, tuple(decision), tuple(records))
     result = journal.append(run_id, first, records, fence)
-    last = first + len(records) - 1
-    if result.run_id != run_id or result.last_sequence != last or tuple(result.records) != tuple(records):
-        raise CorruptionError(
-            f"journal {journal.url} acknowledged a different batch for run {run_id}: expected "
-            f"sequences {first}..{last} as decided, got last sequence {result.last_sequence} "
-            f"with {len(result.records)} record(s); refusing to expose unverified state"
-        )
+    _check_ack(journal.url, run_id, first, records, result)
     for offset, event in enumerate(decision):
         state = reduce(state, event, first + offset)
     assert state is not None
     return Commit(state, tuple(decision), tuple(records))
+
+
+def keeps_run_index(journal: object) -> TypeGuard[RunIndexJournal]:
+    """Whether ``journal`` keeps the run index (see :mod:`mayfly.runindex`); decided once per class."""
+    kind = type(journal)
+    known = _INDEXED.get(kind)
+    if known is None:
+        known = _INDEXED[kind] = isinstance(journal, RunIndexJournal)
+    return known
+
+
+_INDEXED: dict[type, bool] = {}
+
+
+def _check_ack(url: str, run_id: str, first: int, records: list[JournalRecord], result: AppendResult) -> None:
+    last = first + len(records) - 1
+    if result.run_id != run_id or result.last_sequence != last or tuple(result.records) != tuple(records):
+        raise CorruptionError(
+            f"journal {url} acknowledged a different batch for run {run_id}: expected "
+            f"sequences {first}..{last} as decided, got last sequence {result.last_sequence} "
+            f"with {len(result.records)} record(s); refusing to expose unverified state"
+        )

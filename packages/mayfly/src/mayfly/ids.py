@@ -9,6 +9,8 @@ makes every generated id predictable in tests.
 
 from mayfly.model.ids import (
     NODE_ID_GRAMMAR,
+    QUEUE_NAME,
+    QUEUE_NAME_GRAMMAR,
     WORKFLOW_ID_GRAMMAR,
     ArtifactId,
     AttemptId,
@@ -33,6 +35,8 @@ from mayfly.model.ids import (
 
 __all__ = [
     "NODE_ID_GRAMMAR",
+    "QUEUE_NAME",
+    "QUEUE_NAME_GRAMMAR",
     "WORKFLOW_ID_GRAMMAR",
     "ArtifactId",
     "AttemptId",

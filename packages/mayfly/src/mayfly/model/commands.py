@@ -45,6 +45,7 @@ class CreateRun(_Command, kw_only=True, frozen=True):
     at which the run's virtual time is 0: the runtime reads it from its
     injected clock, so ``decide`` still reads none. Without it the run's
     virtual time counts only the time some process was driving it.
+    ``queue`` names the queue workers claim the run from (``default``).
     """
 
     run_id: str
@@ -52,6 +53,7 @@ class CreateRun(_Command, kw_only=True, frozen=True):
     input: JsonValue = None
     parent: ParentLink | None = None
     epoch_ms: int | None = None
+    queue: str = "default"
 
 
 class AttemptStart(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -114,6 +114,8 @@ class RunCreated(BaseEvent, frozen=True):
     the wall time elapsed since then. Runs recorded before the field existed
     have none (an additive optional field: same schema version, and their
     bytes are unchanged); their virtual time counts only driven time.
+    ``queue`` is the queue workers claim the run from; ``default`` is left
+    out of the stored bytes (additive, like ``epoch_ms``).
     """
 
     run_id: str
@@ -122,6 +124,7 @@ class RunCreated(BaseEvent, frozen=True):
     input: JsonValue = None
     parent: ParentLink | None = None
     epoch_ms: int | None = None
+    queue: str = "default"
 
 
 class NodeReady(BaseEvent, frozen=True):

@@ -22,6 +22,8 @@ from mayfly.model.errors import InvalidIdentifier
 
 __all__ = [
     "NODE_ID_GRAMMAR",
+    "QUEUE_NAME",
+    "QUEUE_NAME_GRAMMAR",
     "WORKFLOW_ID_GRAMMAR",
     "ArtifactId",
     "AttemptId",
@@ -57,6 +59,12 @@ NODE_ID_GRAMMAR = "[a-z][a-z0-9_-]{0,62}"
 
 WORKFLOW_ID_GRAMMAR = f"{NODE_ID_GRAMMAR}(\\.{NODE_ID_GRAMMAR})*"
 """Workflow ids: node-id segments separated by dots for namespaces, e.g. ``acme.code-review``."""
+
+QUEUE_NAME_GRAMMAR = "[a-z0-9][a-z0-9._-]{0,63}"
+"""Queue names: a lowercase letter or digit, then up to 63 of those or ``.``, ``_``, ``-``."""
+
+QUEUE_NAME = re.compile(QUEUE_NAME_GRAMMAR)
+"""The compiled :data:`QUEUE_NAME_GRAMMAR`."""
 
 _NODE_ID = re.compile(NODE_ID_GRAMMAR)
 _WORKFLOW_ID = re.compile(WORKFLOW_ID_GRAMMAR)

@@ -258,6 +258,7 @@ class RunStateRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     parent: ParentLink | None = None
     signals: tuple[ConsumedSignal, ...] = ()
     epoch_ms: int | None = None
+    queue: str = "default"
 
 
 class RunState:
@@ -291,6 +292,7 @@ class RunState:
         "now",
         "open_nodes",
         "parent",
+        "queue",
         "run_id",
         "sequence",
         "spec",
@@ -308,9 +310,12 @@ class RunState:
         parent: ParentLink | None = None,
         *,
         epoch_ms: int | None = None,
+        queue: str = "default",
     ) -> None:
         self.run_id = run_id
         self.parent = parent
+        self.queue = queue
+        """The queue workers claim this run from, from ``RunCreated``."""
         self.epoch_ms = epoch_ms
         """Wall-clock Unix milliseconds at virtual time 0, from ``RunCreated`` (``None`` for older runs)."""
         self.spec = spec
@@ -390,6 +395,21 @@ class RunState:
     def ready_nodes(self) -> list[str]:
         """Ids of the nodes that are Ready, in specification order."""
         return [self.nodes[i].spec.id for i in sorted(self._ready)]
+
+    @property
+    def has_ready(self) -> bool:
+        """Whether any node is Ready (O(1))."""
+        return bool(self._ready)
+
+    @property
+    def active_count(self) -> int:
+        """How many started attempts have no outcome yet, waiting ones included (O(1))."""
+        return len(self._active)
+
+    @property
+    def waiting_count(self) -> int:
+        """How many nodes are parked on an open durable wait (O(1))."""
+        return len(self._waiting)
 
     def parked_nodes(self) -> list[int]:
         """Indexes of the parked nodes (see :func:`is_parked`), in specification order."""
@@ -520,6 +540,7 @@ class RunState:
             parent=self.parent,
             signals=tuple(self._signals.values()),
             epoch_ms=self.epoch_ms,
+            queue=self.queue,
         )
 
     @classmethod
@@ -532,6 +553,7 @@ class RunState:
             record.input,
             record.parent,
             epoch_ms=record.epoch_ms,
+            queue=record.queue,
         )
         if len(record.nodes) != len(state.nodes):
             raise ValueError("state record does not match its specification's nodes")

@@ -106,7 +106,13 @@ class RunView(Protocol):
 def new_state(event: RunCreated) -> RunState:
     """The state of a run right after ``event`` (its first event, sequence 1)."""
     state = RunState(
-        event.run_id, event.spec, event.spec_hash, event.input, event.parent, epoch_ms=event.epoch_ms
+        event.run_id,
+        event.spec,
+        event.spec_hash,
+        event.input,
+        event.parent,
+        epoch_ms=event.epoch_ms,
+        queue=event.queue,
     )
     state.sequence = 1
     return state

@@ -42,7 +42,7 @@ from mayfly.model.events import (
     SignalExpired,
     VirtualTimeAdvanced,
 )
-from mayfly.model.ids import is_uuid
+from mayfly.model.ids import QUEUE_NAME, is_uuid
 from mayfly.model.limits import MAX_CHILD_DEPTH
 from mayfly.model.outcomes import Cancelled, NodeOutcome, RetryableFailure, check_reason
 from mayfly.model.state import NodeState, NodeStatus, RunState, RunStatus
@@ -130,6 +130,11 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
             RejectionCode.INVALID_INPUT,
             f"run {command.run_id}: epoch_ms must be wall-clock milliseconds >= 0, got {command.epoch_ms}",
         )
+    if not isinstance(command.queue, str) or QUEUE_NAME.fullmatch(command.queue) is None:
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"run {command.run_id}: queue {command.queue!r:.80} must match {QUEUE_NAME.pattern}",
+        )
     parent = command.parent
     if parent is not None:
         problem = _parent_problem(command)
@@ -142,6 +147,7 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
         input=command.input,
         parent=parent,
         epoch_ms=command.epoch_ms,
+        queue=command.queue,
     )
     draft = Draft(new_state(created))
     draft.events.append(created)

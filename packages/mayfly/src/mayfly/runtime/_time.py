@@ -28,8 +28,11 @@ from collections.abc import Callable, Iterable
 
 from mayfly.model.commands import AdvanceTime
 from mayfly.model.state import RunState
+from mayfly.reducer.deadlines import next_deadline
 
 __all__ = ["catch_up", "next_deadline", "run_time_at"]
+
+# next_deadline lives with the reducer (it is pure and the run index needs it); re-exported here.
 
 
 def run_time_at(state: RunState, wall_ms: int) -> int:
@@ -37,31 +40,6 @@ def run_time_at(state: RunState, wall_ms: int) -> int:
     if state.epoch_ms is None:
         return state.now
     return max(state.now, wall_ms - state.epoch_ms)
-
-
-def next_deadline(state: RunState, *, waits: bool = True, timed: Iterable[int] | None = None) -> int | None:
-    """The earliest virtual time something is due: a retry, an attempt or wait deadline, the elapsed budget.
-
-    ``waits=False`` leaves out what only ends a parked run (a wait's expiry,
-    the run's elapsed budget). ``timed`` lists the nodes whose spec sets an
-    attempt deadline, when the caller keeps that list (only they can have
-    one, so the scan need not visit every node).
-    """
-    deadlines = [deadline for _, deadline in state.pending_retries()]
-    if timed is None:
-        timed = (i for i, node in enumerate(state.spec.nodes) if node.retry.attempt_deadline_ms is not None)
-    for index in timed:
-        attempt_deadline = state.node(index).attempt_deadline
-        if attempt_deadline is not None:
-            deadlines.append(attempt_deadline)
-    if waits:
-        for node in state.waiting_nodes():
-            if node.wait is not None and node.wait.deadline is not None:
-                deadlines.append(node.wait.deadline)
-        elapsed = state.spec.budgets.max_elapsed_ms
-        if elapsed is not None:
-            deadlines.append(elapsed)
-    return min(deadlines) if deadlines else None
 
 
 def catch_up(
