@@ -59,6 +59,7 @@ __all__ = [
     "replay_run",
     "require_run",
     "required_handlers",
+    "resume_claimed",
     "resume_run",
 ]
 
@@ -426,6 +427,22 @@ def resume_run(
     """
     require_run(journal, run_id)
     lease = leases.acquire(run_id, owner, ttl_ms)
+    return resume_claimed(journal, lease, handler_available=handler_available, upcasters=upcasters)
+
+
+def resume_claimed(
+    journal: WorkflowJournal,
+    lease: RecoveryLeaseGuard,
+    *,
+    handler_available: Callable[[str], bool] | None = None,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
+) -> ResumeSession:
+    """Like :func:`resume_run`, for a run whose lease is already held (a worker's claim).
+
+    The lease is released if the run cannot be resumed (invalid history, a
+    refused handler check), exactly as :func:`resume_run` does.
+    """
+    run_id = lease.run_id
     try:
         recovered = inspect_run(journal, run_id, upcasters=upcasters)
         if handler_available is not None:

@@ -34,13 +34,17 @@ import msgspec
 
 from mayfly.journal import AppendResult, JournalRecord
 from mayfly.lease import RecoveryLeaseGuard
+from mayfly.model.errors import InvalidRecord
+from mayfly.model.ids import QUEUE_NAME
 from mayfly.model.state import RunState
 from mayfly.reducer.deadlines import next_deadline
 
 __all__ = [
+    "MAX_CLAIM",
     "IndexEntry",
     "IndexStatus",
     "RunIndexJournal",
+    "check_claim",
     "index_entry",
     "more_claimable",
 ]
@@ -81,6 +85,27 @@ class IndexEntry(msgspec.Struct, frozen=True, kw_only=True):
     wake: bool = False
     parent: str | None = None
     priority: int = 0
+
+
+MAX_CLAIM = 10_000
+"""The most runs one claim may ask for."""
+
+
+def check_claim(limit: object, queues: object) -> tuple[int, tuple[str, ...] | None]:
+    """Validate a claim's ``limit`` and ``queues`` (every backend calls this first); raise InvalidRecord."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
+        raise InvalidRecord(f"claim limit must be an int in [1, {MAX_CLAIM}], got {limit!r}")
+    if queues is None:
+        return limit, None
+    if isinstance(queues, str | bytes) or not isinstance(queues, Sequence):
+        raise InvalidRecord(f"queues must be a sequence of queue names, got {type(queues).__name__}")
+    names = tuple(queues)
+    for name in names:
+        if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
+            raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
+    if not names:
+        raise InvalidRecord("queues must name at least one queue (None means every queue)")
+    return limit, names
 
 
 _RANK = {IndexStatus.NEW: 0, IndexStatus.RUNNING: 0, IndexStatus.WAITING: 1, IndexStatus.TERMINAL: 2}

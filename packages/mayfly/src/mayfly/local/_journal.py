@@ -76,7 +76,10 @@ from mayfly.journal import (
     validate_batch,
     validate_read,
 )
+from mayfly.lease import RecoveryLeaseGuard
 from mayfly.local import _frames
+from mayfly.local._index import LocalRunIndex
+from mayfly.local._lease import LocalLeaseStore
 from mayfly.local._store import (
     Layout,
     check_durability,
@@ -95,8 +98,10 @@ from mayfly.model.errors import (
     HistoryLost,
     InvalidRecord,
     JournalUnavailable,
+    LeaseHeld,
 )
 from mayfly.model.ids import is_uuid, parse_run_id
+from mayfly.runindex import IndexEntry, check_claim
 
 __all__ = ["LocalWorkflowJournal"]
 
@@ -127,6 +132,8 @@ class LocalWorkflowJournal:
         self._run_locks: dict[str, threading.Lock] = {}
         self._indexes: dict[str, _frames.RunIndex] = {}
         self._listing: tuple[tuple[int, int], list[str]] | None = None
+        self._index_db: LocalRunIndex | None = None
+        self._leases: LocalLeaseStore | None = None
         self._closed = False
 
     @property
@@ -729,6 +736,96 @@ class LocalWorkflowJournal:
             finally:
                 os.close(fd)
 
+    # -- the run index (mayfly.runindex) -----------------------------------------------------
+
+    def _run_index(self) -> LocalRunIndex:
+        """The store's run index, opened on first use (read-only commands never create it)."""
+        if self._closed:
+            raise JournalUnavailable(f"local journal {self._url} is closed")
+        with self._guard:
+            if self._index_db is None:
+                durable = self._durability is Durability.DURABLE
+                self._index_db = LocalRunIndex(self._layout.root, durable=durable)
+                self._leases = LocalLeaseStore(self._url)
+            return self._index_db
+
+    def append_indexed(
+        self,
+        run_id: str,
+        expected_next: int,
+        records: Sequence[JournalRecord],
+        fence: int | None,
+        index: IndexEntry,
+    ) -> AppendResult:
+        """Append like :meth:`append` and store the run's index entry (write order: see ``_index``)."""
+        run = parse_run_id(run_id)
+        if not isinstance(index, IndexEntry) or index.run_id != run:
+            raise InvalidRecord(f"append to run {run}: the index entry must be an IndexEntry of that run")
+        db = self._run_index()
+        db.before_append(index)
+        result = self.append(run, expected_next, records, fence)
+        db.after_append(index)
+        return result
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: Sequence[str] | None = None,
+    ) -> list[RecoveryLeaseGuard]:
+        """Lease up to ``limit`` claimable root runs to ``owner``: each its OS lock, in wake order.
+
+        A candidate whose lock another holder has (a live owner, or a
+        concurrent claimant that got there first) is skipped, so no run is
+        handed out twice.
+        """
+        check_claim(limit, queues)
+        db = self._run_index()
+        leases = self._leases
+        assert leases is not None
+        claimed: list[RecoveryLeaseGuard] = []
+        offset = 0
+        page = max(limit * 2, 32)
+        while len(claimed) < limit:
+            candidates = db.candidates(now_ms=now_ms, queues=queues, limit=page, offset=offset)
+            for run_id in candidates:
+                try:
+                    guard = leases.acquire(run_id, owner, ttl_ms)
+                except LeaseHeld:
+                    continue
+                db.clear_wake(run_id)
+                claimed.append(guard)
+                if len(claimed) == limit:
+                    break
+            if len(candidates) < page:
+                break
+            offset += page
+        return claimed
+
+    def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
+        """The earliest wake time after ``now_ms`` of a waiting root run."""
+        check_claim(1, queues)
+        return self._run_index().next_wake(now_ms=now_ms, queues=queues)
+
+    def index_get(self, run_id: str) -> IndexEntry | None:
+        """The run's index entry, or ``None``."""
+        return self._run_index().get(parse_run_id(run_id))
+
+    def index_put(self, entries: Sequence[IndexEntry]) -> None:
+        """Store index entries (rebuild, repair, a detaching driver); see ``RunIndexJournal.index_put``."""
+        for entry in entries:
+            if not isinstance(entry, IndexEntry):
+                raise InvalidRecord(f"index entries must be IndexEntry values, got {type(entry).__name__}")
+            parse_run_id(entry.run_id)
+        self._run_index().put(entries)
+
+    def index_wake(self, run_id: str) -> bool:
+        """Ask for the run to be claimed although it waits; ``False`` if it has no entry or ended."""
+        return self._run_index().wake(parse_run_id(run_id))
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -736,6 +833,12 @@ class LocalWorkflowJournal:
         self._closed = True
         with self._guard:
             self._indexes.clear()
+            if self._index_db is not None:
+                self._index_db.close()
+                self._index_db = None
+            if self._leases is not None:
+                self._leases.close()
+                self._leases = None
 
     def __enter__(self) -> Self:
         """Return the journal itself."""

@@ -1,6 +1,7 @@
 """The handler runtime: registry, requests, and ``WorkflowRuntime`` over the greenlet hub."""
 
 from mayfly.runtime._driver import RunDriver, cancel_run_cascade
+from mayfly.runtime.handle import RunHandle
 from mayfly.runtime.registry import HandlerEntry, HandlerFunction, HandlerRegistry
 from mayfly.runtime.request import DependencyResult, HandlerRequest
 from mayfly.runtime.runtime import (
@@ -20,6 +21,7 @@ __all__ = [
     "HandlerRequest",
     "NodeSummary",
     "RunDriver",
+    "RunHandle",
     "RunResult",
     "SignalDisposition",
     "UnsupportedInCurrentTask",

@@ -107,6 +107,10 @@ class ChildSupervisor:
         """Whether any child run is parked on a signal."""
         return bool(self._parked)
 
+    def parked_runs(self) -> list[str]:
+        """The run ids of the parked child runs."""
+        return [child_run_id for _, child_run_id, _ in self._parked.values()]
+
     def waits(self) -> dict[str, str]:
         """The parked children's waits, as ``node/child-node`` -> signal name."""
         waiting: dict[str, str] = {}

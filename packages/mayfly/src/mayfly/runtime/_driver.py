@@ -81,7 +81,9 @@ class RunDriver:
     driver of the run that called this one as a child. ``wall_ms`` is the
     wall-clock reading the run's virtual time is synchronised with (the hub
     clock's, read now, by default): a creator passes the reading it recorded
-    as the run's epoch.
+    as the run's epoch. ``detach_after_ms`` (a worker's mode) also detaches a
+    run that has nothing to do for longer than that: a retry backoff or a
+    deadline further away, so its slot is freed and the run index wakes it.
     """
 
     def __init__(
@@ -95,12 +97,15 @@ class RunDriver:
         drivers: dict[str, RunDriver] | None = None,
         outer: RunDriver | None = None,
         wall_ms: int | None = None,
+        detach_after_ms: int | None = None,
     ) -> None:
         self.context = context
         self.state = state
         self.lease = lease
         self.concurrent = concurrent
         self.detach_on_wait = detach_on_wait
+        self.detach_after_ms = detach_after_ms
+        self.draining = False
         self.drivers = drivers
         self.outer = outer
         self.hub = current_hub()
@@ -135,6 +140,7 @@ class RunDriver:
             drivers=self.drivers,
             outer=self,
             wall_ms=wall_ms,
+            detach_after_ms=self.detach_after_ms,
         )
 
     # -- committing ---------------------------------------------------------------
@@ -202,6 +208,11 @@ class RunDriver:
             # the child ends: cancel the child now, naming this run, and let the cascade follow.
             self.children.cancel_inline(reason)
 
+    def request_drain(self) -> None:
+        """Start no new attempt; detach once the attempts in flight have finished (a stopping worker)."""
+        self.draining = True
+        self._done.send(_WAKE)
+
     def request_signal(self, request: SignalRequest) -> None:
         """Queue a signal delivery for the driver (from another task); ``request.done`` is set after."""
         self._signal_requests.append(request)
@@ -243,6 +254,11 @@ class RunDriver:
             self._drive(effects)
         except BaseException as exc:
             self._abandon_signal_requests(exc)
+            # Nothing more is written for this run by this driver (its lease may be lost): its
+            # in-flight attempts stay in flight in the journal, for the next owner to reconcile.
+            for task in self._tasks.values():
+                if not task.done:
+                    task.cancel(f"driver of run {self.state.run_id} stopped: {type(exc).__name__}")
             raise
         # A signal queued while the run ended (or its children were joined) is still answered:
         # recorded if the run is only parked, refused (run_terminal) if it ended.
@@ -288,12 +304,13 @@ class RunDriver:
             if self._due():
                 self.advance_time()
                 continue
-            ready = self.state.ready_nodes()
-            if ready:
-                self._start(ready)
-                continue
-            if self._resume_accepted():
-                continue
+            if not self.draining:
+                ready = self.state.ready_nodes()
+                if ready:
+                    self._start(ready)
+                    continue
+                if self._resume_accepted():
+                    continue
             if not self._wait():
                 break  # parked on a signal: detached
         self._cancel_closed_attempts(())
@@ -406,9 +423,17 @@ class RunDriver:
         durably parked for whoever delivers the signal and resumes it.
         """
         if not self._tasks:
+            if self.draining:
+                return False  # stopping: what is left is the next owner's
             waiting = bool(self.state.waiting_nodes()) or self.children.parked
             if waiting and self.detach_on_wait and self._next_deadline(waits=False) is None:
                 return False
+            if self.detach_after_ms is not None and not self._accepted:
+                deadline = self._next_deadline()
+                if (waiting or deadline is not None) and (
+                    deadline is None or deadline - self.run_now() > self.detach_after_ms
+                ):
+                    return False
             if not waiting and self._next_deadline() is None:
                 raise RuntimeError(
                     f"run {self.state.run_id} cannot make progress: nothing ready, running or scheduled"

@@ -54,6 +54,7 @@ from mayfly.model.errors import (
     CommandRejected,
     HubNotRunning,
     InvalidSignalToken,
+    LeaseHeld,
     MayflyError,
     ValidationIssue,
 )
@@ -70,6 +71,7 @@ from mayfly.reducer import check_input, decide
 from mayfly.runtime._context import DriveContext, Observer
 from mayfly.runtime._driver import RunDriver, SignalRequest
 from mayfly.runtime._time import catch_up, run_time_at
+from mayfly.runtime.handle import RunHandle
 from mayfly.runtime.registry import HandlerRegistry
 from mayfly.substrate import Clock, Hub, RealClock, current_hub
 
@@ -247,6 +249,49 @@ class WorkflowRuntime:
         run_id = self._prepare(spec, input, run_id)
         return self._hub().run(self._create_and_drive, spec, input, run_id, True, detach_on_wait)
 
+    def start(
+        self,
+        spec: WorkflowSpec,
+        input: JsonValue = None,
+        *,
+        run_id: str | None = None,
+        queue: str = "default",
+    ) -> RunHandle:
+        """Create a run of ``spec`` durably and return at once; a worker drives it.
+
+        The run is validated (the plugins' validators included) and created
+        with its epoch and ``queue``; this process needs no handlers for it.
+        Choosing ``run_id`` makes the call idempotent: starting a run id that
+        exists returns its handle and creates nothing. Works outside a hub and
+        inside a hub task alike.
+        """
+        self.plugins.ensure_valid(spec)
+        check_input(input, "run input")
+        run_id = run_id if run_id is not None else self.ids.new_id()
+        handle = RunHandle(self, run_id)
+        if self.journal.next_sequence(run_id) > 1:
+            return handle
+        try:
+            lease = self.leases.acquire(run_id, self.owner, self.lease_ttl_ms)
+        except LeaseHeld:
+            return handle  # someone else is creating (or driving) this very run
+        try:
+            command = CreateRun(run_id=run_id, spec=spec, input=input, epoch_ms=self._wall_ms(), queue=queue)
+            try:
+                commit = commit_command(self.journal, None, command, ids=self.ids, fence=lease.fencing_token)
+            except AppendConflict:
+                return handle  # created meanwhile by another process
+            if self.observer is not None:
+                self.observer(commit.state, commit.events)
+        finally:
+            lease.release()
+        return handle
+
+    def handle(self, run_id: str) -> RunHandle:
+        """The handle of an existing run (:class:`~mayfly.errors.RunNotFound` if the journal has none)."""
+        require_run(self.journal, run_id)
+        return RunHandle(self, run_id)
+
     def execute_in_current_task(
         self, spec: WorkflowSpec, input: JsonValue = None, *, run_id: str | None = None
     ) -> RunResult:
@@ -288,6 +333,10 @@ class WorkflowRuntime:
     def inspect(self, run_id: str) -> RecoveredRun:
         """Read a run's state (from its snapshot and the journal tail), through the plugins' upcasters."""
         return inspect_run(self.journal, run_id, upcasters=self.upcasters)
+
+    def summary(self, run_id: str) -> RunResult:
+        """The run's current :class:`RunResult` (status, nodes, outputs, waits), read from the journal."""
+        return RunResult.of(self.inspect(run_id).state)
 
     def replay(self, run_id: str) -> RecoveredRun:
         """Reduce a run's complete history, ignoring snapshots, through the plugins' upcasters."""

@@ -1,0 +1,378 @@
+"""``Worker``: Mayfly as a service that claims runs from the run index and drives many at once.
+
+A worker runs one greenlet hub. Its main task claims runs that are claimable
+now (:mod:`mayfly.runindex`: new, running with no live owner, waiting with a
+wake time that came or a wake request) up to its concurrency, and drives each
+in a task of its own with full standalone semantics: concurrent handlers,
+enforced attempt deadlines, child runs. A run that can only wait — for a
+signal, or for a deadline further away than the poll interval — is detached:
+its lease is released and the index wakes it again when its time comes, so a
+parked run holds no slot and no memory.
+
+Recovery is continuous and keyed by leases, not by process identity: a run
+whose owner died is claimable as soon as its lease expires (at once on the
+embedded backends, whose leases are OS locks), whichever worker started
+first. A run whose handlers this worker lacks is left untouched (its lease is
+released at once and the refusal logged once), so a worker that has them
+takes it. Fencing on every append stays the safety net: an owner that lost
+its lease has its next append refused and lets the run go.
+
+Stopping (:meth:`Worker.stop`, SIGTERM or SIGINT under :meth:`Worker.serve`):
+no new claims, in-flight attempts get ``grace_ms`` to finish while leases are
+still renewed, then every lease is released (the runs are claimable by another
+worker at once) and :meth:`Worker.run` returns. A second stop aborts at once:
+attempts still in flight stay in flight in the journal and the next owner
+re-invokes them under their original attempt ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
+from typing import Any, TextIO, final
+
+from mayfly.commit import keeps_run_index
+from mayfly.journal import WorkflowJournal
+from mayfly.lease import RecoveryLeaseGuard
+from mayfly.model.errors import (
+    CorruptionError,
+    FencingRejected,
+    JournalUnavailable,
+    LeaseLost,
+    MayflyError,
+    ResumeRefused,
+)
+from mayfly.model.state import RunState
+from mayfly.recovery import resume_claimed
+from mayfly.runindex import RunIndexJournal, index_entry
+from mayfly.runtime import HandlerRegistry, WorkflowRuntime
+from mayfly.runtime._driver import RunDriver
+from mayfly.substrate import Channel, Task, WaitTimeout, current_hub, spawn, wait_readable
+
+__all__ = ["Worker", "WorkerUnsupported"]
+
+_BACKOFF_MS = (100, 200, 500, 1_000, 2_000, 5_000)
+
+
+class WorkerUnsupported(MayflyError):
+    """The journal keeps no run index, so a worker cannot find runs in it."""
+
+
+@final
+class Worker:
+    """Claims runs from ``journal``'s run index and drives up to ``concurrency`` of them at once.
+
+    ``journal`` is a URL or an opened journal (with ``leases=``), as for
+    :class:`~mayfly.runtime.WorkflowRuntime`, which every other keyword
+    (``plugins``, ``clock``, ``owner``, ``lease_ttl_ms``, ``snapshot_every``,
+    ``observer``, ``ids``, ``leases``) is passed to. ``queues`` limits the
+    worker to those queues (``None``: every queue). ``poll_interval_ms`` is
+    how often an idle worker looks for work it was not told about;
+    ``grace_ms`` how long a stopping worker lets in-flight attempts finish.
+    ``log`` receives one dict per event (``claimed``, ``ended``, ``parked``,
+    ``refused``, ``lost``, ``error``, ``stopping``, ``stopped``); by default
+    lines are written to stderr.
+    """
+
+    def __init__(
+        self,
+        journal: WorkflowJournal | str,
+        registry: HandlerRegistry,
+        *,
+        concurrency: int = 16,
+        queues: Sequence[str] | None = None,
+        poll_interval_ms: int = 1_000,
+        grace_ms: int = 30_000,
+        log: Callable[[dict[str, Any]], None] | None = None,
+        **runtime: Any,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 10**5:
+            raise ValueError(f"concurrency must be an int in [1, 100000], got {concurrency!r}")
+        if not 1 <= poll_interval_ms <= 3_600_000:
+            raise ValueError(f"poll_interval_ms must be in [1, 3600000], got {poll_interval_ms!r}")
+        if not 0 <= grace_ms <= 86_400_000:
+            raise ValueError(f"grace_ms must be in [0, 86400000], got {grace_ms!r}")
+        self.runtime = WorkflowRuntime(journal, registry, **runtime)
+        if not keeps_run_index(self.runtime.journal):
+            raise WorkerUnsupported(
+                f"journal {self.runtime.journal.url} keeps no run index, so a worker cannot find its runs; "
+                "use a backend that declares the run_index feature (file, lmdb, redis, postgresql)"
+            )
+        self.index: RunIndexJournal = self.runtime.journal
+        self.concurrency = concurrency
+        self.queues = None if queues is None else tuple(queues)
+        self.poll_interval_ms = poll_interval_ms
+        self.grace_ms = grace_ms
+        self._log = log if log is not None else _text_log(sys.stderr)
+        self._active: dict[str, Task[None]] = {}
+        self._refused: set[str] = set()
+        self._done: Channel[Any] = Channel()
+        self._stops = 0
+        self._stop_pipe: tuple[int, int] | None = None
+        self.claimed = 0
+        self.ended = 0
+
+    @property
+    def owner(self) -> str:
+        """The owner name this worker's leases carry."""
+        return self.runtime.owner
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until stopped: claim, drive, detach, repeat (on a new hub on this thread)."""
+        self.runtime._hub().run(self._main)
+
+    def serve(self) -> int:
+        """:meth:`run`, with SIGTERM and SIGINT stopping the worker; returns 0, or 130 when aborted."""
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._stop_pipe = (read, write)
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            del frame
+            with contextlib.suppress(OSError):
+                os.write(write, bytes([signum]))
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(read)
+            os.close(write)
+            self._stop_pipe = None
+        return 130 if self._stops > 1 else 0
+
+    def stop(self) -> None:
+        """Stop claiming and drain (from a task on the worker's hub); a second call aborts."""
+        self._stops += 1
+        self._done.send(None)
+
+    # -- the main task -----------------------------------------------------------------
+
+    def _main(self) -> None:
+        if self._stop_pipe is not None:
+            spawn(self._watch_signals, self._stop_pipe[0], name="worker signal watch")
+        self._emit("started", concurrency=self.concurrency, queues=list(self.queues or ["*"]))
+        failures = 0
+        while not self._stops:
+            free = self.concurrency - len(self._active)
+            wake_in_ms = self.poll_interval_ms
+            if free > 0:
+                try:
+                    guards = self._claim(free)
+                    failures = 0
+                except (JournalUnavailable, OSError) as exc:
+                    # A store restart or a network blip: retry with backoff, never give up.
+                    wake_in_ms = _BACKOFF_MS[min(failures, len(_BACKOFF_MS) - 1)]
+                    failures += 1
+                    self._emit("error", error=f"claim failed: {exc}; retrying in {wake_in_ms} ms")
+                    guards = []
+                for guard in guards:
+                    self._start(guard)
+                if guards and len(guards) == free:
+                    continue  # more may be claimable at once
+                if not failures:
+                    wake_in_ms = self._next_wake_in(wake_in_ms)
+            self._pause(wake_in_ms)
+        self._drain()
+
+    def _claim(self, free: int) -> list[RecoveryLeaseGuard]:
+        now = self.runtime._wall_ms()
+        guards = self.index.claim(
+            self.owner, limit=free, ttl_ms=self.runtime.lease_ttl_ms, now_ms=now, queues=self.queues
+        )
+        taken: list[RecoveryLeaseGuard] = []
+        for guard in guards:
+            if guard.run_id in self._refused or guard.run_id in self._active:
+                guard.release()  # not for this worker: another one (with the handlers) takes it
+            else:
+                taken.append(guard)
+        return taken
+
+    def _next_wake_in(self, default_ms: int) -> int:
+        now = self.runtime._wall_ms()
+        try:
+            wake = self.index.next_wake(now_ms=now, queues=self.queues)
+        except (JournalUnavailable, OSError):
+            return default_ms
+        return default_ms if wake is None else max(1, min(default_ms, wake - now))
+
+    def _pause(self, ms: int) -> None:
+        try:
+            self._done.receive(timeout=ms / 1000)
+        except WaitTimeout:
+            return
+        # Drain every notification already sent (tasks that ended, a stop).
+        while len(self._done):
+            self._done.receive()
+
+    def _watch_signals(self, fd: int) -> None:
+        while True:
+            wait_readable(fd)
+            try:
+                data = os.read(fd, 64)
+            except BlockingIOError:
+                continue
+            for _ in data:
+                self._stops += 1
+                if self._stops == 1:
+                    self._emit("stopping", grace_ms=self.grace_ms, active=len(self._active))
+                else:
+                    self._emit("aborting", active=len(self._active))
+            self._done.send(None)
+
+    def _drain(self) -> None:
+        """Let in-flight attempts finish within the grace period, then release every lease."""
+        if self._stops == 1:
+            for driver in list(self.runtime._drivers.values()):
+                driver.request_drain()
+            deadline = current_hub().now_ms() + self.grace_ms
+            while self._active and self._stops == 1:
+                left = deadline - current_hub().now_ms()
+                if left <= 0:
+                    break
+                self._pause(left)
+        for task in list(self._active.values()):
+            task.cancel("worker stopping")
+        for task in list(self._active.values()):
+            with contextlib.suppress(MayflyError):
+                task.join()
+        self._emit("stopped", claimed=self.claimed, ended=self.ended)
+
+    # -- one claimed run ---------------------------------------------------------------
+
+    def _start(self, guard: RecoveryLeaseGuard) -> None:
+        self.claimed += 1
+        run_id = guard.run_id
+        task: Task[None] = spawn(self._drive, guard, name=f"worker run {run_id}")
+        self._active[run_id] = task
+
+    def _drive(self, guard: RecoveryLeaseGuard) -> None:
+        run_id = guard.run_id
+        started = time.monotonic()
+        try:
+            self._drive_claimed(guard, started)
+        finally:
+            self._active.pop(run_id, None)
+            self._done.send(None)
+
+    def _drive_claimed(self, guard: RecoveryLeaseGuard, started: float) -> None:
+        runtime = self.runtime
+        run_id = guard.run_id
+        try:
+            session = resume_claimed(
+                runtime.journal,
+                guard,
+                handler_available=runtime.registry.is_available,
+                upcasters=runtime.upcasters,
+            )
+        except ResumeRefused as refused:
+            self._refused.add(run_id)
+            self._emit("refused", run_id=run_id, error=str(refused))
+            return
+        except CorruptionError as exc:
+            self._refused.add(run_id)
+            self._emit("error", run_id=run_id, error=f"run {run_id} is unreadable and left alone: {exc}")
+            return
+        except (JournalUnavailable, OSError) as exc:
+            self._emit("error", run_id=run_id, error=f"could not load run {run_id}: {exc}")
+            return
+        with session:
+            state = session.state
+            self._emit("claimed", run_id=run_id, queue=state.queue, status=state.status.value)
+            # A stopping worker claims nothing; one that claimed just before it stopped hands over at once.
+            driver = RunDriver(
+                runtime._context(),
+                state,
+                lease=session.lease,
+                concurrent=True,
+                detach_on_wait=True,
+                drivers=runtime._drivers,
+                detach_after_ms=self.poll_interval_ms,
+            )
+            if self._stops:
+                driver.request_drain()
+            runtime._drivers[run_id] = driver
+            try:
+                final = driver.drive(session.effects)
+            except (LeaseLost, FencingRejected) as lost:
+                self._emit("lost", run_id=run_id, error=f"run {run_id} let go: {lost}")
+                return
+            except (JournalUnavailable, OSError) as exc:
+                self._emit("error", run_id=run_id, error=f"run {run_id} stopped on a store error: {exc}")
+                return
+            finally:
+                runtime._drivers.pop(run_id, None)
+            elapsed = time.monotonic() - started
+            if final.status.is_terminal:
+                self.ended += 1
+                self._emit("ended", run_id=run_id, status=final.status.value, seconds=round(elapsed, 3))
+                return
+            self._park(driver, final)
+            self._emit("parked", run_id=run_id, waiting=sorted(driver.waits()), seconds=round(elapsed, 3))
+
+    def _park(self, driver: RunDriver, state: RunState) -> None:
+        """Record the detached run's entry: a run whose only work is parked children waits for them."""
+        children = driver.children.parked_runs()
+        if not children:
+            return  # the last append already wrote the entry the state has
+        wakes = [entry.ready_at_ms for entry in self._entries(children) if entry.ready_at_ms is not None]
+        self.index.index_put([index_entry(state, parked=True, parked_until=min(wakes, default=None))])
+
+    def _entries(self, run_ids: Iterable[str]) -> list[Any]:
+        entries = []
+        for run_id in run_ids:
+            entry = self.index.index_get(run_id)
+            if entry is not None:
+                entries.append(entry)
+        return entries
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self._log({"event": event, "worker": self.owner, **fields})
+
+
+def _text_log(stream: TextIO) -> Callable[[dict[str, Any]], None]:
+    def write(record: dict[str, Any]) -> None:
+        event = record["event"]
+        run = record.get("run_id")
+        if event == "claimed":
+            line = f"claimed run {run} (queue {record['queue']})"
+        elif event == "ended":
+            line = f"run {run} {record['status']} ({record['seconds']} s in this worker)"
+        elif event == "parked":
+            waits = ", ".join(record["waiting"]) or "a timer"
+            line = f"run {run} parked on {waits}"
+        elif event == "started":
+            queues = ", ".join(record["queues"])
+            line = f"worker {record['worker']} started: concurrency {record['concurrency']}, queues {queues}"
+        elif event == "stopping":
+            line = f"stopping: no new claims; {record['active']} run(s) get {record['grace_ms']} ms to finish"
+        elif event == "aborting":
+            line = f"aborting: {record['active']} run(s) left in flight for the next worker"
+        elif event == "stopped":
+            line = f"worker stopped ({record['claimed']} claim(s), {record['ended']} run(s) ended)"
+        else:
+            line = record.get("error", event)
+        stream.write(f"mayfly worker: {line}\n")
+        stream.flush()
+
+    return write
+
+
+def json_log(stream: TextIO) -> Callable[[dict[str, Any]], None]:
+    """A ``log`` for :class:`Worker` writing one JSON object per line (``mayfly worker --json``)."""
+
+    def write(record: dict[str, Any]) -> None:
+        stream.write(json.dumps(record, sort_keys=True) + "\n")
+        stream.flush()
+
+    return write
