@@ -10,7 +10,8 @@ Exit codes (documented in docs/cli.md and ``mayfly --help``):
 4     another process owns the run (its recovery lease is held)
 5     journal, backend or history error (unreachable store, corruption, ...)
 6     the run is parked, waiting for a signal (see ``mayfly signal``)
-130   interrupted (Ctrl-C)
+124   ``mayfly result --wait --timeout``: the run neither ended nor parked in time
+130   interrupted (Ctrl-C), or a worker aborted by a second SIGTERM/SIGINT
 ====  =====================================================================
 """
 
@@ -34,6 +35,7 @@ from mayfly.cli._commands import (
     cmd_runs,
     cmd_signal,
 )
+from mayfly.cli._service import cmd_result, cmd_submit, cmd_worker
 from mayfly.cli._support import DEFAULT_JOURNAL, EXIT, Context, Interrupted, UsageError
 from mayfly.inspect import RUN_STATES
 from mayfly.model.commands import Rejection
@@ -109,6 +111,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--input", help="run input as JSON")
     p.add_argument("--timeline", action="store_true", help="print every committed fact as it happens")
+
+    p = command(
+        "submit", cmd_submit, "create a run of a JSON specification for a worker to drive; print its id"
+    )
+    p.add_argument("spec", help="path of the workflow specification (JSON)")
+    p.add_argument("--input", help="run input as JSON")
+    p.add_argument("--queue", default="default", help="the queue workers claim it from (default: default)")
+    p.add_argument("--run-id", help="choose the run id (a UUID); submitting an existing id creates nothing")
+
+    p = command("worker", cmd_worker, "claim and drive runs from the journal until SIGTERM or SIGINT")
+    p.add_argument(
+        "--handlers", required=True, help="module name or .py path defining `registry` or `register`"
+    )
+    p.add_argument("--concurrency", type=_positive, default=16, help="runs driven at once (default 16)")
+    p.add_argument(
+        "--queue", action="append", default=[], help="serve only this queue (repeat for several; default all)"
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=_positive,
+        default=1000,
+        metavar="MS",
+        help="idle poll interval (default 1000 ms)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds in-flight attempts get on stop (default 30)",
+    )
+
+    p = command("result", cmd_result, "show a run's result; --wait until it ends or parks")
+    p.add_argument("run", help="run id")
+    p.add_argument("--wait", action="store_true", help="wait until the run ends or parks on a signal")
+    p.add_argument(
+        "--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 124)"
+    )
 
     p = command("runs", cmd_runs, "list runs in the journal")
     p.add_argument("--state", choices=RUN_STATES, help="only runs in this state (running includes waiting)")

@@ -224,7 +224,10 @@ def cmd_signal(ctx: Context) -> int:
         ctx.out.write(f"signal {disposition.signal_id} to {args.node}: {disposition.status}")
         ctx.out.write(f" ({disposition.reason})\n" if disposition.reason else "\n")
         if disposition.status == "accepted":
-            ctx.out.write(f"next: mayfly{ctx.journal_flag} resume {run_id}\n")
+            ctx.out.write(
+                f"next: a worker on this journal continues the run (mayfly{ctx.journal_flag} worker "
+                f"--handlers MODULE), or here: mayfly{ctx.journal_flag} resume {run_id} --handlers MODULE\n"
+            )
     return EXIT["ok"] if disposition.status != "rejected" else EXIT["usage"]
 
 

@@ -45,6 +45,7 @@ EXIT = {
     "owned": 4,
     "journal": 5,
     "waiting": 6,
+    "timeout": 124,
     "interrupted": 130,
 }
 

@@ -44,7 +44,7 @@ from typing import Any, Literal, final
 
 import msgspec
 
-from mayfly.commit import commit_command
+from mayfly.commit import commit_command, keeps_run_index
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import WorkflowJournal
 from mayfly.lease import RecoveryLeaseStore
@@ -409,7 +409,18 @@ class WorkflowRuntime:
                 return SignalDisposition.of(signal_id, rejected.rejection)
             if self.observer is not None:
                 self.observer(commit.state, commit.events)
+            self._wake_ancestors(commit.state)
             return SignalDisposition.of(signal_id, list(commit.events))
+
+    def _wake_ancestors(self, state: RunState) -> None:
+        """A child run took a signal: wake the runs above it, which a worker parked on it (run index)."""
+        journal = self.journal
+        if not keeps_run_index(journal):
+            return
+        link = state.parent
+        while link is not None:
+            journal.index_wake(link.run_id)
+            link = inspect_run(self.journal, link.run_id, upcasters=self.upcasters).state.parent
 
     def cancel(self, run_id: str, *, reason: str, requester: str = "runtime") -> None:
         """Cancel a run this runtime is driving on the current hub (from another task).
