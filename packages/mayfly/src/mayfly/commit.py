@@ -18,7 +18,7 @@ from mayfly.model.events import Event
 from mayfly.model.ids import IdSource
 from mayfly.model.state import RunState
 from mayfly.reducer import decide, encode_event, reduce
-from mayfly.runindex import RunIndexJournal, index_entry
+from mayfly.runindex import IndexEntry, RunIndexJournal, index_entry
 
 __all__ = ["Commit", "commit_command", "keeps_run_index", "seal_events"]
 
@@ -98,16 +98,24 @@ def commit_command(
         return Commit(state, (), ())
     records = seal_events(run_id, first, decision, ids)
     if keeps_run_index(journal):
-        # The run's index entry is derived from the state after the batch and written in the same
-        # atomic step, so the state is reduced first. It is still exposed only once the append is
-        # acknowledged; after a journal error the caller reloads the run, as it always must.
-        reduced = state
-        for offset, event in enumerate(decision):
-            reduced = reduce(reduced, event, first + offset)
-        assert reduced is not None
-        result = journal.append_indexed(run_id, first, records, fence, index_entry(reduced))
+        # The run's index entry is derived from the state after the batch and stored in the same
+        # atomic step. The journal asks for it only once the batch can no longer be refused (the
+        # compare and fencing checks passed), so a refused append leaves the state untouched.
+        reduced: list[RunState] = []
+
+        def entry() -> IndexEntry:
+            if not reduced:
+                after = state
+                for offset, event in enumerate(decision):
+                    after = reduce(after, event, first + offset)
+                assert after is not None
+                reduced.append(after)
+            return index_entry(reduced[0])
+
+        result = journal.append_indexed(run_id, first, records, fence, entry)
         _check_ack(journal.url, run_id, first, records, result)
-        return Commit(reduced, tuple(decision), tuple(records))
+        entry()  # an exact re-append stores nothing new, but the state still moves on
+        return Commit(reduced[0], tuple(decision), tuple(records))
     result = journal.append(run_id, first, records, fence)
     _check_ack(journal.url, run_id, first, records, result)
     for offset, event in enumerate(decision):

@@ -27,7 +27,7 @@ never get the same run; fencing on every append stays the safety net.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, final, runtime_checkable
 
 import msgspec
@@ -184,9 +184,16 @@ class RunIndexJournal(Protocol):
         expected_next: int,
         records: Sequence[JournalRecord],
         fence: int | None,
-        index: IndexEntry,
+        index: Callable[[], IndexEntry],
     ) -> AppendResult:
-        """Append like ``append`` and store ``index`` (for this run) in the same atomic step."""
+        """Append like ``append`` and store the run's new entry in the same atomic step.
+
+        ``index()`` returns the entry; call it at most once, and only once the
+        batch can no longer be refused (its compare and fencing checks have
+        passed), before the batch is made durable: it advances the caller's
+        state, so an append refused before it is called leaves that state as
+        it was. An exact re-append (``already_committed``) need not call it.
+        """
         ...
 
     def claim(

@@ -76,6 +76,14 @@ class KillingJournal:
             die()
         return self._inner.append(run_id, first, records, fence)
 
+    def append_indexed(
+        self, run_id: str, first: int, records: Sequence[JournalRecord], fence: int | None, index: Any
+    ) -> Any:
+        # The local journal keeps the run index, so the runtime appends through here.
+        if self._kill_before is not None and any(r.event_type == self._kill_before for r in records):
+            die()
+        return self._inner.append_indexed(run_id, first, records, fence, index)
+
 
 def main() -> None:
     url, run_id, mode, kill_at, log = sys.argv[1:6]

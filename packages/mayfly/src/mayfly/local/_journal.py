@@ -62,7 +62,7 @@ import os
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from types import TracebackType
 from typing import Final, Self, final
@@ -380,6 +380,16 @@ class LocalWorkflowJournal:
         fence: int | None = None,
     ) -> AppendResult:
         """Compare-and-append an atomic batch; see :meth:`mayfly.journal.WorkflowJournal.append`."""
+        return self._append(run_id, expected_next, records, fence, None)
+
+    def _append(
+        self,
+        run_id: str,
+        expected_next: int,
+        records: Sequence[JournalRecord],
+        fence: int | None,
+        entry: Callable[[], IndexEntry] | None,
+    ) -> AppendResult:
         batch = validate_batch(run_id, expected_next, records, fence)
         # Explicit lock/try blocks instead of context managers: this is the hot path.
         lock = self._run_lock(run_id)
@@ -401,7 +411,16 @@ class LocalWorkflowJournal:
                             f"append rejected: run {run_id} event id {record.event_id} is "
                             f"already committed at sequence {used}"
                         )
-                self._write(run_id, fd, index, batch)
+                if entry is None:
+                    self._write(run_id, fd, index, batch)
+                else:
+                    # The write order of the run index (see mayfly.local._index): a more claimable
+                    # entry before the frames, the exact one after, both under this run's lock.
+                    new_entry = entry()
+                    db = self._run_index()
+                    db.before_append(new_entry)
+                    self._write(run_id, fd, index, batch)
+                    db.after_append(new_entry)
             finally:
                 # Unlock explicitly: a child forked meanwhile may share the descriptor.
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -755,17 +774,19 @@ class LocalWorkflowJournal:
         expected_next: int,
         records: Sequence[JournalRecord],
         fence: int | None,
-        index: IndexEntry,
+        index: Callable[[], IndexEntry],
     ) -> AppendResult:
-        """Append like :meth:`append` and store the run's index entry (write order: see ``_index``)."""
+        """Append like :meth:`append` and store the run's new index entry (write order: see ``_index``)."""
         run = parse_run_id(run_id)
-        if not isinstance(index, IndexEntry) or index.run_id != run:
-            raise InvalidRecord(f"append to run {run}: the index entry must be an IndexEntry of that run")
-        db = self._run_index()
-        db.before_append(index)
-        result = self.append(run, expected_next, records, fence)
-        db.after_append(index)
-        return result
+        self._run_index()  # opened before the run's lock is taken
+
+        def entry() -> IndexEntry:
+            value = index()
+            if not isinstance(value, IndexEntry) or value.run_id != run:
+                raise InvalidRecord(f"append to run {run}: the index entry must be an IndexEntry of that run")
+            return value
+
+        return self._append(run, expected_next, records, fence, entry)
 
     def claim(
         self,
