@@ -145,7 +145,7 @@ def index_entry(state: RunState, *, parked_until: int | None = None, parked: boo
 
 
 def more_claimable(candidate: IndexEntry, current: IndexEntry | None) -> bool:
-    """Whether ``candidate`` would make the run claimable no later than ``current`` does.
+    """Whether ``candidate`` would make the run claimable sooner than ``current`` does.
 
     The file journal, which cannot write an entry and frames atomically,
     writes such a candidate *before* the frames and the exact entry after, so
@@ -155,11 +155,9 @@ def more_claimable(candidate: IndexEntry, current: IndexEntry | None) -> bool:
         return True
     if _RANK[candidate.status] != _RANK[current.status]:
         return _RANK[candidate.status] < _RANK[current.status]
-    if candidate.status is IndexStatus.TERMINAL:
+    if candidate.status is IndexStatus.TERMINAL or candidate.ready_at_ms is None:
         return False
-    if candidate.ready_at_ms is None:
-        return current.ready_at_ms is None
-    return current.ready_at_ms is None or candidate.ready_at_ms <= current.ready_at_ms
+    return current.ready_at_ms is None or candidate.ready_at_ms < current.ready_at_ms
 
 
 @runtime_checkable

@@ -120,6 +120,8 @@ def test_more_claimable_orders_runnable_before_waiting_and_earlier_before_later(
     running, waiting = entry(IndexStatus.RUNNING, 5), entry(IndexStatus.WAITING, 10)
     assert more_claimable(running, waiting) and not more_claimable(waiting, running)
     assert more_claimable(entry(IndexStatus.WAITING, 3), waiting)
+    assert not more_claimable(waiting, waiting)  # equally claimable: nothing to write first
+    assert not more_claimable(entry(IndexStatus.RUNNING, 9), running)  # a chain moving on
     assert not more_claimable(entry(IndexStatus.WAITING, None), waiting)
     assert more_claimable(waiting, entry(IndexStatus.WAITING, None))
     assert not more_claimable(entry(IndexStatus.TERMINAL, None), waiting)

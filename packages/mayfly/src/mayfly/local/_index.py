@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +38,8 @@ __all__ = ["LocalRunIndex"]
 
 INDEX_FILE: Final = "index.sqlite3"
 _SCHEMA_VERSION: Final = 1
+_REMEMBERED: Final = 4096  # runs whose last written entry is kept in memory
+_FLUSH_AFTER_S: Final = 0.05
 _COLUMNS: Final = "run_id, queue, status, ready_at, sequence, wake, parent, priority"
 _SCHEMA: Final = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -111,6 +114,9 @@ class LocalRunIndex:
         self._path = root / INDEX_FILE
         self._durable = durable
         self._lock = threading.Lock()
+        self._written: dict[str, IndexEntry] = {}
+        self._dirty: dict[str, IndexEntry] = {}
+        self._flushed_at = time.monotonic()
         try:
             self._db = sqlite3.connect(
                 self._path, timeout=30.0, isolation_level=None, check_same_thread=False
@@ -156,25 +162,79 @@ class LocalRunIndex:
     # -- writes around an append (caller holds the run's exclusive flock) -----------------
 
     def before_append(self, entry: IndexEntry) -> None:
-        """Write ``entry`` now if it makes the run claimable no later than the stored entry does."""
+        """Write ``entry`` now if it makes the run claimable no later than the stored entry does.
+
+        The entry this process last wrote for the run stands in for the stored
+        one: while a process appends to a run it holds the run's lease, and no
+        one else writes a less claimable entry for it meanwhile (a wake only
+        makes it more claimable). So the hot path — a run that stays runnable
+        — costs no read and no transaction here.
+        """
+        known = self._written.get(entry.run_id)
+        if known is not None and not more_claimable(entry, known):
+            return
         with self._transaction(synced=self._durable) as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (entry.run_id,)).fetchone()
             if more_claimable(entry, None if row is None else _entry(row)):
                 db.execute(_UPSERT, _row(entry))
+        self._remember(entry)
 
     def after_append(self, entry: IndexEntry) -> None:
-        """Write the exact entry the committed batch produced."""
-        self.put([entry])
+        """Record the exact entry the committed batch produced.
+
+        A run that was runnable and stays runnable (most appends) changes only
+        its position in the claim order, so that entry is kept in memory and
+        written with the next write, read or flush, at most
+        ``_FLUSH_AFTER_S`` later: a crash meanwhile leaves a runnable entry
+        for a runnable run, which is all a claim needs. Any other change (the
+        run starts to wait, or ends) is written at once, so a released run is
+        not claimed again for nothing.
+        """
+        known = self._written.get(entry.run_id)
+        runnable = (IndexStatus.NEW, IndexStatus.RUNNING)
+        if known is not None and known.status in runnable and entry.status in runnable:
+            self._dirty[entry.run_id] = entry
+            self._remember(entry)
+            if time.monotonic() - self._flushed_at < _FLUSH_AFTER_S:
+                return
+            entries: list[IndexEntry] = []
+        else:
+            entries = [entry]
+        self.put(entries)
+
+    def flush(self) -> None:
+        """Write the entries kept in memory (see :meth:`after_append`)."""
+        if self._dirty:
+            self.put([])
+
+    def _remember(self, entry: IndexEntry) -> None:
+        written = self._written
+        if len(written) >= _REMEMBERED and entry.run_id not in written:
+            written.pop(next(iter(written)))
+        written[entry.run_id] = entry
 
     # -- the index operations -----------------------------------------------------------
 
     def put(self, entries: Sequence[IndexEntry]) -> None:
         """Store entries; a lower sequence never replaces a stored one, and a stored wake is kept."""
-        with self._transaction() as db:
-            db.executemany(_UPSERT, [_row(entry) for entry in entries])
+        with self._lock:
+            pending = list(self._dirty.values())
+            self._dirty.clear()
+        try:
+            with self._transaction() as db:
+                db.executemany(_UPSERT, [_row(entry) for entry in (*pending, *entries)])
+        except BaseException:
+            with self._lock:
+                for entry in pending:
+                    self._dirty.setdefault(entry.run_id, entry)
+            raise
+        self._flushed_at = time.monotonic()
+        for entry in entries:
+            self._remember(entry)
 
     def get(self, run_id: str) -> IndexEntry | None:
         """The run's entry, or ``None``."""
+        self.flush()
         rows = self._query(f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         return _entry(rows[0]) if rows else None
 
@@ -193,12 +253,14 @@ class LocalRunIndex:
 
     def candidates(self, *, now_ms: int, queues: Sequence[str] | None, limit: int, offset: int) -> list[str]:
         """Run ids claimable at ``now_ms`` by their entries (their leases are not checked), in claim order."""
+        self.flush()
         where = "" if queues is None else f"AND queue IN ({', '.join('?' for _ in queues)})"
         params: list[object] = [now_ms, *(queues or ()), limit, offset]
         return [str(row[0]) for row in self._query(_CLAIMABLE.format(queues=where), params)]
 
     def next_wake(self, *, now_ms: int, queues: Sequence[str] | None) -> int | None:
         """The earliest wake time after ``now_ms`` of a waiting root run."""
+        self.flush()
         where = "" if queues is None else f"AND queue IN ({', '.join('?' for _ in queues)})"
         rows = self._query(
             "SELECT min(ready_at) FROM runs WHERE parent IS NULL AND status = 'waiting' "
@@ -209,6 +271,9 @@ class LocalRunIndex:
         return None if value is None else int(value)  # type: ignore[call-overload]
 
     def close(self) -> None:
-        """Close the database connection."""
-        with self._lock:
-            self._db.close()
+        """Write what is kept in memory and close the database connection."""
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                self._db.close()
