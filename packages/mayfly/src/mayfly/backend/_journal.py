@@ -111,14 +111,14 @@ class JournalBase(abc.ABC):
         """Atomically append ``records`` at ``expected_next``; see ``WorkflowJournal.append``."""
         batch = validate_batch(run_id, expected_next, records, fence)
         if self._closed:
-            raise self._closed_error(f"append to run {run_id}")
+            raise self.closed_error(f"append to run {run_id}")
         return self._append(run_id, expected_next, batch, fence)
 
     def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
         """Return the run's records after ``after`` in order, each verified; see the Protocol."""
         run, start, count = validate_read(run_id, after, limit)
         if self._closed:
-            raise self._closed_error(f"read of run {run}")
+            raise self.closed_error(f"read of run {run}")
         if count == 0:
             return []
         return self._read(run, start, count)
@@ -132,7 +132,7 @@ class JournalBase(abc.ABC):
         start = None if after is None else parse_run_id(after)
         self.check_limit("list_runs", limit)
         if self._closed:
-            raise self._closed_error("listing runs")
+            raise self.closed_error("listing runs")
         return self._list_runs(start, limit)
 
     def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
@@ -150,7 +150,7 @@ class JournalBase(abc.ABC):
         if snapshot.checksum != snapshot.expected_checksum():
             raise InvalidRecord(f"snapshot of run {run} does not match its checksum; reseal it")
         if self._closed:
-            raise self._closed_error(f"snapshot of run {run}")
+            raise self.closed_error(f"snapshot of run {run}")
         self._write_snapshot(run, snapshot)
 
     def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
@@ -235,15 +235,16 @@ class JournalBase(abc.ABC):
         """Return ``run_id`` parsed, or raise its typed input error; refuse if the journal is closed."""
         run = parse_run_id(run_id)
         if self._closed:
-            raise self._closed_error(f"{operation} of run {run}")
+            raise self.closed_error(f"{operation} of run {run}")
         return run
 
     def ensure_open(self, operation: str) -> None:
         """Raise ``JournalUnavailable`` naming ``operation`` if the journal is closed."""
         if self._closed:
-            raise self._closed_error(operation)
+            raise self.closed_error(operation)
 
-    def _closed_error(self, operation: str) -> JournalUnavailable:
+    def closed_error(self, operation: str) -> JournalUnavailable:
+        """The ``JournalUnavailable`` a closed journal raises for ``operation``."""
         return JournalUnavailable(f"{operation} refused: journal {self._url} is closed; open it again")
 
     @staticmethod

@@ -42,6 +42,12 @@ _O = TypeVar("_O", bound=msgspec.Struct)
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 _LOCATED: Final = re.compile(r"^(?P<detail>.*?) - at `\$(?:\.(?P<field>[A-Za-z_][A-Za-z0-9_]*))?[^`]*`$")
 _BOOLEAN_WORDS: Final = {"yes": "true", "on": "true", "no": "false", "off": "false"}
+_TYPE_WORDS: Final = {
+    "`bool`": "true or false",
+    "`int`": "an integer",
+    "`float`": "a number",
+    "`str`": "text",
+}
 
 
 @final
@@ -53,9 +59,11 @@ class BackendURL(Generic[_O]):
     messages, logs and :attr:`~mayfly.journal.WorkflowJournal.url`).
     ``location`` is the store's path for ``path`` URLs (``file``, ``lmdb``,
     ``sqlite``: the host part, if any, is its first segment), and the URL path
-    for ``server`` URLs. ``extra`` holds the query fields the backend passes
-    through (``passthrough=True``), in order, and ``given`` the names of the
-    options the URL set explicitly (the others hold their defaults).
+    for ``server`` URLs, whose ``netloc`` is the authority exactly as written
+    (password included, for a driver that takes a URL). ``extra`` holds the
+    query fields the backend passes through (``passthrough=True``), in order,
+    and ``given`` the names of the options the URL set explicitly (the others
+    hold their defaults).
     """
 
     url: str
@@ -67,6 +75,7 @@ class BackendURL(Generic[_O]):
     port: int | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    netloc: str = field(default="", repr=False)
     extra: tuple[tuple[str, str], ...] = ()
     label: str = "backend"
     shape: str = ""
@@ -171,6 +180,7 @@ def parse_backend_url(
         port=port,
         username=username,
         password=password,
+        netloc=parts.netloc,
         extra=tuple(extra),
         label=label,
         shape=shape,
@@ -250,5 +260,10 @@ def _expectation(annotation: Any, detail: str) -> str:
     if isinstance(plain, type) and issubclass(plain, enum.Enum):
         return "must be one of " + ", ".join(repr(member.value) for member in plain)
     if detail.startswith("Expected "):
-        return "must be " + detail.removeprefix("Expected ").split(", got ")[0].replace("`", "")
+        expected = detail.removeprefix("Expected ").split(", got ")[0]
+        for name, words in _TYPE_WORDS.items():
+            expected = expected.replace(name, words)
+        return "must be " + expected.replace("`", "")
+    if detail.startswith(("must ", "is ")):
+        return detail  # a dec_hook's own wording
     return f"is invalid: {detail}"

@@ -36,6 +36,7 @@ import mayfly
 from mayfly import demo as demo_module
 from mayfly.identity import Uuid7IdSource
 from mayfly.inspect import build_inspection, render_mermaid, render_table, to_json
+from mayfly.journal import RUN_SUMMARIES, RUN_VERIFICATION
 from mayfly.model.commands import Rejection
 from mayfly.model.errors import (
     BackendNotInstalled,
@@ -529,9 +530,11 @@ def _candidate_pages(journal: Any, args: argparse.Namespace) -> Iterator[list[st
     otherwise every run is paged through in id order. "waiting" is not indexed
     (it is a running run parked on a signal), so it always pages.
     """
-    summaries = getattr(journal, "run_summaries", None)
-    if callable(summaries) and args.state != "waiting":
-        found = summaries(status=args.state, workflow_id=args.workflow, limit=min(args.limit, 1000))
+    summaries = RUN_SUMMARIES.of(journal)
+    if summaries is not None and args.state != "waiting":
+        found = summaries.run_summaries(
+            status=args.state, workflow_id=args.workflow, limit=min(args.limit, 1000)
+        )
         yield [summary.run_id for summary in found]
         return
     after = None
@@ -579,9 +582,9 @@ def cmd_replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     journal = open_journal(_journal_url(args))
     run_id = _run_id(args.run)
     started = time.monotonic()
-    verify = getattr(journal, "verify_run", None)
-    if callable(verify):
-        verify(run_id)  # a backend that can check every stored frame does so before the replay
+    verifier = RUN_VERIFICATION.of(journal)
+    if verifier is not None:
+        verifier.verify_run(run_id)  # a backend that can check every stored frame does so before the replay
     full = replay_run(journal, run_id)
     elapsed = time.monotonic() - started
     cached = inspect_run(journal, run_id)

@@ -537,7 +537,7 @@ def encode_snapshot(snapshot: SnapshotRecord) -> bytes:
 
 
 def decode_snapshot(data: bytes, run_id: str, *, verify: bool = True) -> SnapshotRecord:
-    """Decode (and unless ``verify=False``, verify) an MWS1 frame; raise :class:`SnapshotCorrupt` with the reason."""
+    """Decode an MWS1 frame, verified unless ``verify=False``; raise :class:`SnapshotCorrupt` naming why."""
     if len(data) < HEADER_V1.size:
         raise SnapshotCorrupt(run_id, "truncated header")
     magic, length, crc = HEADER_V1.unpack_from(data, 0)

@@ -62,7 +62,7 @@ import os
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Final, final
 

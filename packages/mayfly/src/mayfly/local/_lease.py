@@ -45,7 +45,9 @@ class LocalLeaseGuard(LeaseGuardBase):
 
     _store: LocalLeaseStore
 
-    def __init__(self, store: LocalLeaseStore, run_id: str, owner: str, token: int, ttl_ms: int, fd: int) -> None:
+    def __init__(
+        self, store: LocalLeaseStore, run_id: str, owner: str, *, token: int, ttl_ms: int, fd: int
+    ) -> None:
         super().__init__(store, run_id, owner, token, ttl_ms)
         self._fd = fd
 
@@ -89,7 +91,7 @@ class LocalLeaseStore(LeaseStoreBase[LocalLeaseGuard]):
         except BaseException:
             os.close(fd)
             raise
-        return LocalLeaseGuard(self, run_id, owner, token, ttl_ms, fd)
+        return LocalLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, fd=fd)
 
     def _grant(self, run_id: str) -> int:
         """Bump the run's fencing counter under the run file's exclusive lock."""
