@@ -16,14 +16,23 @@ __all__ = ["Child", "Records", "SlowRelay", "snapshot_of"]
 
 
 class Records:
-    """Builds sealed records with fresh event ids (UUIDv7, so runs never collide across sessions)."""
+    """Builds sealed records with fresh event ids (UUIDv7, so runs never collide across sessions).
 
-    def __init__(self) -> None:
+    Every id :meth:`new_id` hands out (the suite's run ids) is added to
+    ``created`` when one is given, so the session can purge its probe runs
+    from the store at the end.
+    """
+
+    def __init__(self, created: set[str] | None = None) -> None:
         self._ids = Uuid7IdSource()
+        self._created = created
 
     def new_id(self) -> str:
-        """Return a fresh UUIDv7 string."""
-        return self._ids.new_id()
+        """Return a fresh UUIDv7 string (recorded as a probe run id)."""
+        fresh = self._ids.new_id()
+        if self._created is not None:
+            self._created.add(fresh)
+        return fresh
 
     def batch(
         self, run_id: str, first: int, count: int = 1, *, payload: bytes | None = None

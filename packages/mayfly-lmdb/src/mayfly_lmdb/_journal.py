@@ -38,6 +38,7 @@ __all__ = ["LmdbJournal"]
 
 _EMPTY_RUN: Final = b""
 _KEY_LENGTH: Final = 24  # run id (16 bytes) || u64be sequence
+_FEATURES: Final = "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge"
 
 
 @final
@@ -58,17 +59,7 @@ class LmdbJournal(JournalBase):
         self._readonly = target.readonly
         self._shared: SharedEnv | None = acquire_env(target)
         super().__init__(
-            url=target.url,
-            capabilities=JournalCapabilities(
-                durability=target.durability,
-                cross_process=True,
-                fencing=True,
-                crash_durable=True,
-                fault_injection=True,
-                snapshots=True,
-                lease_expiry=True,
-                run_purge=True,
-            ),
+            url=target.url, capabilities=JournalCapabilities.declare(target.durability, _FEATURES)
         )
 
     @property

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 import time
 from typing import Final, final
 
@@ -77,39 +76,36 @@ def _try_lock(path: str, note: str) -> int | None:
 
 
 @final
-class LmdbLeaseGuard(LeaseGuardBase):
-    """A granted LMDB-store recovery lease; renew it within its ttl, release it when done."""
+class LmdbLeaseGuard(LeaseGuardBase[int | None]):
+    """A granted LMDB-store recovery lease; renew it within its ttl, release it when done.
+
+    Its grant is the descriptor holding the run's lock file, or ``None`` while
+    another process has it (``_state`` guards it: LMDB calls never switch).
+    """
 
     _store: LmdbLeaseStore
-
-    def __init__(
-        self, store: LmdbLeaseStore, run_id: str, owner: str, *, token: int, ttl_ms: int, fd: int | None
-    ) -> None:
-        super().__init__(store, run_id, owner, token, ttl_ms)
-        self._fd = fd
-        self._lock = threading.Lock()  # guards _fd; LMDB calls never switch greenlets
 
     @property
     def holds_lock(self) -> bool:
         """Whether this guard holds the run's OS file lock (its death is then seen at once)."""
-        return self._fd is not None
+        return self._grant is not None
 
     def _renew(self, ttl_ms: int) -> None:
-        with self._lock:
-            if self._fd is None:
-                self._fd = _try_lock(self._store._lock_path(self.run_id), self._note())
+        with self._state:
+            if self._grant is None:
+                self._grant = _try_lock(self._store._lock_path(self.run_id), self._note())
             try:
-                self._store._renew(self, ttl_ms, locked=self._fd is not None)
+                self._store._renew(self, ttl_ms, locked=self._grant is not None)
             except LeaseLost:
                 # The run belongs to another grant now: free the file lock for its holder.
-                fd, self._fd = self._fd, None
+                fd, self._grant = self._grant, None
                 if fd is not None:
                     os.close(fd)
                 raise
 
     def _release(self) -> None:
-        with self._lock:
-            fd, self._fd = self._fd, None
+        with self._state:
+            fd, self._grant = self._grant, None
         if fd is not None:
             # Drop the file lock first: an acquirer that gets it while this grant (marked as
             # holding the lock) is still stored takes over at once, and holds the lock itself.
@@ -184,7 +180,7 @@ class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
             if fd is not None:
                 os.close(fd)
             raise
-        guard = LmdbLeaseGuard(self, run_id, owner, token=outcome, ttl_ms=ttl_ms, fd=fd)
+        guard = LmdbLeaseGuard(self, run_id, owner, token=outcome, ttl_ms=ttl_ms, grant=fd)
         if fd is not None:
             try:
                 os.ftruncate(fd, 0)

@@ -44,6 +44,7 @@ MIN_MAP_SIZE: Final = 64 << 10
 """Smallest accepted map size (LMDB needs a few pages for its named databases)."""
 
 _MAX_SIZE: Final = 1 << 50
+_SHAPE: Final = "lmdb:///DIR?durability=sync|nosync&map_size=1GiB&max_map_size=1TiB&readonly=false"
 _SIZE = re.compile(r"([0-9]{1,20})\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
 _SHIFT: Final = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
@@ -107,15 +108,7 @@ class LmdbTarget:
 
 def parse_url(url: str) -> LmdbTarget:
     """Parse ``lmdb:///DIR?options`` into an :class:`LmdbTarget`; bad input raises InvalidBackendURL."""
-    parsed = parse_backend_url(
-        url,
-        LmdbOptions,
-        schemes=("lmdb",),
-        label="lmdb",
-        shape="lmdb:///DIR?durability=sync|nosync&map_size=1GiB&max_map_size=1TiB&readonly=false",
-        kind="path",
-        dec_hook=_convert,
-    )
+    parsed = parse_backend_url(url, LmdbOptions, _SHAPE, kind="path", dec_hook=_convert)
     options = parsed.options
     map_size = DEFAULT_MAP_SIZE if options.map_size is None else int(options.map_size)
     max_map_size = (

@@ -241,17 +241,10 @@ class PostgresJournal(JournalBase):
         self._sql = _Statements(self._store)
         super().__init__(
             url=self._store.settings.url,
-            capabilities=JournalCapabilities(
-                durability=self._store.settings.durability,
-                cross_process=True,
-                fencing=True,
-                crash_durable=True,
-                fault_injection=True,
-                snapshots=True,
-                lease_expiry=True,
-                run_summaries=True,
-                run_purge=True,
-                network=True,
+            capabilities=JournalCapabilities.declare(
+                self._store.settings.durability,
+                "cross_process fencing crash_durable fault_injection snapshots lease_expiry",
+                "run_summaries run_purge network",
             ),
         )
 

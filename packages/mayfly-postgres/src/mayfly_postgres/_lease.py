@@ -59,23 +59,21 @@ class _Statements:
 
 
 @final
-class PostgresLeaseGuard(LeaseGuardBase):
-    """A granted lease: valid until released, or expired (server clock) and taken over."""
+class PostgresLeaseGuard(LeaseGuardBase[str]):
+    """A granted lease: valid until released, or expired (server clock) and taken over.
+
+    Its grant is the random ``grant_id`` stored with it: renew and release
+    match on it, so a guard never touches a later grant.
+    """
 
     _store: PostgresLeaseStore
-
-    def __init__(
-        self, store: PostgresLeaseStore, run_id: str, owner: str, *, token: int, grant_id: str, ttl_ms: int
-    ) -> None:
-        super().__init__(store, run_id, owner, token, ttl_ms)
-        self._grant_id = grant_id
 
     def _renew(self, ttl_ms: int) -> None:
         """Extend the lease to ``ttl_ms`` from now on the server's clock; ``LeaseLost`` if taken over."""
         statements = self._store._sql
 
         def query(connection: HubConnection) -> bool:
-            row = connection.execute(statements.renew, (ttl_ms, self.run_id, self._grant_id)).fetchone()
+            row = connection.execute(statements.renew, (ttl_ms, self.run_id, self._grant)).fetchone()
             return row is not None
 
         if not self._store._store.pool.retrying(f"renewing the lease of run {self.run_id}", query):
@@ -85,7 +83,7 @@ class PostgresLeaseGuard(LeaseGuardBase):
         statements = self._store._sql
 
         def query(connection: HubConnection) -> None:
-            connection.execute(statements.release, (self.run_id, self._grant_id))
+            connection.execute(statements.release, (self.run_id, self._grant))
 
         self._store._store.pool.retrying(f"releasing the lease of run {self.run_id}", query)
 
@@ -126,7 +124,7 @@ class PostgresLeaseStore(LeaseStoreBase[PostgresLeaseGuard]):
         if row is None:
             holder = self._holder(run)
             raise LeaseHeld(run, None if holder is None else str(holder[0]))
-        return PostgresLeaseGuard(self, run, owner, token=int(row[0]), grant_id=grant, ttl_ms=ttl_ms)
+        return PostgresLeaseGuard(self, run, owner, token=int(row[0]), ttl_ms=ttl_ms, grant=grant)
 
     def _holder(self, run: str) -> tuple[Any, ...] | None:
         def query(connection: HubConnection) -> tuple[Any, ...] | None:

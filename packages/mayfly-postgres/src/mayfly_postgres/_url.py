@@ -22,6 +22,7 @@ _SYSTEM_SCHEMA = re.compile(r"information_schema|pg_.*")
 _DURABILITY: Final = {"durable": Durability.DURABLE, "write": Durability.WRITE}
 _MAX_POOL: Final = 1000
 _MAX_RECONNECT_S: Final = 3600.0
+_SHAPE: Final = "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE?schema=mayfly&durability=durable"
 
 
 class PostgresOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,10 +96,10 @@ def parse_url(url: object) -> PostgresSettings:
     parsed = parse_backend_url(
         url,
         PostgresOptions,
+        _SHAPE,
+        kind="server",
         schemes=SCHEMES,
         label="PostgreSQL",
-        shape="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE?schema=mayfly&durability=durable",
-        kind="server",
         host_required=False,
         passthrough=True,
     )

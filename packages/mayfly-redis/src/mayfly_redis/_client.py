@@ -11,7 +11,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Final, final
 
-import msgspec
 import redis
 import redis.exceptions as driver
 from redis.backoff import NoBackoff
@@ -249,5 +248,4 @@ def open_store(url: str) -> RedisStore:
 
 def relayed_store(target: RedisTarget, relay: Relay) -> RedisStore:
     """A store on ``target`` whose every connection, to each Cluster node too, dials ``relay(host, port)``."""
-    host, port = relay(target.host, target.port)
-    return RedisStore(msgspec.structs.replace(target, host=host, port=port), relay=relay)
+    return RedisStore(target.via(*relay(target.host, target.port)), relay=relay)

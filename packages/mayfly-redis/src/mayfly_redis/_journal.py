@@ -106,35 +106,25 @@ class RedisJournal(JournalBase):
 
     remedy = _REMEDY
 
+    cluster: bool
+    """Whether the server is a Redis Cluster."""
+    persistence: str
+    """The persistence settings found on the server(s) when the journal was opened."""
+
     def __init__(self, url: str, *, store: RedisStore | None = None) -> None:
         self._store = store if store is not None else open_store(url)
+        self.cluster, self.persistence = self._store.cluster, self._store.persistence
         target = self._store.target
         self._target = target
         durability = Durability.DURABLE if target.durability is RedisDurability.AOF else Durability.MEMORY
         super().__init__(
             url=target.url,
-            capabilities=JournalCapabilities(
-                durability=durability,
-                cross_process=True,
-                fencing=True,
-                crash_durable=durability is Durability.DURABLE,
-                fault_injection=True,
-                snapshots=True,
-                lease_expiry=True,
-                run_purge=True,
-                network=True,
+            capabilities=JournalCapabilities.declare(
+                durability,
+                "cross_process fencing fault_injection snapshots lease_expiry run_purge network",
+                "crash_durable" if durability is Durability.DURABLE else "",
             ),
         )
-
-    @property
-    def cluster(self) -> bool:
-        """Whether the server is a Redis Cluster."""
-        return self._store.cluster
-
-    @property
-    def persistence(self) -> str:
-        """The persistence settings found on the server(s) when the journal was opened."""
-        return self._store.persistence
 
     def relayed(self, relay: Relay) -> WorkflowJournal:
         """Open another journal on the same keys whose connections (to every node) dial ``relay``."""

@@ -27,23 +27,21 @@ def _text(value: object) -> str:
 
 
 @final
-class RedisLeaseGuard(LeaseGuardBase):
-    """A granted Redis lease: valid until released, or expired and taken over."""
+class RedisLeaseGuard(LeaseGuardBase[str]):
+    """A granted Redis lease: valid until released, or expired and taken over.
+
+    Its grant is the exact lease value ``"<token> <nonce> <owner>"``: renew and
+    release compare it first, so a guard never touches another grant.
+    """
 
     _store: RedisLeaseStore
-
-    def __init__(
-        self, store: RedisLeaseStore, run_id: str, owner: str, *, token: int, value: str, ttl_ms: int
-    ) -> None:
-        super().__init__(store, run_id, owner, token, ttl_ms)
-        self._value = value
 
     def _renew(self, ttl_ms: int) -> None:
         renewed = self._store._redis.script(
             f"renew lease of run {self.run_id}",
             _scripts.RENEW,
             [self._store._lease_key(self.run_id)],
-            [self._value, ttl_ms],
+            [self._grant, ttl_ms],
         )
         if not int(renewed):
             raise self.lost("expired and was taken over")
@@ -53,7 +51,7 @@ class RedisLeaseGuard(LeaseGuardBase):
             f"release lease of run {self.run_id}",
             _scripts.RELEASE,
             [self._store._lease_key(self.run_id)],
-            [self._value],
+            [self._grant],
         )
 
 
@@ -81,7 +79,7 @@ class RedisLeaseStore(LeaseStoreBase[RedisLeaseGuard]):
             raise LeaseHeld(run_id, _text(detail))
         token = int(detail)
         return RedisLeaseGuard(
-            self, run_id, owner, token=token, value=f"{token} {nonce} {owner}", ttl_ms=ttl_ms
+            self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=f"{token} {nonce} {owner}"
         )
 
     def _current_fence(self, run_id: str) -> int:

@@ -22,12 +22,14 @@ can check and append atomically:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from dataclasses import dataclass
 from typing import Annotated, Final, final
 
 import msgspec
 
-from mayfly.backend import parse_backend_url
+from mayfly.backend import BackendURL, parse_backend_url
 
 __all__ = ["DEFAULT_PREFIX", "RedisDurability", "RedisOptions", "RedisTarget", "parse_url"]
 
@@ -36,6 +38,7 @@ DEFAULT_PREFIX: Final = "mayfly"
 DEFAULT_TIMEOUT_S: Final = 30.0
 _MAX_DB: Final = 1 << 16
 _MAX_TIMEOUT_S: Final = 3600.0
+_SHAPE: Final = "redis://[user[:password]@]host[:port][/db]?prefix=mayfly&durability=aof|memory&timeout=30"
 
 
 class RedisDurability(enum.StrEnum):
@@ -66,20 +69,64 @@ class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @final
-class RedisTarget(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
     """A parsed Redis backend URL: where the server is and how keys and durability are set."""
 
-    url: str
-    tls: bool
-    host: str
-    port: int
+    source: BackendURL[RedisOptions]
+    """The parsed URL (its password stays out of ``repr``)."""
     db: int
-    username: str | None
-    password: str | None = msgspec.field(default=None)
-    prefix: str
-    durability: RedisDurability
-    timeout_s: float
-    ca_certs: str | None = None
+    """The database number (``/db`` of the URL; always 0 on a Cluster)."""
+
+    @property
+    def url(self) -> str:
+        """The URL with its password redacted."""
+        return self.source.url
+
+    @property
+    def tls(self) -> bool:
+        """Whether the URL is ``rediss://`` (TLS, the server's certificate and host name verified)."""
+        return self.source.scheme == "rediss"
+
+    @property
+    def host(self) -> str:
+        """The server's host."""
+        return self.source.host or ""
+
+    @property
+    def port(self) -> int:
+        """The server's port (6379 unless given)."""
+        return self.source.port or 6379
+
+    @property
+    def username(self) -> str | None:
+        """The ACL user, if the URL names one."""
+        return self.source.username
+
+    @property
+    def password(self) -> str | None:
+        """The password, if the URL gives one (never shown in messages)."""
+        return self.source.password
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of every key this backend writes."""
+        return self.source.options.prefix
+
+    @property
+    def durability(self) -> RedisDurability:
+        """What the server must guarantee before an append is acknowledged."""
+        return self.source.options.durability
+
+    @property
+    def timeout_s(self) -> float:
+        """The bound of every connect and reply, in seconds."""
+        return self.source.options.timeout
+
+    @property
+    def ca_certs(self) -> str | None:
+        """The CA bundle to verify a TLS server with, if not the system's."""
+        return self.source.options.ca_certs
 
     @property
     def address(self) -> str:
@@ -95,38 +142,20 @@ class RedisTarget(msgspec.Struct, frozen=True, kw_only=True):
         """The sorted set indexing run ids that hold records."""
         return f"{self.prefix}:runs"
 
+    def via(self, host: str, port: int) -> RedisTarget:
+        """The same target reached at another address (a relay in front of the server)."""
+        return RedisTarget(dataclasses.replace(self.source, host=host, port=port), self.db)
+
 
 def parse_url(url: str) -> RedisTarget:
     """Parse a ``redis://`` or ``rediss://`` backend URL; raise ``InvalidBackendURL`` if it is bad."""
-    parsed = parse_backend_url(
-        url,
-        RedisOptions,
-        schemes=SCHEMES,
-        label="Redis",
-        shape="redis://[user[:password]@]host[:port][/db]?prefix=mayfly&durability=aof|memory&timeout=30",
-        kind="server",
-    )
+    parsed = parse_backend_url(url, RedisOptions, _SHAPE, kind="server", schemes=SCHEMES, label="Redis")
     path = parsed.location.strip("/")
     if path and not path.isdigit():
         raise parsed.invalid(f"the database must be a number, got {path!r}")
     db = int(path) if path else 0
     if db >= _MAX_DB:
         raise parsed.invalid(f"database {db} is out of range")
-    options = parsed.options
-    tls = parsed.scheme == "rediss"
-    if options.ca_certs is not None and (not tls or not options.ca_certs):
+    if parsed.options.ca_certs is not None and (parsed.scheme != "rediss" or not parsed.options.ca_certs):
         raise parsed.invalid("ca_certs needs a rediss:// URL and a file path")
-    assert parsed.host is not None  # host_required
-    return RedisTarget(
-        url=parsed.url,
-        tls=tls,
-        host=parsed.host,
-        port=parsed.port or 6379,
-        db=db,
-        username=parsed.username,
-        password=parsed.password,
-        prefix=options.prefix,
-        durability=options.durability,
-        timeout_s=options.timeout,
-        ca_certs=options.ca_certs,
-    )
+    return RedisTarget(parsed, db)

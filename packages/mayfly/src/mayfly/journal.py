@@ -409,6 +409,23 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     run_purge: bool = False
     network: bool = False
 
+    @classmethod
+    def declare(cls, durability: Durability, *flags: str) -> JournalCapabilities:
+        """The capabilities with ``durability`` and exactly the named flags true, every other flag false.
+
+        Flags are named one per argument or several to an argument, separated
+        by spaces: ``JournalCapabilities.declare(Durability.DURABLE, "cross_process
+        fencing crash_durable snapshots")``. An unknown name raises ``ValueError``.
+        """
+        names = set(cls.__struct_fields__) - {"durability"}
+        flags = tuple(name for group in flags for name in group.split())
+        unknown = sorted(set(flags) - names)
+        if unknown:
+            raise ValueError(
+                f"unknown capability flag(s) {', '.join(unknown)}; the flags are {sorted(names)}"
+            )
+        return cls(durability=durability, **{name: name in flags for name in names})
+
 
 @runtime_checkable
 class WorkflowJournal(Protocol):

@@ -61,15 +61,8 @@ MAYFLY_PLUGIN_API = 1
 
 DISTRIBUTION: Final = "mayfly-example-sqlite"
 
-CAPABILITIES: Final = JournalCapabilities(
-    durability=Durability.DURABLE,
-    cross_process=True,
-    fencing=True,
-    crash_durable=True,
-    fault_injection=True,
-    snapshots=True,
-    lease_expiry=True,
-    run_purge=True,
+CAPABILITIES: Final = JournalCapabilities.declare(
+    Durability.DURABLE, "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge"
 )
 
 _SCHEMA: Final = """
@@ -103,14 +96,7 @@ class SqliteOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 def parse_url(url: object) -> BackendURL[SqliteOptions]:
     """Parse ``sqlite:///PATH``; anything else raises ``InvalidBackendURL`` saying what is wrong."""
-    return parse_backend_url(
-        url,
-        SqliteOptions,
-        schemes=("sqlite",),
-        label="sqlite",
-        shape="sqlite:///PATH to a database file",
-        kind="path",
-    )
+    return parse_backend_url(url, SqliteOptions, "sqlite:///PATH to a database file", kind="path")
 
 
 def _now_ms() -> int:
@@ -187,7 +173,8 @@ def _holder(connection: sqlite3.Connection, run_id: str, now: int) -> str | None
     return str(row[0]) if row is not None and int(row[1]) > now else None
 
 
-_COLUMNS: Final = "sequence, event_id, event_type, schema_version, payload, checksum"
+_FIELDS: Final = ("sequence", "event_id", "event_type", "schema_version", "payload", "checksum")
+_COLUMNS: Final = ", ".join(_FIELDS)
 
 
 class SqliteJournal(JournalBase):
@@ -206,18 +193,7 @@ class SqliteJournal(JournalBase):
         SQLite keeps whatever type a damaged column was given, so a value of the
         wrong type is damage too (the kit's ``verified`` says so).
         """
-        sequence, event_id, event_type, schema_version, payload, checksum = row
-        return self.verified(
-            JournalRecord(
-                run_id=run_id,
-                sequence=sequence,
-                event_id=event_id,
-                event_type=event_type,
-                schema_version=schema_version,
-                payload=payload,
-                checksum=checksum,
-            )
-        )
+        return self.verified(JournalRecord(run_id=run_id, **dict(zip(_FIELDS, row, strict=True))))
 
     def _append(
         self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
@@ -343,7 +319,7 @@ class SqliteJournal(JournalBase):
             )
 
 
-class SqliteLeaseGuard(LeaseGuardBase):
+class SqliteLeaseGuard(LeaseGuardBase[None]):
     """A granted SQLite lease; valid until released, or expired and taken over."""
 
     _store: SqliteLeaseStore
@@ -385,7 +361,7 @@ class SqliteLeaseStore(LeaseStoreBase[SqliteLeaseGuard]):
                 "INSERT OR REPLACE INTO mayfly_leases VALUES (?, ?, ?, ?)",
                 (run_id, owner, token, now + ttl_ms),
             )
-        return SqliteLeaseGuard(self, run_id, owner, token, ttl_ms)
+        return SqliteLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=None)
 
     def _current_fence(self, run_id: str) -> int:
         with self.db.reading() as connection:

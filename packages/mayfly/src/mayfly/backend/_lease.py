@@ -23,27 +23,35 @@ from mayfly.model.ids import parse_run_id
 
 __all__ = ["LeaseGuardBase", "LeaseStoreBase"]
 
-_G = TypeVar("_G", bound="LeaseGuardBase")
+_G = TypeVar("_G", bound="LeaseGuardBase[Any]")
+_Grant = TypeVar("_Grant")
 
 
-class LeaseGuardBase(abc.ABC):
+class LeaseGuardBase(abc.ABC, Generic[_Grant]):
     """A granted recovery lease (:class:`~mayfly.lease.RecoveryLeaseGuard`) over two hooks.
 
-    Build one in the store's ``_acquire`` with the grant's run, owner, token
-    and ttl. Implement ``_renew(ttl_ms)`` (extend the grant if it is still the
-    run's current one, else raise :meth:`lost`) and ``_release()`` (give the
-    grant up unless it was taken over). :meth:`renew` refuses a released
-    guard; :meth:`release` runs its hook at most once.
+    Build one in the store's ``_acquire`` with the grant's run, owner, token,
+    ttl and ``grant``: whatever the store needs to recognise this grant again
+    (a nonce, a grant id, the descriptor of a lock), kept as ``self._grant``.
+    Implement ``_renew(ttl_ms)`` (extend the grant if it is still the run's
+    current one, else raise :meth:`lost`) and ``_release()`` (give the grant
+    up unless it was taken over). :meth:`renew` refuses a released guard;
+    :meth:`release` runs its hook at most once.
     """
 
-    def __init__(self, store: LeaseStoreBase[Any], run_id: str, owner: str, token: int, ttl_ms: int) -> None:
+    def __init__(
+        self, store: LeaseStoreBase[Any], run_id: str, owner: str, *, token: int, ttl_ms: int, grant: _Grant
+    ) -> None:
         self._store = store
         self._run_id = run_id
         self._owner = owner
         self._token = token
         self._ttl_ms = ttl_ms
+        self._grant = grant
         self._released = False
-        self._state = threading.Lock()  # guards _released only; never held while a hook runs
+        # Guards _released, and a subclass's own state in hooks that never switch greenlets.
+        # Never held by the base while a hook runs.
+        self._state = threading.Lock()
 
     @property
     def run_id(self) -> str:
@@ -180,7 +188,7 @@ class LeaseStoreBase(abc.ABC, Generic[_G]):
         if self._closed:
             raise JournalUnavailable(f"{operation} refused: lease store {self._url} is closed; open it again")
 
-    def _forget(self, guard: LeaseGuardBase) -> None:
+    def _forget(self, guard: LeaseGuardBase[Any]) -> None:
         with self._held_lock:
             self._held.discard(guard)
 

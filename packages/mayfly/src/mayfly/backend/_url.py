@@ -102,20 +102,21 @@ def _invalid(label: str, url: str, problem: str, shape: str) -> InvalidBackendUR
 def parse_backend_url(
     url: object,
     options: type[_O],
-    *,
-    schemes: Sequence[str],
-    label: str,
     shape: str,
+    *,
     kind: Literal["path", "server"],
+    schemes: Sequence[str] | None = None,
+    label: str | None = None,
     host_required: bool = True,
     passthrough: bool = False,
     bare_path: bool = False,
     dec_hook: Callable[[type, Any], Any] | None = None,
 ) -> BackendURL[_O]:
-    """Parse ``url`` for a backend serving ``schemes``; bad input raises ``InvalidBackendURL``.
+    """Parse ``url`` into its location and ``options``; bad input raises ``InvalidBackendURL``.
 
-    ``label`` names the backend in messages (``"lmdb"``, ``"PostgreSQL"``) and
-    ``shape`` is the URL form to suggest (``"lmdb:///DIR?durability=sync"``).
+    ``shape`` is the URL form every error suggests (``"lmdb:///DIR?durability=sync"``);
+    its scheme is the one accepted unless ``schemes`` lists them, and names
+    the backend in messages unless ``label`` does (``"PostgreSQL"``).
     ``kind="path"`` URLs name a file or directory and take no user or port;
     ``kind="server"`` URLs name ``[user[:password]@]host[:port]``, the host
     optional unless ``host_required``. With ``passthrough`` every query field
@@ -123,11 +124,13 @@ def parse_backend_url(
     refused. ``bare_path`` accepts a plain path without ``scheme://``.
     ``dec_hook`` converts option values of custom types (msgspec's hook).
     """
+    schemes = tuple(schemes) if schemes is not None else (shape.partition("://")[0],)
+    name = label if label is not None else schemes[0]
     if not isinstance(url, str):
-        raise InvalidBackendURL(f"{label} URL must be a string, got {type(url).__name__}")
+        raise InvalidBackendURL(f"{name} URL must be a string, got {type(url).__name__}")
 
     def fail(problem: str) -> InvalidBackendURL:
-        return _invalid(label, url, problem, shape)
+        return _invalid(name, url, problem, shape)
 
     if not url:
         raise fail("it is empty")
@@ -182,7 +185,7 @@ def parse_backend_url(
         password=password,
         netloc=parts.netloc,
         extra=tuple(extra),
-        label=label,
+        label=name,
         shape=shape,
         _raw=url,
     )

@@ -98,6 +98,8 @@ __all__ = ["LocalWorkflowJournal"]
 
 _INDEX_CACHE_LIMIT: Final = 1024
 _SCAN_WINDOW: Final = 4 << 20
+# Leases never expire here: a local lease lasts until release or process death.
+_FEATURES: Final = "cross_process fencing crash_durable fault_injection snapshots run_verification run_purge"
 _LISTING_SETTLE_NS: Final = 2_000_000_000
 
 
@@ -125,18 +127,7 @@ class LocalWorkflowJournal(JournalBase):
         self._indexes: dict[str, _frames.RunIndex] = {}
         self._listing: tuple[tuple[int, int], list[str]] | None = None
         super().__init__(
-            url=target.url,
-            capabilities=JournalCapabilities(
-                durability=target.durability,
-                cross_process=True,
-                fencing=True,
-                crash_durable=True,
-                fault_injection=True,
-                snapshots=True,
-                lease_expiry=False,
-                run_verification=True,
-                run_purge=True,
-            ),
+            url=target.url, capabilities=JournalCapabilities.declare(target.durability, _FEATURES)
         )
 
     @property

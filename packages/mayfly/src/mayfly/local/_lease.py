@@ -36,20 +36,15 @@ __all__ = ["LocalLeaseGuard", "LocalLeaseStore"]
 
 
 @final
-class LocalLeaseGuard(LeaseGuardBase):
+class LocalLeaseGuard(LeaseGuardBase[int]):
     """A held local recovery lease; release it (or leave the ``with`` block) when done.
 
-    ``renew`` only confirms the lease is still held: local leases last until
-    release or process death, so ``ttl_ms`` is accepted and ignored.
+    Its grant is the descriptor holding the lease file's ``flock``. ``renew``
+    only confirms the lease is still held: local leases last until release or
+    process death, so ``ttl_ms`` is accepted and ignored.
     """
 
     _store: LocalLeaseStore
-
-    def __init__(
-        self, store: LocalLeaseStore, run_id: str, owner: str, *, token: int, ttl_ms: int, fd: int
-    ) -> None:
-        super().__init__(store, run_id, owner, token, ttl_ms)
-        self._fd = fd
 
     def _renew(self, ttl_ms: int) -> None:
         current = self._store.current_fence(self.run_id)
@@ -57,7 +52,7 @@ class LocalLeaseGuard(LeaseGuardBase):
             raise self.lost(f"was superseded: token {self.fencing_token} < current {current}")
 
     def _release(self) -> None:
-        os.close(self._fd)  # closing drops the flock
+        os.close(self._grant)  # closing drops the flock
 
 
 @final
@@ -91,7 +86,7 @@ class LocalLeaseStore(LeaseStoreBase[LocalLeaseGuard]):
         except BaseException:
             os.close(fd)
             raise
-        return LocalLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, fd=fd)
+        return LocalLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=fd)
 
     def _grant(self, run_id: str) -> int:
         """Bump the run's fencing counter under the run file's exclusive lock."""

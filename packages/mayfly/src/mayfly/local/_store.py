@@ -65,6 +65,7 @@ _DURABILITY_NAMES: Final = {
     "write": Durability.WRITE,
 }
 _MAX_FENCE_TEXT = 32
+_SHAPE: Final = "file:///DIR?durability=fsync|flush|write, or a bare directory path"
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
@@ -86,15 +87,7 @@ class LocalOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 def parse_url(url: str) -> LocalTarget:
     """Parse ``file://DIR?durability=fsync|flush|write`` or a bare path (default ``fsync``)."""
-    parsed = parse_backend_url(
-        url,
-        LocalOptions,
-        schemes=("file",),
-        label="local journal",
-        shape="file:///DIR?durability=fsync|flush|write, or a bare directory path",
-        kind="path",
-        bare_path=True,
-    )
+    parsed = parse_backend_url(url, LocalOptions, _SHAPE, kind="path", label="local journal", bare_path=True)
     name = parsed.options.durability
     root = Path(parsed.location).expanduser().absolute()
     canonical = f"file://{root}?durability={name}" if parsed.given else f"file://{root}"
