@@ -27,22 +27,28 @@ html_show_sourcelink = False
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# Readable signatures: a callable type the contract names once is shown by that name
+# (`relay: Relay`), and type names print without their module path.
+autodoc_type_aliases = {"Relay": "mayfly.journal.Relay"}
+python_use_unqualified_type_names = True
 # undoc-members: the identity NewTypes (RunId, NodeId, ...) are public API without docstrings.
 autodoc_default_options: dict[str, Any] = {"members": True, "undoc-members": True, "show-inheritance": True}
 
 # The API reference: one line per public module. docs/api.md gets one section
 # per entry, in this order, each rendered by autodoc from the module's
 # docstrings. Only modules that are a public promise belong here (STYLE.md:
-# users import from mayfly; backend authors from the journal, lease, hookspecs
-# and testing modules).
+# users import from mayfly; backend authors from the journal, lease, backend kit,
+# hookspecs and testing modules, and the substrate calls a backend's waits use).
 API_MODULES = [
     "mayfly",
     "mayfly.model.errors",
     "mayfly.model.ids",
     "mayfly.journal",
     "mayfly.lease",
+    "mayfly.backend",
     "mayfly.hookspecs",
     "mayfly.testing",
+    "mayfly.substrate",
 ]
 
 
@@ -57,7 +63,23 @@ def _append_api_sections(app: Any, docname: str, source: list[str]) -> None:
     source[0] += "".join(sections)
 
 
+# Classes a reader uses but never constructs: their constructor is an implementation detail.
+_NOT_CONSTRUCTED = frozenset({"mayfly.backend.BackendURL"})
+
+
+def _readable_signature(  # noqa: PLR0917  # the signature Sphinx calls the event with
+    app: Any, what: str, name: str, obj: Any, options: Any, signature: str | None, annotation: str | None
+) -> tuple[str | None, str | None] | None:
+    """Drop the meaningless ``(*args, **kwargs)`` of Protocols, and constructors nobody calls."""
+    if what != "class":
+        return None
+    if getattr(obj, "_is_protocol", False) or name in _NOT_CONSTRUCTED:
+        return "", annotation
+    return None
+
+
 def setup(app: Any) -> dict[str, Any]:
-    """Register the API-reference hook."""
+    """Register the API-reference hooks."""
     app.connect("source-read", _append_api_sections)
+    app.connect("autodoc-process-signature", _readable_signature)
     return {"parallel_read_safe": True}

@@ -42,6 +42,10 @@ _LEASES_OPTION = "--mayfly-leases"
 _INI_FACTORY = "mayfly_backend"
 _KNOWN_FAILURES = "mayfly_known_failures"
 _KEEP_PROBES = "--mayfly-keep-probe-runs"
+# What a capability declared absent means for its clauses, where the name alone does not say.
+_ABSENT = {
+    "network": ": it waits on no socket, so no network wait of it can block the hub (its calls run inline)",
+}
 _FLAGS = (
     "cross_process",
     "fencing",
@@ -252,7 +256,8 @@ def _mayfly_capability_gate(request: pytest.FixtureRequest) -> None:
     url: str = request.getfixturevalue("mayfly_journal_url")
     for name in required:
         if not getattr(capabilities, name):
-            pytest.skip(f"backend {url_scheme(url)}:// declares capability {name} absent")
+            why = _ABSENT.get(name, "")
+            pytest.skip(f"backend {url_scheme(url)}:// declares capability {name} absent{why}")
 
 
 def _clause(item: pytest.Item) -> str | None:
