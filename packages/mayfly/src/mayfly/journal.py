@@ -32,6 +32,15 @@ most ``2**63 - 1``; ``event_type`` matches ``[A-Za-z][A-Za-z0-9]*`` and is at
 most 64 characters; ``schema_version >= 1``; ``payload`` is valid UTF-8 (the
 durable encoding is UTF-8 JSON, ADR-0032) and at most :data:`MAX_RECORD_PAYLOAD`
 bytes. Bad input raises a typed error and nothing is written.
+
+Optional features
+-----------------
+Beyond :class:`WorkflowJournal`, a backend may offer features, each a
+:class:`JournalCapabilities` flag and a Protocol: :data:`RUN_SUMMARIES`,
+:data:`RUN_VERIFICATION`, :data:`RUN_PURGE`, :data:`NETWORK` and
+:data:`FAULT_INJECTION`. Callers ask ``FEATURE.of(journal)``; a backend's
+attributes are never probed. ``mayfly.backend`` is the kit a backend builds
+these on.
 """
 
 from __future__ import annotations
