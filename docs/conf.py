@@ -37,12 +37,15 @@ autodoc_default_options: dict[str, Any] = {"members": True, "undoc-members": Tru
 # The API reference: one line per public module. docs/api.md gets one section
 # per entry, in this order, each rendered by autodoc from the module's
 # docstrings. Only modules that are a public promise belong here (STYLE.md:
-# users import from mayfly; backend authors from the journal, lease, backend kit,
-# hookspecs and testing modules, and the substrate calls a backend's waits use).
+# users import from mayfly, mayfly.errors and mayfly.ids, and build plugin
+# contexts with mayfly.plugins; backend authors import from the journal,
+# lease, backend kit, hookspecs and testing modules, and make their waits
+# with the substrate).
 API_MODULES = [
     "mayfly",
-    "mayfly.model.errors",
-    "mayfly.model.ids",
+    "mayfly.errors",
+    "mayfly.ids",
+    "mayfly.plugins",
     "mayfly.journal",
     "mayfly.lease",
     "mayfly.backend",
@@ -51,15 +54,24 @@ API_MODULES = [
     "mayfly.substrate",
 ]
 
+# Names a module re-exports from another documented module, documented once, at their home (Sphinx
+# refuses two descriptions of one object).
+API_DOCUMENTED_ELSEWHERE = {
+    "mayfly": ("MayflyError", "NonRetryable"),  # in mayfly.errors
+    "mayfly.testing": ("DeterministicIdSource",),  # in mayfly.ids
+}
+
 
 def _append_api_sections(app: Any, docname: str, source: list[str]) -> None:
     """Append an autodoc section for each entry of API_MODULES to the API reference page."""
     if docname != "api":
         return
     # eval-rst: autodoc emits reStructuredText, and the docstrings are written in it.
-    sections = [
-        f"\n## `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n```\n" for module in API_MODULES
-    ]
+    sections = []
+    for module in API_MODULES:
+        elsewhere = API_DOCUMENTED_ELSEWHERE.get(module, ())
+        option = f"   :exclude-members: {', '.join(elsewhere)}\n" if elsewhere else ""
+        sections.append(f"\n## `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n{option}```\n")
     source[0] += "".join(sections)
 
 

@@ -28,8 +28,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from mayfly.errors import ChecksumMismatch, SnapshotCorrupt
 from mayfly.journal import JournalRecord, SnapshotRecord
-from mayfly.model.errors import ChecksumMismatch, SnapshotCorrupt
 
 __all__ = [
     "FORMAT",

@@ -30,7 +30,7 @@ from typing import Final, TypeVar, final
 import lmdb
 
 from mayfly.backend import VOLATILE_FILESYSTEMS, filesystem_type
-from mayfly.model.errors import (
+from mayfly.errors import (
     CompatibilityError,
     CorruptionError,
     DurabilityUnavailable,

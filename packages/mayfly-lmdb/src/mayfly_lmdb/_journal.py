@@ -18,17 +18,17 @@ from typing import Final, final
 import lmdb
 
 from mayfly.backend import JournalBase
+from mayfly.errors import (
+    CorruptionError,
+    InvalidRecord,
+    JournalUnavailable,
+    LeaseHeld,
+)
 from mayfly.journal import (
     AppendResult,
     JournalCapabilities,
     JournalRecord,
     SnapshotRecord,
-)
-from mayfly.model.errors import (
-    CorruptionError,
-    InvalidRecord,
-    JournalUnavailable,
-    LeaseHeld,
 )
 from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv, acquire_env, release_env

@@ -33,7 +33,7 @@ from typing import Final, final
 import lmdb
 
 from mayfly.backend import LeaseGuardBase, LeaseStoreBase
-from mayfly.model.errors import JournalUnavailable, LeaseHeld, LeaseLost
+from mayfly.errors import JournalUnavailable, LeaseHeld, LeaseLost
 from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv, acquire_env, release_env
 from mayfly_lmdb._url import parse_url

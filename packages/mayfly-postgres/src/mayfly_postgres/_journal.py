@@ -31,6 +31,13 @@ import psycopg
 from psycopg import sql
 
 from mayfly.backend import JournalBase
+from mayfly.errors import (
+    ConflictingRecord,
+    CorruptionError,
+    InvalidRecord,
+    JournalUnavailable,
+    LeaseHeld,
+)
 from mayfly.journal import (
     AppendResult,
     JournalCapabilities,
@@ -39,13 +46,6 @@ from mayfly.journal import (
     RunSummary,
     SnapshotRecord,
     WorkflowJournal,
-)
-from mayfly.model.errors import (
-    ConflictingRecord,
-    CorruptionError,
-    InvalidRecord,
-    JournalUnavailable,
-    LeaseHeld,
 )
 from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
 from mayfly_postgres._store import Store, open_store

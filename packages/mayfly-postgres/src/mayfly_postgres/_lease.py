@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from mayfly.backend import LeaseGuardBase, LeaseStoreBase
-from mayfly.model.errors import LeaseHeld
+from mayfly.errors import LeaseHeld
 from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
 from mayfly_postgres._store import Store, open_store
 

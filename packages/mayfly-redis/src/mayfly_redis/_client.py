@@ -17,8 +17,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from mayfly.errors import DurabilityUnavailable, JournalUnavailable
 from mayfly.journal import Relay
-from mayfly.model.errors import DurabilityUnavailable, JournalUnavailable
 from mayfly_redis._connection import (
     AofPolicy,
     DurabilityLost,

@@ -20,6 +20,14 @@ import re
 from typing import Any, Final, final
 
 from mayfly.backend import JournalBase, decode_snapshot, encode_snapshot
+from mayfly.errors import (
+    AppendConflict,
+    ChecksumMismatch,
+    ConflictingRecord,
+    CorruptionError,
+    FencingRejected,
+    LeaseHeld,
+)
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -28,14 +36,6 @@ from mayfly.journal import (
     Relay,
     SnapshotRecord,
     WorkflowJournal,
-)
-from mayfly.model.errors import (
-    AppendConflict,
-    ChecksumMismatch,
-    ConflictingRecord,
-    CorruptionError,
-    FencingRejected,
-    LeaseHeld,
 )
 from mayfly_redis import _scripts
 from mayfly_redis._client import RedisStore, open_store, relayed_store

@@ -15,7 +15,7 @@ import uuid
 from typing import final
 
 from mayfly.backend import LeaseGuardBase, LeaseStoreBase
-from mayfly.model.errors import LeaseHeld
+from mayfly.errors import LeaseHeld
 from mayfly_redis import _scripts
 from mayfly_redis._client import RedisStore, open_store
 

@@ -2,31 +2,26 @@
 
 Build a :class:`WorkflowSpec`, register handlers on a :class:`HandlerRegistry`,
 and run it with :class:`WorkflowRuntime` — durably, on the embedded local
-journal by default or any installed backend. Backend authors import from
-:mod:`mayfly.journal`, :mod:`mayfly.lease`, :mod:`mayfly.hookspecs` and
-:mod:`mayfly.testing`.
+journal by default or any installed backend. :func:`list_runs` lists a
+journal's runs and :class:`RunInspection` shows one (:mod:`mayfly.inspect`).
+
+The error hierarchy is :mod:`mayfly.errors` (every error is a
+:class:`MayflyError`) and the identities and their grammars are
+:mod:`mayfly.ids`. Backend authors import from :mod:`mayfly.journal`,
+:mod:`mayfly.lease`, :mod:`mayfly.hookspecs`, :mod:`mayfly.substrate` and
+:mod:`mayfly.testing`; plugin contexts are :mod:`mayfly.plugins`. The
+reducer's command vocabulary stays under :mod:`mayfly.reducer` and
+:mod:`mayfly.model`.
 """
 
 from __future__ import annotations
 
-from mayfly.inspect import RunInspection, build_inspection
-from mayfly.journal import WorkflowJournal
-from mayfly.lease import RecoveryLeaseStore
-from mayfly.model.commands import (
-    AdvanceTime,
-    AttemptStart,
-    CancelRun,
-    Command,
-    CompleteAttempt,
-    CreateRun,
-    Rejection,
-    RejectionCode,
-    StartNodes,
-)
-from mayfly.model.errors import *  # noqa: F403  # the error hierarchy is public API
-from mayfly.model.errors import __all__ as _errors_all
-from mayfly.model.ids import *  # noqa: F403  # identities are public API
-from mayfly.model.ids import __all__ as _ids_all
+import importlib
+import warnings
+
+from mayfly import errors, ids
+from mayfly.errors import MayflyError, NonRetryable
+from mayfly.inspect import RunInspection, list_runs
 from mayfly.model.outcomes import (
     ArtifactRef,
     Blocked,
@@ -54,83 +49,92 @@ from mayfly.model.spec import (
     RunBudgets,
     WorkflowSpec,
 )
-from mayfly.model.state import NodeStatus, RunState, RunStatus
-from mayfly.plugins import list_backends, open_journal, open_leases, plugin_manager
-from mayfly.recovery import inspect_run, replay_run, resume_run
-from mayfly.reducer import decide, ensure_valid, reduce, replay, validate
+from mayfly.model.state import NodeStatus, RunStatus
 from mayfly.runtime import (
     HandlerRegistry,
     HandlerRequest,
     RunResult,
+    WaitForSignal,
     WorkflowRuntime,
-    set_backend_resolver,
+    new_signal_token,
 )
-from mayfly.telemetry import set_metrics_publisher
-
-
-def _open_backends(url: str) -> tuple[WorkflowJournal, RecoveryLeaseStore]:
-    return open_journal(url), open_leases(url)
-
-
-# The lower layers cannot import the plugin manager; the package root wires it in.
-set_backend_resolver(_open_backends)
-set_metrics_publisher(plugin_manager)
 
 __version__ = "0.1.0.dev0"
 
-__all__ = [  # noqa: PLE0604  # extended with the error and identity names below
-    "AdvanceTime",
+__all__ = [
     "ArtifactRef",
-    "AttemptStart",
     "Blocked",
-    "CancelRun",
     "Cancelled",
     "ChangesRequested",
     "ChildCall",
     "ChildDefinition",
-    "Command",
-    "CompleteAttempt",
-    "CreateRun",
     "Edge",
     "ExponentialBackoff",
     "FixedBackoff",
     "HandlerRegistry",
     "HandlerRequest",
     "ImmediateBackoff",
+    "MayflyError",
     "Node",
     "NodeOutcome",
     "NodeOutcomeKind",
     "NodeStatus",
+    "NonRetryable",
     "OnAnyOutcome",
     "OnField",
     "OnOutcome",
     "PermanentFailure",
-    "Rejection",
-    "RejectionCode",
     "RetryPolicy",
     "RetryableFailure",
     "RunBudgets",
     "RunInspection",
     "RunResult",
-    "RunState",
     "RunStatus",
     "Skipped",
-    "StartNodes",
     "Succeeded",
+    "WaitForSignal",
     "WorkflowRuntime",
     "WorkflowSpec",
-    "build_inspection",
-    "decide",
-    "ensure_valid",
-    "inspect_run",
-    "list_backends",
-    "open_journal",
-    "open_leases",
-    "reduce",
-    "replay",
-    "replay_run",
-    "resume_run",
-    "validate",
-    *_errors_all,
-    *_ids_all,
+    "errors",
+    "ids",
+    "list_runs",
+    "new_signal_token",
 ]
+
+# Names the root exported before it became a user API, and where each lives now. They still
+# resolve, with a DeprecationWarning naming the new home, so old code keeps running while it moves.
+_MOVED: dict[str, str] = {
+    **dict.fromkeys(errors.__all__, "mayfly.errors"),
+    **dict.fromkeys(ids.__all__, "mayfly.ids"),
+    **dict.fromkeys(
+        (
+            "AdvanceTime",
+            "AttemptStart",
+            "CancelRun",
+            "Command",
+            "CompleteAttempt",
+            "CreateRun",
+            "Rejection",
+            "RejectionCode",
+            "StartNodes",
+        ),
+        "mayfly.model.commands",
+    ),
+    **dict.fromkeys(("decide", "ensure_valid", "reduce", "replay", "validate"), "mayfly.reducer"),
+    **dict.fromkeys(("inspect_run", "replay_run", "resume_run"), "mayfly.recovery"),
+    **dict.fromkeys(("list_backends", "open_journal", "open_leases", "plugin_manager"), "mayfly.plugins"),
+    "RunState": "mayfly.model.state",
+    "WorkflowJournal": "mayfly.journal",
+    "RecoveryLeaseStore": "mayfly.lease",
+    "build_inspection": "mayfly.inspect",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _MOVED.get(name)
+    if home is None or name in __all__:
+        raise AttributeError(f"module 'mayfly' has no attribute {name!r}")
+    warnings.warn(
+        f"mayfly.{name} moved to {home}.{name}; import it from there", DeprecationWarning, stacklevel=2
+    )
+    return getattr(importlib.import_module(home), name)

@@ -4,9 +4,10 @@ plan → implement → review ⇄ implement (the first review requests changes) 
 qa (the first attempt fails transiently and is retried with backoff) →
 approval (a durable signal wait) → publish.
 
-The handlers are published through the ``mayfly`` entry-point group, so
-``mayfly resume`` and ``mayfly signal`` can continue a demo run in a fresh
-process without being told where the handlers live.
+This module is an ordinary handlers module, not a plugin: its handlers are in
+no registry unless asked for. ``mayfly demo`` registers them itself, and a
+demo run is continued in a fresh process like any other run, by naming the
+module: ``mayfly resume RUN --handlers mayfly.demo`` (:func:`register`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mayfly.hookspecs import hookimpl
 from mayfly.model.outcomes import ChangesRequested, NodeOutcome, PermanentFailure, RetryableFailure, Succeeded
 from mayfly.model.outcomes import NodeOutcomeKind as Kind
 from mayfly.model.spec import Edge, ExponentialBackoff, Node, OnOutcome, RetryPolicy, WorkflowSpec
@@ -28,12 +28,15 @@ from mayfly.runtime import HandlerRegistry, HandlerRequest, WaitForSignal, new_s
 __all__ = [
     "DEMO_SPEC",
     "DEMO_WORKFLOW_ID",
+    "HANDLERS_MODULE",
     "crash_at",
+    "register",
     "register_demo_handlers",
     "set_approval_notifier",
 ]
 
-MAYFLY_PLUGIN_API = 1
+HANDLERS_MODULE = "mayfly.demo"
+"""What ``--handlers`` names to serve a demo run (``mayfly resume RUN --handlers mayfly.demo``)."""
 
 DEMO_WORKFLOW_ID = "mayfly.demo.code-review"
 
@@ -85,7 +88,7 @@ def set_approval_notifier(notify: Callable[[str, str, str], None] | None) -> Non
 
 def _pause() -> float:
     """Seconds each step pretends to work: ``$MAYFLY_DEMO_PAUSE``, else (or if unusable) 0.15."""
-    # Read per call, never at import: `import mayfly` loads this plugin, and a bad value must not break it.
+    # Read per call, never at import: a bad value must not break importing the handlers.
     try:
         pause = float(os.environ.get("MAYFLY_DEMO_PAUSE", _DEFAULT_PAUSE))
     except ValueError:
@@ -165,8 +168,6 @@ def register_demo_handlers(registry: HandlerRegistry) -> None:
     registry.register("demo.approval", 1, approval, cooperative=True)
 
 
-@hookimpl
-def mayfly_register_handlers(registry: object) -> None:
-    """Publish the demo handlers to every runtime built through the plugin manager."""
-    if isinstance(registry, HandlerRegistry):
-        register_demo_handlers(registry)
+def register(registry: HandlerRegistry) -> None:
+    """Register the demo handlers: what ``--handlers mayfly.demo`` calls."""
+    register_demo_handlers(registry)

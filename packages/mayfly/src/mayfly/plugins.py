@@ -1,5 +1,13 @@
 """The plugin manager: lazy entry-point loading, typed hook calls and URL scheme resolution.
 
+A :class:`PluginManager` is the plugin context a runtime and every CLI command
+are built with (``WorkflowRuntime(..., plugins=...)``, ``mayfly.cli.main(...,
+plugins=...)``); by default it is the process's entry-point manager,
+:func:`plugin_manager`. Nothing installs it process-wide: this module sits
+below the runtime in the layer order (ARCHITECTURE section 4) and imports
+only the storage contracts, the hook specifications, the reducer's pure
+validation and the model.
+
 Plugins are published in the ``mayfly`` entry-point group and loaded on first
 use, never at ``import mayfly``. Each must declare ``MAYFLY_PLUGIN_API``
 (see :mod:`mayfly.hookspecs`); ``check_pending()`` then makes a misspelled
@@ -18,9 +26,10 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from types import MappingProxyType
 from typing import Final, final
 
 import pluggy
@@ -34,13 +43,20 @@ from mayfly.model.errors import (
     CompatibilityError,
     InvalidBackendURL,
     PluginError,
+    SpecValidationError,
     ValidationIssue,
 )
+from mayfly.model.spec import WorkflowSpec
+from mayfly.reducer import Upcaster, validate
+
+Upcasters = Mapping[tuple[str, int], Upcaster]
+"""Event upcasters keyed by ``(event_type, from_version)``, as the read paths take them."""
 
 __all__ = [
     "KNOWN_BACKEND_DISTRIBUTIONS",
     "BackendInfo",
     "PluginManager",
+    "Upcasters",
     "list_backends",
     "open_journal",
     "open_leases",
@@ -108,6 +124,16 @@ def _declared_api(plugin: object) -> tuple[int, ...]:
     return ()
 
 
+def _is_upcaster_key(key: object) -> bool:
+    return (
+        isinstance(key, tuple)
+        and len(key) == 2
+        and isinstance(key[0], str)
+        and isinstance(key[1], int)
+        and not isinstance(key[1], bool)
+    )
+
+
 def _items(plugin: str, result: object, hook: str) -> tuple[object, ...]:
     if result is None:
         return ()
@@ -137,6 +163,7 @@ class PluginManager:
         self._loaded = False
         self._lock = threading.RLock()
         self._tables: dict[str, dict[str, _Registered]] = {}
+        self._upcasters: Upcasters | None = None
 
     def register(self, plugin: object, *, name: str, distribution: str) -> None:
         """Register ``plugin`` under ``name`` after checking its declared plugin API."""
@@ -163,6 +190,7 @@ class PluginManager:
                 raise PluginError(f"plugin {name!r} from {distribution} is invalid: {error}") from None
             self._distributions[name] = distribution
             self._tables.clear()
+            self._upcasters = None
 
     def _selected(self, entry_point: EntryPoint) -> bool:
         distribution = entry_point.dist.name if entry_point.dist is not None else ""
@@ -255,7 +283,14 @@ class PluginManager:
                     if other.plugin is not implementation.plugin
                 ],
             )
-            for result in caller(**kwargs):
+            try:
+                results = caller(**kwargs)
+            except Exception as error:
+                # A hook that crashes (a validator, say) must not pass for one that found nothing.
+                raise PluginError(
+                    f"plugin {name!r} raised {type(error).__name__} in {hook.name}: {error}"
+                ) from error
+            for result in results:
                 yield name, result
 
     def _resolve(self, kind: str, url: str) -> BackendDescriptor:
@@ -324,7 +359,7 @@ class PluginManager:
         self._pm.hook.mayfly_register_handlers(registry=registry)
 
     def validate_spec(self, spec: object) -> list[ValidationIssue]:
-        """Collect the extra validation issues every plugin reports for ``spec``."""
+        """Collect the extra validation issues every plugin reports for ``spec`` (plugins only)."""
         self.load()
         issues: list[ValidationIssue] = []
         for plugin, result in self._results(self._pm.hook.mayfly_validate_spec, spec=spec):
@@ -337,26 +372,55 @@ class PluginManager:
                 issues.append(issue)
         return issues
 
-    def event_upcasters(self) -> dict[tuple[str, int], Callable[[object], object]]:
-        """Merge every plugin's upcasters; a key registered twice is an error naming both."""
+    def validate(self, spec: WorkflowSpec) -> list[ValidationIssue]:
+        """Every issue of ``spec``: the core's own, then each plugin validator's (empty if it is valid).
+
+        This is the validation ``WorkflowRuntime.execute`` and ``mayfly run``
+        apply; a plugin can only add issues, never remove or rewrite one.
+        """
+        return [*validate(spec), *self.validate_spec(spec)]
+
+    def ensure_valid(self, spec: WorkflowSpec) -> None:
+        """Raise :class:`~mayfly.model.errors.SpecValidationError` with every issue :meth:`validate` finds."""
+        issues = self.validate(spec)
+        if issues:
+            raise SpecValidationError(issues)
+
+    def event_upcasters(self) -> Upcasters:
+        """Every plugin's upcasters merged (read-only); a key registered twice is an error naming both.
+
+        Merged once and kept until another plugin is registered. A key that is
+        not ``(event_type, from_version)`` or an upcaster that is not callable
+        is refused naming its plugin.
+        """
         self.load()
-        merged: dict[tuple[str, int], Callable[[object], object]] = {}
-        owners: dict[tuple[str, int], str] = {}
-        for plugin, result in self._results(self._pm.hook.mayfly_event_upcasters):
-            if not isinstance(result, Mapping):
-                raise PluginError(
-                    f"plugin {plugin!r} returned {type(result).__name__} from "
-                    "mayfly_event_upcasters; return a mapping"
-                )
-            for key, upcaster in result.items():
-                if key in merged:
+        with self._lock:
+            if self._upcasters is not None:
+                return self._upcasters
+            merged: dict[tuple[str, int], Upcaster] = {}
+            owners: dict[tuple[str, int], str] = {}
+            for plugin, result in self._results(self._pm.hook.mayfly_event_upcasters):
+                if not isinstance(result, Mapping):
                     raise PluginError(
-                        f"upcaster for {key[0]} version {key[1]} is registered by both "
-                        f"plugin {owners[key]!r} and plugin {plugin!r}"
+                        f"plugin {plugin!r} returned {type(result).__name__} from "
+                        "mayfly_event_upcasters; return a mapping"
                     )
-                merged[key] = upcaster
-                owners[key] = plugin
-        return merged
+                for key, upcaster in result.items():
+                    if not _is_upcaster_key(key) or not callable(upcaster):
+                        raise PluginError(
+                            f"plugin {plugin!r} returned {key!r}: {type(upcaster).__name__} from "
+                            "mayfly_event_upcasters; map (event_type, from_version) to a callable"
+                        )
+                    if key in merged:
+                        raise PluginError(
+                            f"upcaster for {key[0]} version {key[1]} is registered by both "
+                            f"plugin {owners[key]!r} and plugin {plugin!r}; uninstall one or "
+                            "disable it with MAYFLY_DISABLE_PLUGINS"
+                        )
+                    merged[key] = upcaster
+                    owners[key] = plugin
+            self._upcasters = MappingProxyType(merged)
+            return self._upcasters
 
     def publish_metrics(self, snapshot: object) -> None:
         """Hand one complete, immutable metrics snapshot to every ``mayfly_publish_metrics`` plugin."""

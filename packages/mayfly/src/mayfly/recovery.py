@@ -57,6 +57,7 @@ __all__ = [
     "load_run",
     "recovery_effects",
     "replay_run",
+    "require_run",
     "required_handlers",
     "resume_run",
 ]
@@ -242,6 +243,17 @@ def _lost(journal: WorkflowJournal, run_id: str, snapshot_sequence: int) -> Hist
     )
 
 
+def require_run(journal: WorkflowJournal, run_id: str) -> None:
+    """Raise :class:`RunNotFound` unless the journal holds records of ``run_id``.
+
+    Called before a run's lease is taken, so that a command naming a run that
+    does not exist changes nothing (a lease grant creates lease and fencing
+    state in some stores). Runs are never deleted, so the check cannot go stale.
+    """
+    if journal.next_sequence(run_id) == 1:
+        raise RunNotFound(run_id)
+
+
 def inspect_run(
     journal: WorkflowJournal, run_id: str, *, upcasters: Mapping[tuple[str, int], Upcaster] | None = None
 ) -> RecoveredRun:
@@ -412,6 +424,7 @@ def resume_run(
     nothing serves raises :class:`~mayfly.model.errors.ResumeRefused`,
     before anything is written, and releases the lease.
     """
+    require_run(journal, run_id)
     lease = leases.acquire(run_id, owner, ttl_ms)
     try:
         recovered = inspect_run(journal, run_id, upcasters=upcasters)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import msgspec
 
 from mayfly.journal import JournalRecord, SnapshotRecord, check_snapshot
+from mayfly.model.errors import one_line
 from mayfly.model.json import sha256_hex
 from mayfly.model.state import STATE_SCHEMA_VERSION, RunState, RunStateRecord
 
@@ -93,7 +94,7 @@ def _rebuild(snapshot: SnapshotRecord) -> RunState | str:
     try:
         record = _STATE_DECODER.decode(snapshot.state)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return f"snapshot of run {snapshot.run_id}: state does not decode ({exc})"
+        return f"snapshot of run {snapshot.run_id}: state does not decode ({one_line(str(exc))})"
     except RecursionError:
         return f"snapshot of run {snapshot.run_id}: state does not decode (nested too deeply)"
     if record.schema_version != STATE_SCHEMA_VERSION:
@@ -108,4 +109,4 @@ def _rebuild(snapshot: SnapshotRecord) -> RunState | str:
     try:
         return RunState.from_record(record)
     except (ValueError, KeyError) as exc:
-        return f"snapshot of run {snapshot.run_id}: state is inconsistent ({exc})"
+        return f"snapshot of run {snapshot.run_id}: state is inconsistent ({one_line(str(exc))})"

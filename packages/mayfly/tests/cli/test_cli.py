@@ -39,7 +39,7 @@ def test_demo_with_auto_approve_succeeds_and_shows_the_timeline(tmp_path: Path) 
     out = result.stdout
     for line in (
         "review     changes_requested: tests missing for the jitter path",
-        "implement  activated by review (correction edge 1)",
+        "implement  activated by review (edge 1)",
         "qa         retry 2 scheduled in 400 ms",
         "approval   waiting for signal 'approval'",
         "run succeeded",
@@ -67,9 +67,16 @@ def test_crash_resume_signal_resume_and_inspect(tmp_path: Path) -> None:
     listed = json.loads(mayfly(tmp_path, "--json", "runs").stdout)
     assert [r["status"] for r in listed if r["run_id"] == run_id] == ["running"]
 
-    resumed = mayfly(tmp_path, "resume", run_id, check=6)
+    # The demo is not a plugin: a resume that names no handlers module is refused, writing nothing.
+    refused = mayfly(tmp_path, "resume", run_id, check=2)
+    assert "demo.review@1 -> node review" in refused.stderr and "nothing was written" in refused.stderr
+    printed = re.search(r"continue afterwards with:\n  (mayfly [^\n]+)", crashed.stdout)
+    assert printed is not None and printed.group(1).endswith(f" resume {run_id} --handlers mayfly.demo")
+    resumed = mayfly(tmp_path, *shlex.split(printed.group(1))[1:], check=6)
     assert "re-invoking review attempt 1 under its original id" in resumed.stdout
     token = re.search(r"--token (\S+)", resumed.stderr).group(1)  # type: ignore[union-attr]
+    then = re.search(r"then continue it with:\n  (mayfly [^\n]+)", resumed.stderr)
+    assert then is not None and then.group(1) == printed.group(1)
 
     rejected = mayfly(
         tmp_path, "signal", run_id, "approval", "--token", "x" * 20, "--decision", "approve", check=2
@@ -103,7 +110,7 @@ def test_crash_resume_signal_resume_and_inspect(tmp_path: Path) -> None:
     )
     assert "already_consumed" in again.stdout
 
-    finished = mayfly(tmp_path, "resume", run_id)
+    finished = mayfly(tmp_path, *shlex.split(then.group(1))[1:])
     assert "run succeeded" in finished.stdout
 
     inspection = mayfly(tmp_path, "--json", "inspect", run_id).stdout
@@ -228,3 +235,15 @@ def test_resume_without_the_handlers_is_refused_and_the_printed_resume_command_c
     continued = mayfly(tmp_path, *command[1:])
     assert "re-invoking ship attempt 1 under its original id" in continued.stdout
     assert "run succeeded" in continued.stdout
+
+
+def test_the_demo_handlers_are_in_no_users_registry(tmp_path: Path) -> None:
+    """A user's run that names a demo handler is refused: the demo is not a plugin, so nothing serves it."""
+    node = {"id": "a", "handler": "demo.plan@1", "input": {"ticket": "T-1"}}
+    spec = {"workflow_id": "cli.demo", "version": 1, "nodes": [node]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    refused = mayfly(tmp_path, "run", "spec.json", "--handlers", "handlers.py", check=2)
+    assert "demo.plan@1" in refused.stderr
+    served = mayfly(tmp_path, "--json", "run", "spec.json", "--handlers", "mayfly.demo")
+    assert json.loads(served.stdout)["outputs"]["a"]["ticket"] == "T-1"

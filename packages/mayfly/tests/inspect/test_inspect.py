@@ -27,7 +27,6 @@ from inspect_runs import (
 )
 
 from mayfly import (
-    AttemptStart,
     ChildCall,
     ChildDefinition,
     Edge,
@@ -42,7 +41,6 @@ from mayfly import (
     RetryPolicy,
     RunBudgets,
     RunStatus,
-    StartNodes,
     Succeeded,
     WorkflowSpec,
 )
@@ -54,12 +52,13 @@ from mayfly.inspect import (
     build_inspection,
     from_json,
     history_line,
+    narrate,
     render_mermaid,
     render_table,
     to_json,
 )
 from mayfly.journal import JournalRecord
-from mayfly.model.commands import CompleteChild
+from mayfly.model.commands import AttemptStart, CompleteChild, StartNodes
 from mayfly.model.errors import InvalidRecord
 from mayfly.model.events import EVENT_TYPES, FailureCause, NodeReady
 from mayfly.testing import DeterministicIdSource, ReducerHarness
@@ -206,7 +205,10 @@ def test_a_waiting_node_names_its_signal_and_deadline_never_its_token_or_decisio
         ),
         "publish": "pending on prerequisites (all_succeeded): approval (waiting)",
     }
-    assert parked.history.lines[-1] == "#7 SignalWaitOpened approval signal approval until 60000"
+    assert (
+        parked.history.lines[-1]
+        == "#7 SignalWaitOpened approval waiting for signal 'approval' (until 60000 ms)"
+    )
     assert_payload_free(parked, run.spec)
 
     disposition = run.runtime.signal(run.run_id, "approval", SIGNAL_TOKEN, {"note": DECISION_CANARY})
@@ -214,7 +216,7 @@ def test_a_waiting_node_names_its_signal_and_deadline_never_its_token_or_decisio
     assert run.runtime.resume(run.run_id).succeeded
     assert DECISION_CANARY.encode() in b"".join(r.payload for r in run.records())  # stored, not shown
     done = build_inspection(run.recovered(), run.records())
-    assert "#8 SignalAccepted approval signal approval" in done.history.lines
+    assert "#8 SignalAccepted approval signal 'approval' accepted" in done.history.lines
     assert done.blocking == ()
     assert_payload_free(done, run.spec)
 
@@ -256,8 +258,8 @@ def test_a_child_call_shows_its_child_run_but_not_the_child_input_or_output(tmp_
     run = persist(harness, tmp_path / "done")
     done = build_inspection(run.recovered(), run.records())
     assert done.status is RunStatus.SUCCEEDED
-    assert "#3 ChildStarted lint attempt 1 child acme.lint@2" in done.history.lines
-    assert "#4 ChildCompleted lint child succeeded" in done.history.lines
+    assert "#3 ChildStarted lint started attempt 1 as child run of acme.lint@2" in done.history.lines
+    assert "#4 ChildCompleted lint child run succeeded" in done.history.lines
     assert_payload_free(done, spec)
 
 
@@ -386,11 +388,11 @@ def test_history_lines_are_payload_free_one_per_event(tmp_path: Path) -> None:
     """Each line names the sequence, event type, node and outcome class only."""
     run = run_review(tmp_path)
     lines = build_inspection(run.recovered(), run.records()).history.lines
-    assert lines[0] == "#1 RunCreated demo.review@1 nodes=5"
+    assert lines[0] == "#1 RunCreated created: demo.review@1 (5 nodes)"
     assert "#10 NodeOutcomeCommitted review changes_requested" in lines
     assert "#19 NodeOutcomeCommitted qa retryable_failure" in lines
-    assert "#20 RetryScheduled qa attempt 2 at 1500" in lines
-    assert history_line(NodeReady(node_id="plan", cause="initial")) == "NodeReady plan initial"
+    assert "#20 RetryScheduled qa retry 2 scheduled in 1500 ms (at 1500 ms)" in lines
+    assert history_line(NodeReady(node_id="plan", cause="initial")) == "NodeReady plan ready (initial)"
 
 
 class FutureEvent(msgspec.Struct, frozen=True):
@@ -401,8 +403,8 @@ class FutureEvent(msgspec.Struct, frozen=True):
 
 
 def test_every_event_type_has_its_own_history_line_and_unknown_ones_stay_payload_free() -> None:
-    """history_line names each known event type explicitly; an unknown one shows only its type and node."""
-    source = pyinspect.getsource(history_line)
+    """The narration names each known event type explicitly; an unknown one shows only its type and node."""
+    source = pyinspect.getsource(narrate)
     assert [name for name in EVENT_TYPES if f"isinstance(event, {name})" not in source] == []
     line = history_line(FutureEvent(node_id="plan", secret=OUTPUT_CANARY))  # type: ignore[arg-type]
     assert line == "FutureEvent plan"

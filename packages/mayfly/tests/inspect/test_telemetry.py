@@ -6,6 +6,9 @@ import hashlib
 import io
 import json
 import logging
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +42,7 @@ from mayfly import (
 )
 from mayfly.hookspecs import PLUGIN_API, hookimpl
 from mayfly.journal import JournalRecord
-from mayfly.model.errors import InvalidRecord, PluginError
+from mayfly.model.errors import InvalidRecord
 from mayfly.model.events import FailureCause
 from mayfly.model.state import RunState
 from mayfly.plugins import PluginManager
@@ -63,7 +66,6 @@ from mayfly.telemetry import (
     project_pal,
     publish_metrics,
     recovery_fact,
-    set_metrics_publisher,
 )
 from mayfly.testing import ReducerHarness
 
@@ -381,21 +383,34 @@ def test_publishing_hands_every_exporter_the_same_complete_snapshot(
         publish_metrics({"runs": 1}, manager)  # type: ignore[arg-type]
 
 
-def test_publishing_without_a_publisher_uses_the_installed_default(tmp_path: Path) -> None:
-    """publish_metrics(snapshot) goes to the installed default publisher, and fails clearly without one."""
-    manager = PluginManager(load_entry_points=False, environ={})
-    recorder = Recorder()
-    manager.register(recorder, name="recorder", distribution="test")
-    snapshot = compute_metrics([run_review(tmp_path).recovered()])
-    previous = set_metrics_publisher(lambda: manager)
-    try:
+def test_publishing_without_a_publisher_goes_to_the_process_plugin_manager() -> None:
+    """publish_metrics(snapshot) with no context reaches the exporters of mayfly.plugins.plugin_manager()."""
+    probe = textwrap.dedent(
+        """
+        from mayfly.hookspecs import hookimpl
+        from mayfly.plugins import plugin_manager
+        from mayfly.telemetry import MetricsCollector, publish_metrics
+
+        class Recorder:
+            MAYFLY_PLUGIN_API = 1
+            received = []
+
+            @hookimpl
+            def mayfly_publish_metrics(self, snapshot):
+                self.received.append(snapshot)
+
+        recorder = Recorder()
+        plugin_manager().register(recorder, name="recorder", distribution="test")
+        snapshot = MetricsCollector().snapshot()
         publish_metrics(snapshot)
-        assert recorder.received == [snapshot]
-        set_metrics_publisher(None)
-        with pytest.raises(PluginError, match="no metrics publisher is installed"):
-            publish_metrics(snapshot)
-    finally:
-        set_metrics_publisher(previous)
+        assert recorder.received == [snapshot], recorder.received
+        print("published")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "published"), done.stderr
 
 
 def test_metrics_and_log_lines_hold_no_ids_or_payloads(

@@ -9,12 +9,15 @@ from mayfly.model.errors import InvalidIdentifier, LimitExceeded
 from mayfly.model.limits import MAX_INLINE_OUTPUT_BYTES, MAX_REASON_BYTES
 from mayfly.model.outcomes import (
     ArtifactRef,
+    BaseOutcome,
     Blocked,
+    Cancelled,
     ChangesRequested,
     NodeOutcome,
     NodeOutcomeKind,
     PermanentFailure,
     RetryableFailure,
+    Skipped,
     Succeeded,
 )
 
@@ -109,3 +112,26 @@ def test_non_finite_numbers_are_not_json(number: float) -> None:
     """NaN and infinities would be written as null, so replay would differ from live: refused."""
     with pytest.raises(ValueError, match="non-finite"):
         Succeeded(output={"deep": [1, {"score": number}]})
+
+
+def test_every_outcome_reads_its_reason_from_the_common_base() -> None:
+    """Every outcome is a BaseOutcome with a reason: the one it records, or "" for a success."""
+    outcomes: list[NodeOutcome] = [
+        Succeeded(output=1),
+        ChangesRequested(reason="tighten"),
+        RetryableFailure(reason="flaky", timeout=True),
+        PermanentFailure(reason="bad"),
+        Blocked(reason="no key"),
+        Cancelled(reason="stop"),
+        Skipped(reason="branch"),
+    ]
+    assert all(isinstance(outcome, BaseOutcome) for outcome in outcomes)
+    reasons = ["", "tighten", "flaky", "bad", "no key", "stop", "branch"]
+    assert [outcome.reason for outcome in outcomes] == reasons
+
+
+def test_a_success_records_no_reason() -> None:
+    """A success's empty reason is not part of its payload, and a payload giving one is refused."""
+    assert msgspec.json.encode(Succeeded(output=1)) == b'{"kind":"succeeded","output":1,"evidence":[]}'
+    with pytest.raises(msgspec.ValidationError, match="reason"):
+        msgspec.json.decode(b'{"kind":"succeeded","reason":"x"}', type=NodeOutcome)

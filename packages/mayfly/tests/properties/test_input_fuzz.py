@@ -20,10 +20,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from mayfly import HandlerRegistry, HandlerRequest, Node, RetryPolicy, Succeeded, WorkflowSpec, validate
+from mayfly import HandlerRegistry, HandlerRequest, Node, RetryPolicy, Succeeded, WorkflowSpec
 from mayfly.cli import main
 from mayfly.journal import JournalRecord, SnapshotRecord
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
@@ -42,7 +42,7 @@ from mayfly.model.errors import (
 from mayfly.model.events import EVENT_TYPES
 from mayfly.model.json import sha256_hex
 from mayfly.model.signals import SignalToken
-from mayfly.reducer import decode_event, encode_event
+from mayfly.reducer import decode_event, encode_event, validate
 from mayfly.runtime import WaitForSignal, WorkflowRuntime
 from mayfly.snapshot import make_snapshot, restore_snapshot
 from mayfly.testing import ReducerHarness
@@ -216,6 +216,7 @@ def _snapshot_parts() -> tuple[SnapshotRecord, JournalRecord, Any]:
 SNAPSHOT, SNAPSHOT_RECORD, SNAPSHOT_STATE = _snapshot_parts()
 
 
+@example(b'{"\\n": null}')  # an unknown field named by a raw newline, found by this fuzzer
 @settings(max_examples=300)
 @given(
     st.one_of(

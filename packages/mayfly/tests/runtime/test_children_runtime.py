@@ -277,7 +277,7 @@ def test_current_task_mode_refuses_catalog_workflows_with_attempt_deadlines(env:
 # -- recovery ------------------------------------------------------------------------
 
 
-def started_parent(env: Env, ids: mayfly.DeterministicIdSource) -> tuple[RunState, ChildStarted]:
+def started_parent(env: Env, ids: mayfly.ids.DeterministicIdSource) -> tuple[RunState, ChildStarted]:
     """A parent run whose lint attempt recorded ChildStarted, as a process leaves it when it stops there."""
     run_id = ids.new_id()
     state = commit_command(
@@ -295,7 +295,7 @@ def started_parent(env: Env, ids: mayfly.DeterministicIdSource) -> tuple[RunStat
 
 def test_recovery_reconciles_a_started_child_call(env: Env) -> None:
     """A running child-call attempt yields ReconcileChild with its attempt and child run ids, never Blocked."""
-    parent, started = started_parent(env, mayfly.DeterministicIdSource(31))
+    parent, started = started_parent(env, mayfly.ids.DeterministicIdSource(31))
     env.scan(Succeeded())  # the called workflow's handler; the call itself needs none of its own
     check_unfinished_handlers(parent, env.registry.is_available)
     assert recovery_effects(parent) == (ReconcileChild("lint", started.attempt_id, started.child_run_id),)
@@ -303,7 +303,7 @@ def test_recovery_reconciles_a_started_child_call(env: Env) -> None:
 
 def test_resume_creates_a_child_the_parent_started_but_never_created(env: Env) -> None:
     """Crash between ChildStarted and the child's RunCreated: resume creates the child and finishes both."""
-    parent, started = started_parent(env, mayfly.DeterministicIdSource(32))
+    parent, started = started_parent(env, mayfly.ids.DeterministicIdSource(32))
     assert env.journal.read(started.child_run_id) == []
     env.scan(SCAN_OK)
     result = env.runtime().resume(parent.run_id)
@@ -316,7 +316,7 @@ def test_resume_creates_a_child_the_parent_started_but_never_created(env: Env) -
 
 def test_resume_resumes_a_child_that_was_running_when_the_process_stopped(env: Env) -> None:
     """Crash while the child runs: resuming the parent re-invokes the child's attempt under its original id."""
-    ids = mayfly.DeterministicIdSource(33)
+    ids = mayfly.ids.DeterministicIdSource(33)
     parent, started = started_parent(env, ids)
     child = commit_command(env.journal, None, child_create_run(parent, started), ids=ids).state
     scan_attempt = ids.new_id()
@@ -331,7 +331,7 @@ def test_resume_resumes_a_child_that_was_running_when_the_process_stopped(env: E
 
 def test_resume_completes_the_parent_of_a_child_that_had_already_finished(env: Env) -> None:
     """A child that ended before the crash is reported to its parent at once, without running anything."""
-    ids = mayfly.DeterministicIdSource(34)
+    ids = mayfly.ids.DeterministicIdSource(34)
     parent, started = started_parent(env, ids)
     child = commit_command(env.journal, None, child_create_run(parent, started), ids=ids).state
     scan_attempt = ids.new_id()
@@ -347,7 +347,7 @@ def test_resume_completes_the_parent_of_a_child_that_had_already_finished(env: E
 
 def test_resume_in_current_task_finishes_a_child_inline(env: Env) -> None:
     """The current-task mode resumes an interrupted child run inline and completes its parent."""
-    ids = mayfly.DeterministicIdSource(39)
+    ids = mayfly.ids.DeterministicIdSource(39)
     parent, started = started_parent(env, ids)
     commit_command(env.journal, None, child_create_run(parent, started), ids=ids)
     env.scan(SCAN_OK)
@@ -358,7 +358,7 @@ def test_resume_in_current_task_finishes_a_child_inline(env: Env) -> None:
 
 def test_resume_refuses_a_child_id_that_names_a_run_of_another_parent(env: Env) -> None:
     """If the recorded child run id holds a run that is not this call's child, resume fails closed."""
-    ids = mayfly.DeterministicIdSource(40)
+    ids = mayfly.ids.DeterministicIdSource(40)
     parent, started = started_parent(env, ids)
     # A root run squatting on the child's id: its parent link is missing.
     commit_command(env.journal, None, CreateRun(run_id=started.child_run_id, spec=lint_only()), ids=ids)
@@ -393,7 +393,7 @@ runtime.execute(spec, {"repo": "acme/app"}, run_id=run_id)
 
 def test_sigkill_while_the_child_runs_then_another_process_resumes_both(env: Env, tmp_path: Path) -> None:
     """A process killed inside the child's handler leaves both runs open; resuming the parent elsewhere ends both."""
-    run_id = mayfly.DeterministicIdSource(41).new_id()
+    run_id = mayfly.ids.DeterministicIdSource(41).new_id()
     marker = tmp_path / "scan.log"
     worker = subprocess.Popen(
         [sys.executable, "-c", CRASH_WORKER, env.url, run_id, str(marker)], stderr=subprocess.PIPE, text=True
@@ -526,7 +526,7 @@ def test_cancel_in_current_task_mode_reaches_the_inline_child_between_its_handle
     )
     runtime = env.runtime()
     results: list[mayfly.RunResult] = []
-    run_id = mayfly.DeterministicIdSource(35).new_id()
+    run_id = mayfly.ids.DeterministicIdSource(35).new_id()
     root = WorkflowSpec(
         "acme.ci",
         1,
@@ -676,7 +676,7 @@ def test_a_signal_to_a_child_reaches_its_nested_driver_while_the_parent_runs(env
     env.scan(approving_scan)
     runtime = env.runtime()
     results: list[mayfly.RunResult] = []
-    run_id = mayfly.DeterministicIdSource(36).new_id()
+    run_id = mayfly.ids.DeterministicIdSource(36).new_id()
 
     def main() -> None:
         task = spawn(
@@ -705,7 +705,7 @@ def test_cancel_run_cascade_cancels_a_parked_root_and_its_parked_child(env: Env)
         requester="ops",
         reason="abandoned",
         owner="test-owner",
-        ids=mayfly.DeterministicIdSource(37),
+        ids=mayfly.ids.DeterministicIdSource(37),
     )
     assert env.state(parked.run_id).status is RunStatus.CANCELLED
     assert cancellation_of(env, parked.run_id).requester == "ops"
@@ -725,7 +725,7 @@ def test_resuming_a_parent_cancelled_without_cascade_cancels_its_open_child(env:
             env.journal,
             env.state(parked.run_id),
             CancelRun("ops", "abandoned"),
-            ids=mayfly.DeterministicIdSource(38),
+            ids=mayfly.ids.DeterministicIdSource(38),
             fence=lease.fencing_token,
         )
     assert env.state(child_id).status is RunStatus.RUNNING  # nothing cascaded yet

@@ -237,8 +237,8 @@ def test_a_spec_holding_a_default_in_an_object_of_its_own_replays_inspects_and_r
     )
     result = env.runtime().execute(pinned)
     assert result.succeeded
-    assert mayfly.replay_run(env.journal, result.run_id).state.spec_hash == pinned.content_hash()
-    mayfly.inspect_run(env.journal, result.run_id)
+    assert mayfly.recovery.replay_run(env.journal, result.run_id).state.spec_hash == pinned.content_hash()
+    mayfly.recovery.inspect_run(env.journal, result.run_id)
     assert env.runtime().resume(result.run_id).succeeded
 
 
@@ -323,7 +323,7 @@ def test_request_carries_attempt_identity_and_dependency_outcomes(env: Env) -> N
     (req,) = requests
     assert req.attempt == 1 and req.run_input == {"ticket": 7}
     assert req.output_of("a") == {"n": 1}
-    assert req.idempotency_key == mayfly.idempotency_key(result.run_id, "b", req.attempt_id)
+    assert req.idempotency_key == mayfly.ids.idempotency_key(result.run_id, "b", req.attempt_id)
     created = env.events(result.run_id)[0]
     assert created.spec.nodes[0].input == {"k": "v"}
 
@@ -415,7 +415,7 @@ def test_cancel_in_current_task_mode_takes_effect_between_handlers(env: Env) -> 
 
     runtime = env.runtime()
     results: list[mayfly.RunResult] = []
-    run_id = mayfly.DeterministicIdSource(77).new_id()
+    run_id = mayfly.ids.DeterministicIdSource(77).new_id()
 
     def main() -> None:
         chain = spec(Node("a", handler="step@1"), Node("b", handler="step@1", depends_on=("a",)))
@@ -430,7 +430,7 @@ def test_cancel_in_current_task_mode_takes_effect_between_handlers(env: Env) -> 
     assert results[0].nodes["b"].status is NodeStatus.CANCELLED
 
 
-def _started_run(env: Env, ids: mayfly.DeterministicIdSource) -> str:
+def _started_run(env: Env, ids: mayfly.ids.DeterministicIdSource) -> str:
     """A run whose node ``a`` (handler gone@1) was started by a process that then stopped; ``b`` is ready."""
     from mayfly.commit import commit_command
     from mayfly.model.commands import AttemptStart, CreateRun, StartNodes
@@ -448,12 +448,12 @@ def _started_run(env: Env, ids: mayfly.DeterministicIdSource) -> str:
 
 def test_resume_with_a_missing_handler_is_refused_and_the_same_resume_with_it_continues(env: Env) -> None:
     """ARCHITECTURE section 11: resume refuses, writing nothing and releasing its lease; it is never Blocked."""
-    run_id = _started_run(env, mayfly.DeterministicIdSource(8))
+    run_id = _started_run(env, mayfly.ids.DeterministicIdSource(8))
     before = env.journal.read(run_id)
     env.registry.register("here", 1, lambda req: Succeeded())
     seen: list[object] = []
     # A long lease: if the refusal kept it, the next resume would find it held.
-    with pytest.raises(mayfly.ResumeRefused) as refused:
+    with pytest.raises(mayfly.errors.ResumeRefused) as refused:
         env.runtime(lease_ttl_ms=3_600_000).resume(run_id, on_recovery=lambda *plan: seen.append(plan))
     assert refused.value.missing == (("gone@1", ("a",)),)
     assert seen == [] and env.journal.read(run_id) == before
@@ -466,7 +466,7 @@ def test_resume_with_a_missing_handler_is_refused_and_the_same_resume_with_it_co
 
 def test_a_resumed_handler_that_returns_blocked_still_blocks_the_node(env: Env) -> None:
     """Blocked stays an outcome a handler may return: the resumed handler's Blocked is recorded."""
-    run_id = _started_run(env, mayfly.DeterministicIdSource(8))
+    run_id = _started_run(env, mayfly.ids.DeterministicIdSource(8))
     env.registry.register("here", 1, lambda req: Succeeded())
     env.registry.register("gone", 1, lambda req: mayfly.Blocked(reason="needs a human"))
     result = env.runtime().resume(run_id)

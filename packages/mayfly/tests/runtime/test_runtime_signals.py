@@ -136,3 +136,33 @@ def test_a_malformed_token_raises_invalid_signal_token() -> None:
     with pytest.raises(InvalidSignalToken, match=r"16\.\.1024 characters") as caught:
         SignalToken("secret")
     assert isinstance(caught.value, ValueError) and "secret" not in str(caught.value)
+
+
+def test_commands_for_a_run_that_does_not_exist_leave_nothing_behind(tmp_path: Path) -> None:
+    """signal and resume of an unknown run raise RunNotFound and create no lease or fencing state."""
+    from mayfly.model.errors import RunNotFound
+
+    rt = runtime(tmp_path)
+    ghost = rt.ids.new_id()
+    store = tmp_path / "j"
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    with pytest.raises(RunNotFound):
+        rt.signal(ghost, "approval", new_signal_token().reveal(), {"verdict": "approve"})
+    with pytest.raises(RunNotFound):
+        rt.resume(ghost)
+    with pytest.raises(RunNotFound):
+        resume_run(rt.journal, rt.leases, ghost, owner="test")
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+
+
+def test_cancelling_a_run_that_was_never_created_leaves_nothing_behind(tmp_path: Path) -> None:
+    """cancel_run_cascade over a run id with no history (a child never created) writes no lease or fence."""
+    from mayfly.runtime import cancel_run_cascade
+
+    rt = runtime(tmp_path)
+    store = tmp_path / "j"
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    cancel_run_cascade(
+        rt.journal, rt.leases, rt.ids.new_id(), requester="test", reason="x", owner="test", ids=rt.ids
+    )
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before

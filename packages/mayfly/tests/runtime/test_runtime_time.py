@@ -195,7 +195,7 @@ def test_an_in_flight_attempt_whose_deadline_passed_meanwhile_is_expired_not_re_
         "work", 1, lambda req: env.calls.append((req.node_id, req.attempt, "")) or Succeeded()
     )
     timed = spec(Node("work", handler="work@1", retry=RetryPolicy(attempt_deadline_ms=1_000)))
-    ids = mayfly.DeterministicIdSource(5)
+    ids = mayfly.ids.DeterministicIdSource(5)
     run_id = ids.new_id()
     state = commit_command(env.journal, None, CreateRun(run_id=run_id, spec=timed, epoch_ms=0), ids=ids).state
     commit_command(env.journal, state, StartNodes((AttemptStart("work", ids.new_id()),)), ids=ids)
@@ -243,7 +243,7 @@ def test_a_wall_clock_that_jumped_backwards_never_moves_virtual_time_back(env: E
 def test_a_run_recorded_without_an_epoch_counts_only_driven_time(env: Env) -> None:
     """Runs created before epochs existed keep their old behaviour: downtime does not count."""
     env.waiter(timeout_ms=2_000)
-    ids = mayfly.DeterministicIdSource(6)
+    ids = mayfly.ids.DeterministicIdSource(6)
 
     def parked_run(epoch_ms: int | None) -> str:
         run_id = ids.new_id()
@@ -340,7 +340,7 @@ def test_a_child_call_whose_deadline_passed_meanwhile_has_its_child_run_cancelle
         child=ChildCall("acme.lint", 1, "propagate"),
         retry=RetryPolicy(max_attempts=1, attempt_deadline_ms=1_000),
     )
-    ids = mayfly.DeterministicIdSource(9)
+    ids = mayfly.ids.DeterministicIdSource(9)
     run_id = ids.new_id()
     create = CreateRun(run_id=run_id, spec=spec(call, catalog=(lint,)), epoch_ms=0)
     state = commit_command(env.journal, None, create, ids=ids).state

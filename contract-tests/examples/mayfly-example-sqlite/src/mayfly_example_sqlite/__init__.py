@@ -45,6 +45,7 @@ from mayfly.backend import (
     encode_snapshot,
     parse_backend_url,
 )
+from mayfly.errors import DurabilityUnavailable, JournalUnavailable, LeaseHeld
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -52,7 +53,6 @@ from mayfly.journal import (
     JournalRecord,
     SnapshotRecord,
 )
-from mayfly.model.errors import DurabilityUnavailable, JournalUnavailable, LeaseHeld
 
 __all__ = ["MAYFLY_PLUGIN_API", "SqliteJournal", "SqliteLeaseGuard", "SqliteLeaseStore", "parse_url"]
 

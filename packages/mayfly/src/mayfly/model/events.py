@@ -26,6 +26,7 @@ __all__ = [
     "EVENT_SCHEMA_VERSIONS",
     "EVENT_TYPES",
     "AttemptDeadlineExpired",
+    "BaseEvent",
     "BudgetExhausted",
     "BudgetKind",
     "CancellationRequested",
@@ -59,7 +60,7 @@ RunResult: TypeAlias = Literal["succeeded", "failed", "blocked", "cancelled"]
 """A run's terminal result."""
 
 
-class _Event(
+class BaseEvent(
     msgspec.Struct,
     frozen=True,
     forbid_unknown_fields=True,
@@ -69,9 +70,26 @@ class _Event(
     kw_only=True,
     gc=False,
 ):
+    """What every event answers: the node and the attempt it is about (``None`` when it has none).
+
+    Run-level facts (``RunCreated``, ``VirtualTimeAdvanced``, ``RunCompleted``
+    ...) name neither. An event type that concerns a node or an attempt
+    records it as a field of the same name, which takes the place of these
+    defaults; ``EdgeActivated`` names a ``source`` and a ``target`` instead.
+    """
+
     # gc=False: events are acyclic immutable data, so the cycle collector need not
     # track them; replaying a long history otherwise spends its time in GC passes.
-    pass
+
+    @property
+    def node_id(self) -> str | None:
+        """The node this event is about, if it is about one."""
+        return None
+
+    @property
+    def attempt_id(self) -> str | None:
+        """The attempt this event is about, if it is about one."""
+        return None
 
 
 class ParentLink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -87,7 +105,7 @@ class ParentLink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     depth: int
 
 
-class RunCreated(_Event, frozen=True):
+class RunCreated(BaseEvent, frozen=True):
     """A run exists and pins its specification, content hash and input.
 
     ``parent`` is set only on a child run and links it to the call that started it.
@@ -106,7 +124,7 @@ class RunCreated(_Event, frozen=True):
     epoch_ms: int | None = None
 
 
-class NodeReady(_Event, frozen=True):
+class NodeReady(BaseEvent, frozen=True):
     """A node became eligible to start (consumes one transition).
 
     ``cause`` is ``initial`` for the run's initial set and ``dependencies``
@@ -117,7 +135,7 @@ class NodeReady(_Event, frozen=True):
     cause: Literal["initial", "dependencies"]
 
 
-class NodeStarted(_Event, frozen=True):
+class NodeStarted(BaseEvent, frozen=True):
     """An attempt was durably dispatched (consumes one attempt); committed before invocation.
 
     ``attempt`` is one-based within the node's current activation; ``deadline``
@@ -131,7 +149,7 @@ class NodeStarted(_Event, frozen=True):
     deadline: int | None = None
 
 
-class NodeOutcomeCommitted(_Event, frozen=True):
+class NodeOutcomeCommitted(BaseEvent, frozen=True):
     """A node outcome is committed.
 
     With ``attempt_id`` it is the one terminal outcome of that attempt; without
@@ -155,7 +173,7 @@ class FailureCause(enum.Enum):
     """ChangesRequested selected a correction, but nothing re-activated the node before the run went idle."""
 
 
-class NodeFailed(_Event, frozen=True):
+class NodeFailed(BaseEvent, frozen=True):
     """An explicit termination fact: the node fails, retaining its committed outcome."""
 
     node_id: str
@@ -163,7 +181,7 @@ class NodeFailed(_Event, frozen=True):
     detail: str
 
 
-class RetryScheduled(_Event, frozen=True):
+class RetryScheduled(BaseEvent, frozen=True):
     """Another attempt will start at ``deadline`` (absolute virtual time; never recomputed)."""
 
     node_id: str
@@ -172,7 +190,7 @@ class RetryScheduled(_Event, frozen=True):
     deadline: int
 
 
-class RetryReleased(_Event, frozen=True):
+class RetryReleased(BaseEvent, frozen=True):
     """The backoff deadline was reached and the node is ready again (consumes one transition)."""
 
     node_id: str
@@ -180,7 +198,7 @@ class RetryReleased(_Event, frozen=True):
     at: int
 
 
-class EdgeActivated(_Event, frozen=True):
+class EdgeActivated(BaseEvent, frozen=True):
     """A conditional edge fired: ``target`` becomes Ready for a new activation (one transition).
 
     The fingerprint is ``edge`` (the edge's stable position in the
@@ -196,7 +214,7 @@ class EdgeActivated(_Event, frozen=True):
     source_sequence: int
 
 
-class ChildStarted(_Event, frozen=True):
+class ChildStarted(BaseEvent, frozen=True):
     """An attempt of a child-call node was durably dispatched as a new child run (one parent attempt).
 
     Committed before the child run is created; ``input`` is the mapped child
@@ -215,7 +233,7 @@ class ChildStarted(_Event, frozen=True):
     deadline: int | None = None
 
 
-class ChildCompleted(_Event, frozen=True):
+class ChildCompleted(BaseEvent, frozen=True):
     """The child run of an attempt reached its terminal ``result``; the parent's outcome follows.
 
     ``output`` holds only the call's declared output fields.
@@ -229,13 +247,13 @@ class ChildCompleted(_Event, frozen=True):
     at: int = 0
 
 
-class VirtualTimeAdvanced(_Event, frozen=True):
+class VirtualTimeAdvanced(BaseEvent, frozen=True):
     """The run's virtual clock moved to ``to`` milliseconds after the run epoch."""
 
     to: int
 
 
-class AttemptDeadlineExpired(_Event, frozen=True):
+class AttemptDeadlineExpired(BaseEvent, frozen=True):
     """An attempt's deadline passed without an outcome; a timeout outcome follows."""
 
     node_id: str
@@ -260,7 +278,7 @@ class LastOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     attempt_id: str | None = None
 
 
-class BudgetExhausted(_Event, frozen=True):
+class BudgetExhausted(BaseEvent, frozen=True):
     """A budget ran out: its kind, immutable limit, observed usage (limit + 1) and last outcome."""
 
     kind: BudgetKind
@@ -281,7 +299,7 @@ class CancellationTarget(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     child_run_id: str | None = None
 
 
-class CancellationRequested(_Event, frozen=True):
+class CancellationRequested(BaseEvent, frozen=True):
     """One atomic cancellation decision: who, why, when, which policy and which active targets."""
 
     requester: str
@@ -291,7 +309,7 @@ class CancellationRequested(_Event, frozen=True):
     targets: tuple[CancellationTarget, ...] = ()
 
 
-class SignalWaitOpened(_Event, frozen=True):
+class SignalWaitOpened(BaseEvent, frozen=True):
     """A running attempt now waits durably for signal ``name``; only the token's digest is kept.
 
     ``deadline`` is the absolute virtual time at which the wait expires (none:
@@ -306,7 +324,7 @@ class SignalWaitOpened(_Event, frozen=True):
     deadline: int | None = None
 
 
-class SignalAccepted(_Event, frozen=True):
+class SignalAccepted(BaseEvent, frozen=True):
     """A delivered signal matched the wait: the signal id is consumed and the attempt resumes."""
 
     signal_id: str
@@ -317,7 +335,7 @@ class SignalAccepted(_Event, frozen=True):
     decision: JsonValue = None
 
 
-class SignalRejected(_Event, frozen=True):
+class SignalRejected(BaseEvent, frozen=True):
     """A delivered signal could not advance the run; its id is consumed all the same."""
 
     signal_id: str
@@ -326,7 +344,7 @@ class SignalRejected(_Event, frozen=True):
     at: int
 
 
-class SignalExpired(_Event, frozen=True):
+class SignalExpired(BaseEvent, frozen=True):
     """A wait reached its deadline (recorded after the VirtualTimeAdvanced that reached it)."""
 
     node_id: str
@@ -335,7 +353,7 @@ class SignalExpired(_Event, frozen=True):
     deadline: int
 
 
-class RunCompleted(_Event, frozen=True):
+class RunCompleted(BaseEvent, frozen=True):
     """The run reached its terminal result; every later mutating command is rejected."""
 
     result: RunResult

@@ -21,6 +21,7 @@ from mayfly.model.limits import MAX_EVIDENCE_REFS, MAX_INLINE_OUTPUT_BYTES, MAX_
 
 __all__ = [
     "ArtifactRef",
+    "BaseOutcome",
     "Blocked",
     "Cancelled",
     "ChangesRequested",
@@ -84,14 +85,26 @@ def _check_evidence(evidence: tuple[ArtifactRef, ...]) -> None:
         raise LimitExceeded("outcome evidence", MAX_EVIDENCE_REFS, len(evidence), "references")
 
 
-class _Outcome(
+class BaseOutcome(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", kw_only=True, gc=False
 ):  # acyclic immutable data: not tracked by the cycle collector
+    """What every outcome has: its ``kind``, its ``evidence`` and a ``reason`` (``""`` for a success).
+
+    Code that summarises any outcome reads ``outcome.reason`` directly; only
+    the six non-success kinds record one, so a success's is always empty and
+    is never written to history.
+    """
+
     kind: ClassVar[NodeOutcomeKind]
     evidence: tuple[ArtifactRef, ...] = ()
 
+    @property
+    def reason(self) -> str:
+        """Why the attempt ended this way; a success gives none."""
+        return ""
 
-class Succeeded(_Outcome, tag="succeeded", frozen=True):
+
+class Succeeded(BaseOutcome, tag="succeeded", frozen=True):
     """The attempt succeeded; ``output`` (compact JSON, at most 64 KiB) is visible downstream."""
 
     kind: ClassVar[NodeOutcomeKind] = NodeOutcomeKind.SUCCEEDED
@@ -113,8 +126,8 @@ class Succeeded(_Outcome, tag="succeeded", frozen=True):
                 )
 
 
-class _WithReason(_Outcome, frozen=True):
-    reason: str = ""
+class _WithReason(BaseOutcome, frozen=True):
+    reason: str = ""  # a field here: recorded, bounded to 4 KiB, part of the payload
 
     def __post_init__(self) -> None:
         _check_evidence(self.evidence)

@@ -1,23 +1,12 @@
 """``decide(state, command)``: the events a command produces, or a typed rejection.
 
-A decision is the command's primary facts followed by every consequence the
-ADR requires in the same atomic batch: conditional edges fired, dependents
-released or propagated, retries scheduled or the node explicitly failed,
-budgets exhausted, parked nodes resolved, the run's terminal result.
-Consequences are found by applying each proposed event to a copy-on-write
-:class:`Draft`, so the rules live once, in ``_apply``.
-
-When an activation ends (its final committed outcome: terminal, or
-ChangesRequested, never an outcome that is then retried) the source's edges
-are evaluated in specification order, then its dependents are settled.
-
-A parked node (Pending with only edges to start it, or ChangesRequested
-awaiting its correction) is resolved once provably no edge can activate it:
-Skipped ("branch not selected"), or failed (``correction_unresolved``). Two
-exact rules, neither a graph search: every incoming edge comes from a node
-that finished and has no incoming edge itself (``closed_in``, checked when
-that node settles), or the run is quiescent — every open node is idle, so no
-outcome can ever arrive again (docs/transitions.md).
+This module answers what each command asks: it checks the command against
+the state (a typed :class:`Rejection` when it cannot be honoured, and then
+nothing is written) and proposes the command's primary facts. Everything that
+follows from those facts in the same atomic batch — edges fired, dependents
+released or propagated, retries, budgets, the run's terminal result — is
+:mod:`mayfly.reducer._consequences`, and what each fact means to the state is
+``_apply``, so the rules live once.
 
 Deterministic: the same state and command always give the same events.
 """
@@ -40,21 +29,14 @@ from mayfly.model.commands import (
 from mayfly.model.errors import LimitExceeded
 from mayfly.model.events import (
     AttemptDeadlineExpired,
-    BudgetExhausted,
     BudgetKind,
     CancellationRequested,
     CancellationTarget,
     ChildCompleted,
     ChildStarted,
-    EdgeActivated,
     Event,
-    FailureCause,
-    NodeFailed,
-    NodeOutcomeCommitted,
-    NodeReady,
     NodeStarted,
     RetryReleased,
-    RetryScheduled,
     RunCompleted,
     RunCreated,
     SignalExpired,
@@ -62,21 +44,21 @@ from mayfly.model.events import (
 )
 from mayfly.model.ids import is_uuid
 from mayfly.model.limits import MAX_CHILD_DEPTH
-from mayfly.model.outcomes import (
-    Blocked,
-    Cancelled,
-    NodeOutcome,
-    RetryableFailure,
-    Skipped,
-    Succeeded,
-    check_reason,
-)
+from mayfly.model.outcomes import Cancelled, NodeOutcome, RetryableFailure, check_reason
 from mayfly.model.state import NodeState, NodeStatus, RunState, RunStatus
-from mayfly.reducer._apply import Draft, can_activate, new_state, run_result
-from mayfly.reducer.backoff import retry_delay
+from mayfly.reducer._apply import new_state
+from mayfly.reducer._consequences import (
+    cancel_open_nodes,
+    commit_outcome,
+    exhaust_node,
+    exhaust_run,
+    finish,
+    make_ready,
+    transition_available,
+)
+from mayfly.reducer._draft import Draft
 from mayfly.reducer.children import child_input, child_outcome, nesting_depth, project_fields
 from mayfly.reducer.signals import deliver_signal, open_signal_wait
-from mayfly.reducer.transitions import matches
 from mayfly.reducer.validate import check_input, validate
 
 __all__ = ["Decision", "decide"]
@@ -171,7 +153,7 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
             i for i, node in enumerate(spec.nodes) if not node.depends_on and not draft.node(i).in_edges
         ]
     for i in initial:
-        if not _make_ready(draft, i, "initial"):
+        if not make_ready(draft, i, "initial"):
             break
     return draft.events
 
@@ -237,11 +219,11 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
         node = draft.node(i)
         limit = node.spec.max_attempts
         if limit is not None and node.total_attempts >= limit:
-            _exhaust_node(draft, node, limit)
+            exhaust_node(draft, node, limit)
             continue
         budgets = state.spec.budgets
         if draft.attempts_used >= budgets.max_attempts:
-            _exhaust_run(draft, BudgetKind.RUN_ATTEMPTS, budgets.max_attempts, budgets.max_attempts + 1)
+            exhaust_run(draft, BudgetKind.RUN_ATTEMPTS, budgets.max_attempts, budgets.max_attempts + 1)
             break
         deadline_ms = node.spec.retry.attempt_deadline_ms
         deadline = None if deadline_ms is None else draft.now + deadline_ms
@@ -271,7 +253,7 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
                 deadline=deadline,
             )
         )
-    _finish(draft)
+    finish(draft)
     return draft.events
 
 
@@ -327,8 +309,8 @@ def _complete_attempt(state: RunState, command: CompleteAttempt) -> Decision:
     if state.status is not RunStatus.RUNNING:
         return _terminal(state)
     draft = Draft(state)
-    _commit_outcome(draft, state.index[command.node_id], command.outcome, command.attempt_id)
-    _finish(draft)
+    commit_outcome(draft, state.index[command.node_id], command.outcome, command.attempt_id)
+    finish(draft)
     return draft.events
 
 
@@ -392,247 +374,14 @@ def _complete_child(state: RunState, command: CompleteChild) -> Decision:
             at=draft.now,
         )
     )
-    _commit_outcome(draft, node.index, outcome, command.attempt_id)
-    _finish(draft)
+    commit_outcome(draft, node.index, outcome, command.attempt_id)
+    finish(draft)
     return draft.events
 
 
 def _closed_by_run(outcome: NodeOutcome) -> bool:
     """Outcomes the run assigns itself to close an attempt (cancellation, timeout)."""
     return isinstance(outcome, Cancelled) or (isinstance(outcome, RetryableFailure) and outcome.timeout)
-
-
-def _commit_outcome(draft: Draft, i: int, outcome: NodeOutcome, attempt_id: str | None) -> None:
-    node = draft.node(i)
-    draft.emit(
-        NodeOutcomeCommitted(node_id=node.node_id, outcome=outcome, attempt_id=attempt_id, at=draft.now)
-    )
-    node = draft.node(i)
-    if node.status is NodeStatus.RETRY_PENDING:
-        _decide_retry(draft, node)
-    elif node.status is NodeStatus.CHANGES_REQUESTED:
-        if not _fire_edges(draft, i):
-            draft.emit(
-                NodeFailed(
-                    node_id=node.node_id,
-                    cause=FailureCause.NO_CORRECTION_EDGE,
-                    detail="changes requested, no correction edge matched",
-                )
-            )
-        else:
-            _close_if_unreachable(draft, i)
-        _settle(draft, i)
-        return
-    if draft.node(i).status.is_terminal:
-        # The activation ended (an outcome that is retried never gets here).
-        _fire_edges(draft, i)
-    _settle(draft, i)
-
-
-def _fire_edges(draft: Draft, i: int) -> bool:
-    """Fire the edges that the final outcome of node ``i``'s activation selects; whether any matched.
-
-    Parallel edges fire in specification order; in an exclusive group at most
-    one fires (validation proved at most one can match). A matching edge whose
-    target is already active, or still awaits its dependency release, adds no
-    activation: the target's own activation is in flight or to come.
-    """
-    node = draft.node(i)
-    outcome = node.last_outcome
-    if not node.out_edges or outcome is None or draft.status is not RunStatus.RUNNING:
-        return False
-    edges = draft.spec.edges
-    matched = False
-    groups: set[str] = set()
-    for k in node.out_edges:
-        edge = edges[k]
-        if edge.exclusive is not None and edge.exclusive in groups:
-            continue
-        if not matches(edge.when, outcome):
-            continue
-        matched = True
-        if edge.exclusive is not None:
-            groups.add(edge.exclusive)
-        if not can_activate(draft.node(draft.index[edge.target])):
-            continue
-        if not _transition_available(draft):
-            break
-        draft.emit(
-            EdgeActivated(edge=k, source=node.node_id, target=edge.target, source_sequence=node.outcome_seq)
-        )
-    return matched
-
-
-def _decide_retry(draft: Draft, node: NodeState) -> None:
-    policy = node.spec.retry
-    outcome = node.last_outcome
-    assert outcome is not None
-    if outcome.kind not in policy.retry_on:
-        draft.emit(
-            NodeFailed(
-                node_id=node.node_id,
-                cause=FailureCause.NOT_RETRYABLE,
-                detail=f"{outcome.kind.value} is not retried by this node's policy",
-            )
-        )
-        return
-    if node.attempt >= policy.max_attempts:
-        draft.emit(
-            NodeFailed(
-                node_id=node.node_id,
-                cause=FailureCause.RETRIES_EXHAUSTED,
-                detail=f"{node.attempt} of {policy.max_attempts} attempts used",
-            )
-        )
-        return
-    limit = node.spec.max_attempts
-    if limit is not None and node.total_attempts >= limit:
-        _exhaust_node(draft, node, limit, settle=False)
-        return
-    next_attempt = node.attempt + 1
-    delay = retry_delay(
-        policy,
-        next_attempt,
-        seed=draft.spec.jitter_seed,
-        run_id=draft.run_id,
-        node_id=node.node_id,
-    )
-    if not _transition_available(draft):
-        return
-    draft.emit(
-        RetryScheduled(
-            node_id=node.node_id,
-            next_attempt=next_attempt,
-            delay_ms=delay,
-            deadline=draft.now + delay,
-        )
-    )
-    if delay == 0 and _transition_available(draft):
-        draft.emit(RetryReleased(node_id=node.node_id, next_attempt=next_attempt, at=draft.now))
-
-
-def _exhaust_node(draft: Draft, node: NodeState, limit: int, *, settle: bool = True) -> None:
-    draft.emit(
-        BudgetExhausted(
-            kind=BudgetKind.NODE_ATTEMPTS,
-            limit=limit,
-            observed=limit + 1,
-            node_id=node.node_id,
-            last_outcome=draft.last_outcome,
-        )
-    )
-    draft.emit(
-        NodeFailed(
-            node_id=node.node_id,
-            cause=FailureCause.NODE_BUDGET_EXHAUSTED,
-            detail=f"node attempt budget of {limit} exhausted",
-        )
-    )
-    if settle:
-        _settle(draft, node.index)
-
-
-# -- releasing and propagating --------------------------------------------------
-
-
-def _settle(draft: Draft, start: int) -> None:
-    """Release or propagate the dependents of every node that just became terminal.
-
-    Iterative, not recursive: a skip can cascade down a 100k-node chain.
-    """
-    work = [start]
-    while work and draft.status is RunStatus.RUNNING:
-        i = work.pop()
-        if not draft.node(i).status.is_terminal:
-            continue
-        for d in draft.node(i).dependents:
-            dep = draft.node(d)
-            if dep.status is not NodeStatus.PENDING:
-                continue
-            verdict = _policy_verdict(dep)
-            if verdict is _RELEASE:
-                if not _make_ready(draft, d, "dependencies"):
-                    return
-            elif verdict is not None:
-                draft.emit(NodeOutcomeCommitted(node_id=dep.node_id, outcome=verdict, at=draft.now))
-                work.append(d)
-        node = draft.node(i)
-        if not node.in_edges:
-            # Its edges were evaluated (or never will be) and it can never run again.
-            for t in node.edge_targets:
-                if _close_if_unreachable(draft, t):
-                    work.append(t)
-
-
-def _close_if_unreachable(draft: Draft, i: int) -> bool:
-    """Resolve a parked node that no edge can ever activate again; whether it was resolved.
-
-    Exact without a graph search: every incoming edge comes from a node that
-    finished and has no incoming edge itself. Parked nodes on cycles wait for
-    the quiescence rule in :func:`_finish`.
-    """
-    node = draft.node(i)
-    if node.closed_in != node.in_edges:
-        return False
-    if node.status is NodeStatus.PENDING and not node.spec.depends_on:
-        draft.emit(
-            NodeOutcomeCommitted(
-                node_id=node.node_id, outcome=Skipped(reason="branch not selected"), at=draft.now
-            )
-        )
-        return True
-    if node.status is NodeStatus.CHANGES_REQUESTED:
-        draft.emit(
-            NodeFailed(
-                node_id=node.node_id,
-                cause=FailureCause.CORRECTION_UNRESOLVED,
-                detail="changes requested, but no correction can re-activate the node",
-            )
-        )
-        return True
-    return False
-
-
-_RELEASE = Succeeded()
-"""Sentinel verdict: the dependency policy is met and the node becomes ready."""
-
-
-def _policy_verdict(node: NodeState) -> NodeOutcome | None:
-    """``_RELEASE`` to release, an outcome to propagate, or ``None`` while undecided.
-
-    Propagation follows the terminal-result precedence (ARCHITECTURE section 11):
-    any blocked prerequisite blocks, otherwise any cancelled one cancels,
-    otherwise the dependent is skipped.
-    """
-    policy = node.spec.policy
-    all_done = node.done_prereqs == node.prereqs
-    if policy == "any_succeeded":
-        if node.succeeded_prereqs:
-            return _RELEASE
-    elif all_done and (policy == "all_completed" or node.succeeded_prereqs == node.prereqs):
-        return _RELEASE
-    if not all_done:
-        return None
-    if node.blocked_prereqs:
-        return Blocked(reason=f"a prerequisite is blocked ({policy} cannot be met)")
-    if node.cancelled_prereqs:
-        return Cancelled(reason=f"a prerequisite was cancelled ({policy} cannot be met)")
-    return Skipped(reason=f"prerequisites did not succeed ({policy} cannot be met)")
-
-
-def _make_ready(draft: Draft, i: int, cause: str) -> bool:
-    if not _transition_available(draft):
-        return False
-    draft.emit(NodeReady(node_id=draft.node(i).node_id, cause=cause))  # type: ignore[arg-type]
-    return True
-
-
-def _transition_available(draft: Draft) -> bool:
-    limit = draft.spec.budgets.max_transitions
-    if draft.transitions_used < limit:
-        return True
-    _exhaust_run(draft, BudgetKind.RUN_TRANSITIONS, limit, limit + 1)
-    return False
 
 
 # -- time -----------------------------------------------------------------------
@@ -650,7 +399,7 @@ def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
     draft.emit(VirtualTimeAdvanced(to=command.to))
     elapsed = state.spec.budgets.max_elapsed_ms
     if elapsed is not None and command.to >= elapsed:
-        _exhaust_run(draft, BudgetKind.RUN_ELAPSED, elapsed, command.to)
+        exhaust_run(draft, BudgetKind.RUN_ELAPSED, elapsed, command.to)
         return draft.events
     # (deadline, node, kind, attempt): kind 0 = attempt deadline, 1 = signal wait, 2 = retry release.
     due: list[tuple[int, int, int, str]] = []
@@ -671,7 +420,7 @@ def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
         if kind == 0:
             draft.emit(AttemptDeadlineExpired(node_id=node.node_id, attempt_id=attempt_id, deadline=deadline))
             timeout = RetryableFailure(reason=f"attempt deadline {deadline} ms expired", timeout=True)
-            _commit_outcome(draft, i, timeout, attempt_id)
+            commit_outcome(draft, i, timeout, attempt_id)
         elif kind == 1:
             wait = node.wait
             assert wait is not None
@@ -681,14 +430,14 @@ def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
             expired = RetryableFailure(
                 reason=f"signal wait {wait.name!r} expired at {deadline} ms", timeout=True
             )
-            _commit_outcome(draft, i, expired, attempt_id)
-        elif node.status is NodeStatus.RETRY_PENDING and _transition_available(draft):
+            commit_outcome(draft, i, expired, attempt_id)
+        elif node.status is NodeStatus.RETRY_PENDING and transition_available(draft):
             draft.emit(RetryReleased(node_id=node.node_id, next_attempt=node.attempt + 1, at=draft.now))
-    _finish(draft)
+    finish(draft)
     return draft.events
 
 
-# -- cancellation and budgets ---------------------------------------------------
+# -- cancellation ---------------------------------------------------------------
 
 
 def _cancel_run(state: RunState, command: CancelRun) -> Decision:
@@ -708,60 +457,6 @@ def _cancel_run(state: RunState, command: CancelRun) -> Decision:
             requester=command.requester, reason=command.reason, at=state.now, targets=targets
         )
     )
-    _cancel_open_nodes(draft, "run cancelled")
+    cancel_open_nodes(draft, "run cancelled")
     draft.emit(RunCompleted(result="cancelled", at=draft.now))
     return draft.events
-
-
-def _cancel_open_nodes(draft: Draft, reason: str) -> None:
-    outcome = Cancelled(reason=reason)
-    for i in range(len(draft.spec.nodes)):
-        node = draft.node(i)
-        if not node.status.is_terminal:
-            draft.emit(
-                NodeOutcomeCommitted(
-                    node_id=node.node_id, outcome=outcome, attempt_id=node.attempt_id, at=draft.now
-                )
-            )
-
-
-def _exhaust_run(draft: Draft, kind: BudgetKind, limit: int, observed: int) -> None:
-    """Run-level exhaustion: cancel every open node, record the fact, fail the run."""
-    last = draft.last_outcome
-    _cancel_open_nodes(draft, f"run budget exhausted ({kind.value})")
-    draft.emit(BudgetExhausted(kind=kind, limit=limit, observed=observed, last_outcome=last))
-    draft.emit(RunCompleted(result="failed", at=draft.now))
-
-
-def _finish(draft: Draft) -> None:
-    """Resolve parked nodes once the run is quiescent; record the terminal result once all are terminal.
-
-    Quiescent means every open node is idle (Pending or ChangesRequested):
-    nothing is Ready, Running, Waiting or awaiting a retry, so no outcome can
-    ever arrive and no edge can ever fire again. That is exact, needs no
-    graph search, and costs O(parked nodes) once per quiescence.
-    """
-    while draft.status is RunStatus.RUNNING and draft.open_nodes and draft.n_idle == draft.open_nodes:
-        parked = draft.parked_nodes()
-        if not parked:
-            raise AssertionError(f"run {draft.run_id} is idle with open nodes but nothing parked")
-        for i in parked:
-            node = draft.node(i)
-            if node.status is NodeStatus.CHANGES_REQUESTED:
-                draft.emit(
-                    NodeFailed(
-                        node_id=node.node_id,
-                        cause=FailureCause.CORRECTION_UNRESOLVED,
-                        detail="changes requested, but no correction re-activated the node",
-                    )
-                )
-            else:
-                draft.emit(
-                    NodeOutcomeCommitted(
-                        node_id=node.node_id, outcome=Skipped(reason="branch not selected"), at=draft.now
-                    )
-                )
-        for i in parked:
-            _settle(draft, i)
-    if draft.status is RunStatus.RUNNING and draft.open_nodes == 0:
-        draft.emit(RunCompleted(result=run_result(draft), at=draft.now))

@@ -22,7 +22,7 @@ from mayfly.model.events import Event, SignalAccepted, SignalRejected, SignalWai
 from mayfly.model.ids import is_node_id, is_uuid
 from mayfly.model.signals import SignalRejection, is_token_digest
 from mayfly.model.state import NodeStatus, RunState, RunStatus
-from mayfly.reducer._apply import Draft
+from mayfly.reducer._draft import Draft
 from mayfly.reducer.validate import check_input
 
 __all__ = ["deliver_signal", "open_signal_wait"]

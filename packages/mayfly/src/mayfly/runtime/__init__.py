@@ -9,7 +9,6 @@ from mayfly.runtime.runtime import (
     SignalDisposition,
     UnsupportedInCurrentTask,
     WorkflowRuntime,
-    set_backend_resolver,
 )
 from mayfly.runtime.signals import WaitForSignal, new_signal_token
 
@@ -28,5 +27,4 @@ __all__ = [
     "WorkflowRuntime",
     "cancel_run_cascade",
     "new_signal_token",
-    "set_backend_resolver",
 ]

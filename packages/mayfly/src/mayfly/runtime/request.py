@@ -47,7 +47,7 @@ class DependencyResult(msgspec.Struct, frozen=True):
         """Summarize ``outcome`` (output cloned, reason kept) for a dependent's request."""
         if isinstance(outcome, Succeeded):
             return cls(node_id, outcome.kind, clone_json(outcome.output))
-        return cls(node_id, outcome.kind, None, getattr(outcome, "reason", ""))
+        return cls(node_id, outcome.kind, None, outcome.reason)
 
 
 @final

@@ -20,6 +20,13 @@ with the child's waits in :attr:`RunResult.waiting` as ``"node/child-node"``;
 deliver the signal to the child run (:attr:`NodeSummary.child_run_id`), then
 resume the *parent*, which resumes the child.
 
+Plugins: a runtime is built with one plugin context (``plugins=``, by default
+the process's entry-point manager, :func:`mayfly.plugins.plugin_manager`). It
+opens journal URLs through the context's backends, runs its specification
+validators wherever a specification is validated, and applies its event
+upcasters wherever a run's history is read (:meth:`WorkflowRuntime.inspect`,
+:meth:`~WorkflowRuntime.replay`, resume and signal delivery).
+
 Time: a run's virtual time is the wall time since its epoch, which ``execute``
 records from the clock in ``RunCreated``. ``resume`` (and a signal delivered
 to a run no process drives) first advances the run to that time, so what came
@@ -48,7 +55,7 @@ from mayfly.model.errors import (
     HubNotRunning,
     InvalidSignalToken,
     MayflyError,
-    SpecValidationError,
+    ValidationIssue,
 )
 from mayfly.model.events import Event, SignalRejected
 from mayfly.model.ids import IdSource
@@ -57,9 +64,11 @@ from mayfly.model.outcomes import NodeOutcomeKind, Succeeded
 from mayfly.model.signals import SignalToken
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
-from mayfly.recovery import RecoveryEffect, inspect_run, resume_run
-from mayfly.reducer import check_input, decide, validate
-from mayfly.runtime._driver import Observer, RunDriver, SignalRequest
+from mayfly.plugins import PluginManager, Upcasters, plugin_manager
+from mayfly.recovery import RecoveredRun, RecoveryEffect, inspect_run, replay_run, require_run, resume_run
+from mayfly.reducer import check_input, decide
+from mayfly.runtime._context import DriveContext, Observer
+from mayfly.runtime._driver import RunDriver, SignalRequest
 from mayfly.runtime._time import catch_up, run_time_at
 from mayfly.runtime.registry import HandlerRegistry
 from mayfly.substrate import Clock, Hub, RealClock, current_hub
@@ -70,17 +79,7 @@ __all__ = [
     "SignalDisposition",
     "UnsupportedInCurrentTask",
     "WorkflowRuntime",
-    "set_backend_resolver",
 ]
-
-BackendResolver = Callable[[str], tuple[WorkflowJournal, RecoveryLeaseStore]]
-_resolver: BackendResolver | None = None
-
-
-def set_backend_resolver(resolver: BackendResolver) -> None:
-    """Install how journal URLs are opened (``import mayfly`` installs the plugin manager's)."""
-    global _resolver  # noqa: PLW0603  # one process-wide hook, installed once by the package root
-    _resolver = resolver
 
 
 class UnsupportedInCurrentTask(MayflyError):
@@ -156,7 +155,7 @@ class RunResult(msgspec.Struct, frozen=True):
                 status=node.status,
                 outcome=None if outcome is None else outcome.kind,
                 attempts=node.total_attempts,
-                reason="" if outcome is None else getattr(outcome, "reason", ""),
+                reason="" if outcome is None else outcome.reason,
                 child_run_id=children.get(node.node_id),
             )
             if isinstance(outcome, Succeeded) and node.status is NodeStatus.SUCCEEDED:
@@ -171,11 +170,14 @@ def _default_owner() -> str:
 
 
 class WorkflowRuntime:
-    """Executes and resumes workflow runs on one journal with registered handlers.
+    """Executes, resumes and reads workflow runs on one journal with registered handlers.
 
     ``journal`` is a :class:`~mayfly.journal.WorkflowJournal` or a URL such as
-    ``"file://./.mayfly"`` (resolved through the installed backends);
-    ``leases`` defaults to the store at the same URL. ``clock`` chooses the
+    ``"file://./.mayfly"`` (opened through the backends of ``plugins``);
+    ``leases`` defaults to the store at the same URL. ``registry`` may be left
+    out by a runtime that only reads, signals or cancels runs. ``plugins`` is
+    the plugin context (default: the process's entry-point manager): its spec
+    validators and event upcasters apply to everything this runtime does. ``clock`` chooses the
     hub clock for standalone runs: pass a :class:`~mayfly.substrate.VirtualClock`
     to run hour-long backoffs in milliseconds. Its wall reading
     (:meth:`~mayfly.substrate.Clock.wall_ms`) is recorded as a new run's
@@ -185,15 +187,15 @@ class WorkflowRuntime:
     def __init__(
         self,
         journal: WorkflowJournal | str,
-        registry: HandlerRegistry,
+        registry: HandlerRegistry | None = None,
         *,
+        plugins: PluginManager | None = None,
         leases: RecoveryLeaseStore | None = None,
         ids: IdSource | None = None,
         clock: Callable[[], Clock] | None = None,
         owner: str | None = None,
         lease_ttl_ms: int = 30_000,
         snapshot_every: int = 1_000,
-        validators: Callable[[WorkflowSpec], list[Any]] | None = None,
         observer: Observer | None = None,
     ) -> None:
         # Checked before any store is opened: a TTL under 3 ms cannot be renewed every third of it
@@ -202,24 +204,25 @@ class WorkflowRuntime:
             raise ValueError(f"lease_ttl_ms must be between 3 and 86400000, got {lease_ttl_ms}")
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1 committed records, got {snapshot_every}")
+        if plugins is None:
+            plugins = plugin_manager()
         if isinstance(journal, str):
-            if _resolver is None:
-                raise TypeError("journal URLs need `import mayfly`; or pass a WorkflowJournal object")
-            journal, resolved_leases = _resolver(journal)
-            leases = leases if leases is not None else resolved_leases
+            url = journal
+            journal = plugins.open_journal(url)
+            leases = leases if leases is not None else plugins.open_leases(url)
         if leases is None:
             raise TypeError("pass leases= (a RecoveryLeaseStore) when journal is an object")
         if ids is None:
             ids = Uuid7IdSource()
         self.journal = journal
         self.leases = leases
-        self.registry = registry
+        self.registry = registry if registry is not None else HandlerRegistry()
+        self.plugins = plugins
         self.ids = ids
         self._clock = clock
         self.owner = owner if owner is not None else _default_owner()
         self.lease_ttl_ms = lease_ttl_ms
         self.snapshot_every = snapshot_every
-        self._validators = validators
         self.observer = observer
         self._drivers: dict[str, RunDriver] = {}
 
@@ -273,6 +276,23 @@ class WorkflowRuntime:
         current_hub()
         return self._resume_and_drive(run_id, False, False)
 
+    @property
+    def upcasters(self) -> Upcasters:
+        """The event upcasters of this runtime's plugin context, applied on every read of a history."""
+        return self.plugins.event_upcasters()
+
+    def validate(self, spec: WorkflowSpec) -> list[ValidationIssue]:
+        """Every issue :meth:`execute` would refuse ``spec`` for: the core's, then each plugin validator's."""
+        return self.plugins.validate(spec)
+
+    def inspect(self, run_id: str) -> RecoveredRun:
+        """Read a run's state (from its snapshot and the journal tail), through the plugins' upcasters."""
+        return inspect_run(self.journal, run_id, upcasters=self.upcasters)
+
+    def replay(self, run_id: str) -> RecoveredRun:
+        """Reduce a run's complete history, ignoring snapshots, through the plugins' upcasters."""
+        return replay_run(self.journal, run_id, upcasters=self.upcasters)
+
     def signal(
         self,
         run_id: str,
@@ -316,8 +336,9 @@ class WorkflowRuntime:
             if request.error is not None:
                 raise request.error
             return SignalDisposition.of(signal_id, request.result)
+        require_run(self.journal, run_id)
         with self.leases.acquire(run_id, self.owner, self.lease_ttl_ms) as lease:
-            state = inspect_run(self.journal, run_id).state
+            state = self.inspect(run_id).state
             command = DeliverSignal(
                 node_id=node_id, signal_id=signal_id, token=raw, decision=decision, name=name
             )
@@ -368,11 +389,7 @@ class WorkflowRuntime:
             return (self._clock() if self._clock is not None else RealClock()).wall_ms()
 
     def _prepare(self, spec: WorkflowSpec, input: JsonValue, run_id: str | None) -> str:
-        issues = validate(spec)
-        if self._validators is not None and not issues:
-            issues = list(self._validators(spec))
-        if issues:
-            raise SpecValidationError(issues)
+        self.plugins.ensure_valid(spec)
         check_input(input, "run input")
         self.registry.check(spec)
         return run_id if run_id is not None else self.ids.new_id()
@@ -436,6 +453,7 @@ class WorkflowRuntime:
             owner=self.owner,
             ttl_ms=self.lease_ttl_ms,
             handler_available=self.registry.is_available,
+            upcasters=self.upcasters,
         )
         with session:
             if not concurrent:
@@ -449,20 +467,27 @@ class WorkflowRuntime:
         self, state: RunState, lease: Any, concurrent: bool, detach: bool, *, wall_ms: int | None = None
     ) -> RunDriver:
         return RunDriver(
-            wall_ms=wall_ms,
+            self._context(),
+            state,
+            lease=lease,
+            concurrent=concurrent,
             detach_on_wait=detach,
-            observer=self.observer,
+            drivers=self._drivers,
+            wall_ms=wall_ms,
+        )
+
+    def _context(self) -> DriveContext:
+        """What every run this runtime drives shares (read afresh: the attributes are public)."""
+        return DriveContext(
             journal=self.journal,
             registry=self.registry,
             ids=self.ids,
-            state=state,
-            lease=lease,
-            concurrent=concurrent,
-            snapshot_every=self.snapshot_every,
             lease_ttl_ms=self.lease_ttl_ms,
+            snapshot_every=self.snapshot_every,
             leases=self.leases,
             owner=self.owner,
-            drivers=self._drivers,
+            observer=self.observer,
+            upcasters=self.upcasters,
         )
 
     def _drive(self, driver: RunDriver, effects: tuple[Any, ...]) -> RunResult:

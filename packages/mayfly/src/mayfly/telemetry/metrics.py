@@ -1,103 +1,40 @@
-"""Operational telemetry: the PAL projection and closed-type metrics (ADR-0032 Story 1.10).
-
-PAL
-    :func:`project_pal` turns acknowledged journal records into payload-free
-    :class:`PalFact` values: event type, sequence, event id, run, node and
-    attempt scope, outcome class, the node and run status transition and the
-    run's virtual time. :func:`recovery_fact` adds the explicit recovery
-    operations (inspect, replay, resume). PAL is an operational stream: it is
-    never fed back into reduction and may be sampled or lost without
-    affecting replay. Every fact carries a deterministic causal key
-    (:func:`causal_key`) that joins run, node and attempt scope across handler
-    spans and PAL.
-
-Metrics
-    :class:`MetricsSnapshot` holds counters keyed only by :class:`MetricKey`,
-    whose every label is a closed enum: run state (:class:`RunStatus`), node
-    state (:class:`NodeStatus`), outcome class (:class:`NodeOutcomeKind`),
-    :class:`FailureClass`, :class:`RecoveryMode` and :class:`LatencyBucket`.
-    A run, node, attempt, workflow or handler id cannot become a label: the
-    key refuses anything that is not the dimension's enum. Snapshots are
-    published whole through the ``mayfly_publish_metrics`` hook
-    (:func:`publish_metrics`), so exporters never see a partial projection.
-
-Exporters
-    :class:`JsonLogExporter` writes metrics snapshots and PAL facts as JSON
-    lines through the standard library's :mod:`logging` and can be registered
-    as a plugin. No OpenTelemetry exporter ships: its SDK is not an admitted
-    runtime dependency.
-"""
+"""Closed-type metrics: counters whose every label is a closed enum, published whole (ADR-0032 Story 1.10)."""
 
 from __future__ import annotations
 
 import enum
-import hashlib
-import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import ClassVar, Final, Literal, Protocol, final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final, Protocol, final
 
 import msgspec
 
-from mayfly.hookspecs import PLUGIN_API, hookimpl
 from mayfly.journal import JournalRecord
-from mayfly.model.errors import InvalidRecord, PluginError
-from mayfly.model.events import (
-    ChildStarted,
-    EdgeActivated,
-    FailureCause,
-    NodeOutcomeCommitted,
-    NodeStarted,
-    RetryReleased,
-    RetryScheduled,
-)
-from mayfly.model.outcomes import NodeOutcomeKind, RetryableFailure
+from mayfly.model.errors import InvalidRecord
+from mayfly.model.events import ChildStarted, FailureCause, NodeOutcomeCommitted, NodeStarted
+from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.state import NodeStatus, RunState, RunStatus
+from mayfly.plugins import plugin_manager
 from mayfly.recovery import RecoveredRun
-from mayfly.reducer import Upcaster, decode_event, reduce
+from mayfly.reducer import Upcaster, decode_event
 
 __all__ = [
     "LATENCY_BUCKET_BOUNDS_MS",
     "METRICS_SCHEMA_VERSION",
-    "PAL_SCHEMA_VERSION",
     "Counter",
     "FailureClass",
-    "JsonLogExporter",
     "LatencyBucket",
     "Metric",
     "MetricKey",
     "MetricsCollector",
     "MetricsPublisher",
     "MetricsSnapshot",
-    "PalFact",
-    "PalProjector",
     "RecoveryMode",
-    "causal_key",
     "compute_metrics",
-    "project_pal",
     "publish_metrics",
-    "recovery_fact",
-    "set_metrics_publisher",
 ]
-
-PAL_SCHEMA_VERSION: Final = 1
-"""Version of :class:`PalFact` and its JSON form."""
 
 METRICS_SCHEMA_VERSION: Final = 1
 """Version of :class:`MetricsSnapshot` and its JSON form."""
-
-
-# -- the causal key ---------------------------------------------------------------------
-
-
-def causal_key(run_id: str, node_id: str | None = None, attempt_id: str | None = None) -> str:
-    """The deterministic key joining run, node and attempt scope across handler spans and PAL.
-
-    ``sha256(run_id + "\\x1f" + node_id + "\\x1f" + attempt_id)`` over UTF-8, a
-    missing scope written as the empty string, as the first 32 lowercase hex
-    digits. The separator (0x1F) cannot occur in a run, node or attempt id.
-    """
-    scope = "\x1f".join((run_id, node_id or "", attempt_id or ""))
-    return hashlib.sha256(scope.encode("utf-8")).hexdigest()[:32]
 
 
 # -- closed dimensions ------------------------------------------------------------------
@@ -341,8 +278,11 @@ class MetricsCollector:
     ) -> None:
         """Count one run: its state, its nodes' states and failures, its attempt outcomes.
 
-        With the run's ``records`` (from sequence 1, or any contiguous part)
-        attempt latencies are counted too: dispatch time to committed outcome.
+            With the run's ``records`` (from sequence 1, or any contiguous part)
+            attempt latencies are counted too: dispatch time to committed outcome.
+        ``upcasters`` lift older event versions as the records are decoded; left
+            out, they are those of the process's plugin manager
+            (:func:`mayfly.plugins.plugin_manager`), and ``{}`` means none.
         """
         self._runs += 1
         run_state = state.status
@@ -362,6 +302,7 @@ class MetricsCollector:
                 )
             )
         if records:
+            upcasters = plugin_manager().event_upcasters() if upcasters is None else upcasters
             started: dict[str, int] = {}
             for record in records:
                 if record.run_id != state.run_id:
@@ -403,12 +344,17 @@ class MetricsCollector:
 def compute_metrics(
     runs: Iterable[RunState | RecoveredRun],
     records: Mapping[str, Sequence[JournalRecord]] | None = None,
+    *,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
 ) -> MetricsSnapshot:
-    """One snapshot over ``runs``; ``records`` maps a run id to its records for latency counters."""
+    """One snapshot over ``runs``; ``records`` maps a run id to its records for latency counters.
+
+    ``upcasters`` read the records, as in :meth:`MetricsCollector.add_run`.
+    """
     collector = MetricsCollector()
     for run in runs:
         state = run.state if isinstance(run, RecoveredRun) else run
-        collector.add_run(state, None if records is None else records.get(state.run_id))
+        collector.add_run(state, None if records is None else records.get(state.run_id), upcasters=upcasters)
     return collector.snapshot()
 
 
@@ -420,229 +366,13 @@ class MetricsPublisher(Protocol):
         ...
 
 
-_default_publisher: Callable[[], MetricsPublisher] | None = None
-
-
-def set_metrics_publisher(
-    factory: Callable[[], MetricsPublisher] | None,
-) -> Callable[[], MetricsPublisher] | None:
-    """Install how :func:`publish_metrics` finds its default publisher; return the previous one.
-
-    ``None`` removes it. The package root installs
-    ``mayfly.plugins.plugin_manager``: this module sits beside the plugin
-    manager in the layer order and may not import it.
-    """
-    global _default_publisher  # one process-wide hook, installed by the package root
-    previous, _default_publisher = _default_publisher, factory
-    return previous
-
-
 def publish_metrics(snapshot: MetricsSnapshot, publisher: MetricsPublisher | None = None) -> None:
     """Publish one complete snapshot through the ``mayfly_publish_metrics`` hook.
 
-    ``publisher`` defaults to the one installed with :func:`set_metrics_publisher`
-    (the process-wide plugin manager); every exporter receives the same snapshot.
+    ``publisher`` is the plugin context whose exporters receive it, by default
+    the process's entry-point manager (:func:`mayfly.plugins.plugin_manager`);
+    every exporter receives the same snapshot.
     """
     if not isinstance(snapshot, MetricsSnapshot):
         raise TypeError(f"publish_metrics takes a MetricsSnapshot, got {type(snapshot).__name__}")
-    if publisher is None:
-        if _default_publisher is None:
-            raise PluginError(
-                "no metrics publisher is installed; `import mayfly` installs the plugin manager, "
-                "or pass publisher= explicitly"
-            )
-        publisher = _default_publisher()
-    publisher.publish_metrics(snapshot)
-
-
-# -- PAL --------------------------------------------------------------------------------
-
-
-class PalFact(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """One payload-free PAL fact: an acknowledged record, or an explicit recovery operation.
-
-    For a record (``kind="record"``): its ``sequence``, ``event_id`` and
-    ``event_type``; the node and attempt it concerns, if any; the outcome
-    class of an outcome event; the node status before and after
-    (``node_from``/``node_to``) and the run status after; ``at`` is the run's
-    virtual time after the event. For a recovery (``kind="recovery"``,
-    ``event_type="Recovery"``): ``recovery_mode``, with ``sequence`` and
-    ``event_id`` of the last record the recovery read. ``causal_key`` is
-    :func:`causal_key` of the fact's scope.
-    """
-
-    kind: Literal["record", "recovery"]
-    causal_key: str
-    run_id: str
-    sequence: int
-    event_id: str
-    event_type: str
-    at: int
-    run_status: RunStatus
-    schema_version: int = PAL_SCHEMA_VERSION
-    node_id: str | None = None
-    attempt_id: str | None = None
-    attempt: int | None = None
-    outcome: NodeOutcomeKind | None = None
-    timeout: bool = False
-    node_from: NodeStatus | None = None
-    node_to: NodeStatus | None = None
-    recovery_mode: RecoveryMode | None = None
-
-
-class PalProjector:
-    """Projects one run's records to PAL facts, incrementally, in sequence order.
-
-    It keeps a private state, reduced from the records it projects, to report
-    status transitions; that state is its own and never written back.
-    Start it empty (records from sequence 1) or from a copy of a run's state
-    (records from ``state.sequence + 1``). A record out of order, or of
-    another run, raises :class:`~mayfly.model.errors.InvalidRecord`.
-    """
-
-    def __init__(
-        self,
-        state: RunState | None = None,
-        *,
-        upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
-    ) -> None:
-        # A copy: reduction mutates in place, and the caller's state must stay untouched.
-        self._state = None if state is None else RunState.from_record(state.to_record())
-        self._upcasters = upcasters
-
-    def project(self, records: Iterable[JournalRecord]) -> list[PalFact]:
-        """The facts of ``records``, which continue the run where the projector stands."""
-        facts: list[PalFact] = []
-        for record in records:
-            state = self._state
-            expected = 1 if state is None else state.sequence + 1
-            if record.sequence != expected or (state is not None and record.run_id != state.run_id):
-                where = "a new run" if state is None else f"run {state.run_id}"
-                raise InvalidRecord(
-                    f"PAL projection of {where} expected sequence {expected}, got run {record.run_id} "
-                    f"sequence {record.sequence}; project records in order from the projector's state"
-                )
-            event = decode_event(
-                record.event_type, record.schema_version, record.payload, upcasters=self._upcasters
-            )
-            node_id = getattr(event, "node_id", None)
-            if isinstance(event, EdgeActivated):
-                node_id = event.target  # the node the edge activates
-            node_id = node_id if isinstance(node_id, str) else None
-            attempt_id = getattr(event, "attempt_id", None)
-            attempt_id = attempt_id if isinstance(attempt_id, str) else None
-            before = None
-            node_before = None if state is None or node_id is None else state.node_by_id(node_id)
-            if node_before is not None:
-                before = node_before.status
-            attempt: int | None = None
-            if isinstance(event, NodeStarted | ChildStarted):
-                attempt = event.attempt
-            elif isinstance(event, RetryScheduled | RetryReleased):
-                attempt = event.next_attempt
-            elif node_before is not None and attempt_id is not None and node_before.attempt_id == attempt_id:
-                attempt = node_before.attempt
-            self._state = after_state = reduce(state, event, record.sequence)
-            node_after = None if node_id is None else after_state.node_by_id(node_id)
-            outcome = event.outcome if isinstance(event, NodeOutcomeCommitted) else None
-            facts.append(
-                PalFact(
-                    kind="record",
-                    causal_key=causal_key(record.run_id, node_id, attempt_id),
-                    run_id=record.run_id,
-                    sequence=record.sequence,
-                    event_id=record.event_id,
-                    event_type=record.event_type,
-                    at=after_state.now,
-                    run_status=after_state.status,
-                    node_id=node_id,
-                    attempt_id=attempt_id,
-                    attempt=attempt,
-                    outcome=None if outcome is None else outcome.kind,
-                    timeout=isinstance(outcome, RetryableFailure) and outcome.timeout,
-                    node_from=before,
-                    node_to=None if node_after is None else node_after.status,
-                )
-            )
-        return facts
-
-
-def project_pal(
-    records: Iterable[JournalRecord], *, upcasters: Mapping[tuple[str, int], Upcaster] | None = None
-) -> list[PalFact]:
-    """The payload-free PAL facts of one run's records, which start at sequence 1."""
-    return PalProjector(upcasters=upcasters).project(records)
-
-
-def recovery_fact(recovered: RecoveredRun, mode: RecoveryMode) -> PalFact:
-    """The PAL fact of an explicit recovery operation on ``recovered`` (scope: the run)."""
-    state = recovered.state
-    last = recovered.last_record
-    return PalFact(
-        kind="recovery",
-        causal_key=causal_key(state.run_id),
-        run_id=state.run_id,
-        sequence=last.sequence,
-        event_id=last.event_id,
-        event_type="Recovery",
-        at=state.now,
-        run_status=state.status,
-        recovery_mode=mode,
-    )
-
-
-# -- structured logging -----------------------------------------------------------------
-
-
-class _MetricsLine(msgspec.Struct, frozen=True):
-    event: str
-    snapshot: MetricsSnapshot
-
-
-class _PalLine(msgspec.Struct, frozen=True):
-    event: str
-    fact: PalFact
-
-
-@final
-class JsonLogExporter:
-    """Writes metrics snapshots and PAL facts as JSON lines through :mod:`logging` (stdlib only).
-
-    Each snapshot is one line on the ``mayfly.metrics`` logger (whole, never
-    split), each PAL fact one line on ``mayfly.pal``; the message *is* the
-    JSON, so a handler with the format ``%(message)s`` writes JSON lines.
-    Register an instance as a plugin to receive every published snapshot::
-
-        mayfly.plugins.plugin_manager().register(JsonLogExporter(), name="jsonlog", distribution="mayfly")
-    """
-
-    MAYFLY_PLUGIN_API: ClassVar[int] = PLUGIN_API
-
-    def __init__(
-        self,
-        metrics_logger: logging.Logger | None = None,
-        pal_logger: logging.Logger | None = None,
-        *,
-        level: int = logging.INFO,
-    ) -> None:
-        self.metrics_logger = (
-            metrics_logger if metrics_logger is not None else logging.getLogger("mayfly.metrics")
-        )
-        self.pal_logger = pal_logger if pal_logger is not None else logging.getLogger("mayfly.pal")
-        self.level = level
-
-    def export_metrics(self, snapshot: MetricsSnapshot) -> None:
-        """Log ``snapshot`` as one JSON line ``{"event": "mayfly.metrics", "snapshot": {...}}``."""
-        line = _ENCODER.encode(_MetricsLine("mayfly.metrics", snapshot)).decode()
-        self.metrics_logger.log(self.level, "%s", line)
-
-    def export_pal(self, facts: Iterable[PalFact]) -> None:
-        """Log each fact as one JSON line ``{"event": "mayfly.pal", "fact": {...}}``."""
-        for fact in facts:
-            self.pal_logger.log(self.level, "%s", _ENCODER.encode(_PalLine("mayfly.pal", fact)).decode())
-
-    @hookimpl
-    def mayfly_publish_metrics(self, snapshot: object) -> None:
-        """Export a published snapshot (the plugin hook); anything else is ignored."""
-        if isinstance(snapshot, MetricsSnapshot):
-            self.export_metrics(snapshot)
+    (plugin_manager() if publisher is None else publisher).publish_metrics(snapshot)

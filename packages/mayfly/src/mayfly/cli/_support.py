@@ -1,0 +1,349 @@
+"""What every command shares: its context, exit codes, argument parsing helpers and output."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import math
+import os
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO, assert_never, final
+
+import msgspec
+
+from mayfly.inspect import narrate
+from mayfly.model.errors import InvalidIdentifier, MayflyError, SpecDecodeError
+from mayfly.model.events import Event
+from mayfly.model.ids import parse_run_id
+from mayfly.model.limits import MAX_JSON_INT_DIGITS
+from mayfly.model.spec import WorkflowSpec
+from mayfly.model.state import NodeStatus, RunState, RunStatus
+from mayfly.plugins import PluginManager
+from mayfly.recovery import (
+    DispatchReady,
+    ReconcileAttempt,
+    ReconcileChild,
+    RecoveryEffect,
+    RestoreRetryTimer,
+    RestoreSignalWait,
+)
+from mayfly.runtime import HandlerRegistry, RunResult, WorkflowRuntime
+
+EXIT = {
+    "ok": 0,
+    "run_not_succeeded": 1,
+    "usage": 2,
+    "not_found": 3,
+    "owned": 4,
+    "journal": 5,
+    "waiting": 6,
+    "interrupted": 130,
+}
+
+DEFAULT_JOURNAL = "file://./.mayfly"
+
+
+class UsageError(MayflyError):
+    """The command line asked for something impossible (exit code 2)."""
+
+
+class Interrupted(Exception):  # named for its exit code, like KeyboardInterrupt
+    """Driving a run was stopped (Ctrl-C, or a handler's SystemExit); the run stays resumable (exit 130)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What one command runs with: its parsed arguments, its output streams and the plugin context."""
+
+    args: argparse.Namespace
+    out: TextIO
+    err: TextIO
+    plugins: PluginManager
+
+    @property
+    def journal_url(self) -> str:
+        """The journal URL: ``--journal``, else ``$MAYFLY_JOURNAL``, else the embedded default."""
+        return str(self.args.journal or os.environ.get("MAYFLY_JOURNAL") or DEFAULT_JOURNAL)
+
+    @property
+    def journal_flag(self) -> str:
+        """The ``--journal`` flag a printed command needs for this journal (empty for the default)."""
+        url = self.journal_url
+        return "" if url == DEFAULT_JOURNAL else f" --journal {shlex.quote(url)}"
+
+    def runtime(self, registry: HandlerRegistry | None = None, observer: Any = None) -> WorkflowRuntime:
+        """A runtime on this command's journal, built with its plugin context."""
+        return WorkflowRuntime(self.journal_url, registry, plugins=self.plugins, observer=observer)
+
+    def resume_command(self, run_id: str, handlers: str | None) -> str:
+        """The ``mayfly resume`` command line that continues ``run_id`` with the same journal and handlers."""
+        module = "" if handlers is None else f" --handlers {shlex.quote(handlers)}"
+        return f"mayfly{self.journal_flag} resume {run_id}{module}"
+
+    def emit_json(self, value: object) -> None:
+        """Write ``value`` as one JSON document on standard output."""
+        self.out.write(msgspec.json.encode(value).decode() + "\n")
+
+
+def driving(ctx: Context, run_id: str, handlers: str | None, drive: Callable[[], RunResult]) -> RunResult:
+    """Drive a run, turning a stop from Ctrl-C or a handler's ``sys.exit`` into one resumable-run line."""
+    try:
+        return drive()
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # The hub re-raises these after stopping: nothing was recorded for the attempt in flight.
+        why = (
+            "interrupted"
+            if isinstance(exc, KeyboardInterrupt)
+            else f"a handler raised SystemExit({exc.code!r})"
+        )
+        raise Interrupted(
+            f"{why}; run {run_id} stopped with its attempt in flight; continue it with "
+            f"`{ctx.resume_command(run_id, handlers)}`"
+        ) from None
+
+
+# -- handlers, specifications and JSON values ------------------------------------------
+
+
+def handler_registry(ctx: Context, handlers: str | None) -> HandlerRegistry:
+    """Handlers from the plugins, plus a module given by name or path (``registry`` or ``register``)."""
+    registry = HandlerRegistry()
+    ctx.plugins.register_handlers(registry)
+    if handlers is None:
+        return registry
+    module = _import_handlers(handlers)
+    provided = getattr(module, "registry", None)
+    register = getattr(module, "register", None)
+    if isinstance(provided, HandlerRegistry):
+        for entry in list(provided._entries.values()):  # merge a user's registry into ours
+            served = registry.resolve(entry.ref)
+            if served is not None and (served.fn, served.cooperative) == (entry.fn, entry.cooperative):
+                continue  # the same implementation a plugin already published
+            try:
+                registry.register(
+                    entry.name,
+                    entry.version,
+                    entry.fn,
+                    compatible_with=entry.compatible - {entry.version},
+                    cooperative=entry.cooperative,
+                )
+            except ValueError as exc:
+                raise UsageError(
+                    f"handlers module {handlers!r} conflicts with an installed plugin: {exc}"
+                ) from None
+    elif callable(register):
+        try:
+            register(registry)
+        except Exception as exc:
+            raise UsageError(
+                f"handlers module {handlers!r}: register(registry) raised {type(exc).__name__}: {exc}"
+            ) from None
+    else:
+        raise UsageError(
+            f"handlers module {handlers!r} defines neither `registry` (a HandlerRegistry) "
+            "nor `register(registry)`"
+        )
+    return registry
+
+
+def _import_handlers(handlers: str) -> Any:
+    path = Path(handlers)
+    try:
+        if path.suffix == ".py" or path.exists():
+            # Registered in sys.modules while it runs, as an import would be: dataclasses and
+            # msgspec resolve a class's postponed annotations through its module's entry there.
+            name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else None
+            name = name or f"_mayfly_handlers_{abs(hash(str(path.resolve())))}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise UsageError(f"cannot load handlers from {handlers!r}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+            return module
+        return importlib.import_module(handlers)
+    except UsageError:
+        raise
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"cannot import handlers {handlers!r}: {type(exc).__name__}: {exc}") from None
+
+
+def load_spec(path: str) -> WorkflowSpec:
+    """Read and decode a JSON specification file; a bad file is one usage line."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read specification {path!r}: {exc.strerror}") from None
+    try:
+        return WorkflowSpec.from_json(data)
+    except SpecDecodeError as exc:
+        raise UsageError(f"specification {path!r} is invalid at {exc.path}: {exc.problem}") from None
+
+
+def _loads(text: str, what: str) -> Any:
+    """``json.loads`` that refuses NaN and infinities: the journal stores JSON, where they become null."""
+
+    def constant(name: str) -> Any:
+        raise UsageError(f"{what}: {name} is not a JSON number; durable values must be finite")
+
+    def number(digits: str) -> float:
+        value = float(digits)
+        if not math.isfinite(value):
+            raise UsageError(f"{what}: {digits} is out of range for a JSON number")
+        return value
+
+    def integer(digits: str) -> int:
+        # int() refuses these itself, with a ValueError that is not a JSONDecodeError.
+        if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
+            raise UsageError(
+                f"{what}: an integer of {len(digits.lstrip('-'))} digits is over the limit of "
+                f"{MAX_JSON_INT_DIGITS} digits; pass it as a string"
+            )
+        return int(digits)
+
+    return json.loads(text, parse_constant=constant, parse_float=number, parse_int=integer)
+
+
+def parse_json(text: str | None, what: str) -> Any:
+    """Decode a JSON argument (``None`` stays ``None``); bad JSON is one usage line naming ``what``."""
+    if text is None:
+        return None
+    try:
+        return _loads(text, what)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise UsageError(f"{what} is nested too deeply to decode; pass a flatter JSON value") from None
+
+
+_WORD = re.compile(r"[^\s\[\]{}\"',:]+")
+
+
+def parse_decision(text: str) -> Any:
+    """A signal decision: JSON when it decodes as JSON, else a bare word such as ``approve`` or ``no``."""
+    try:
+        return _loads(text, "--decision")
+    except json.JSONDecodeError:
+        if _WORD.fullmatch(text):
+            return text
+    except RecursionError:
+        pass
+    return parse_json(text, "--decision")  # raises the one-line usage error
+
+
+def run_id_argument(value: str) -> str:
+    """A run id from the command line; a malformed one is a usage error."""
+    try:
+        return parse_run_id(value)
+    except InvalidIdentifier as exc:
+        raise UsageError(str(exc)) from None
+
+
+# -- results, progress and the timeline ------------------------------------------------
+
+
+def result_code(result: RunResult) -> int:
+    """The exit code a driven run's result maps to."""
+    if result.status is RunStatus.SUCCEEDED:
+        return EXIT["ok"]
+    if result.waiting:
+        return EXIT["waiting"]
+    if result.status.is_terminal:
+        return EXIT["run_not_succeeded"]
+    return EXIT["waiting"]
+
+
+def print_result(ctx: Context, result: RunResult) -> None:
+    """Print a run's result: JSON with ``--json``, else one line per node and per wait."""
+    if ctx.args.json:
+        ctx.emit_json(result)
+        return
+    out = ctx.out
+    out.write(f"run {result.run_id}: {result.status.value}\n")
+    for node_id, summary in result.nodes.items():
+        outcome = "-" if summary.outcome is None else summary.outcome.value
+        reason = f"  ({summary.reason})" if summary.reason else ""
+        out.write(
+            f"  {node_id:<16} {summary.status.value:<16} {outcome:<18} attempts={summary.attempts}{reason}\n"
+        )
+    for node_id, name in result.waiting.items():
+        out.write(f"  waiting: node {node_id} for signal {name!r}\n")
+
+
+def _flat(text: str) -> str:
+    # Reasons are free text: keep each timeline entry on one printable line.
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
+def timeline_line(event: Event) -> str | None:
+    """The event's narration as a timeline entry (``None`` for bookkeeping facts such as time advancing)."""
+    narration = narrate(event)
+    if narration.bookkeeping:
+        return None
+    line = narration.line if narration.subject is None else f"{narration.subject:<10} {narration.text}"
+    return f"{line}: {_flat(narration.reason)}" if narration.reason else line
+
+
+class Timeline:
+    """Prints committed facts as a readable timeline, or a live progress line for big runs."""
+
+    def __init__(self, out: TextIO, *, verbose: bool, progress: bool) -> None:
+        self.out = out
+        self.verbose = verbose
+        self.progress = progress
+        self.start = time.monotonic()
+        self._last_progress = 0.0
+
+    def __call__(self, state: RunState, events: tuple[Event, ...]) -> None:
+        if self.verbose:
+            # Child runs report through the same observer: label them with their parent node.
+            prefix = "" if state.parent is None else f"[child of {state.parent.node_id}] "
+            for event in events:
+                line = timeline_line(event)
+                if line is not None:
+                    self.out.write(f"  {time.monotonic() - self.start:6.2f}s  {prefix}{line}\n")
+            self.out.flush()
+        elif self.progress:
+            now = time.monotonic()
+            if now - self._last_progress >= 0.2 or state.status.is_terminal:
+                self._last_progress = now
+                done = state.open_nodes
+                total = len(state.nodes)
+                running = [n.node_id for n in state.nodes if n.status is NodeStatus.RUNNING][:3]
+                self.out.write(
+                    f"\r[{total - done}/{total} nodes done] running: {', '.join(running) or '-'}".ljust(79)
+                )
+                if state.status.is_terminal:
+                    self.out.write("\n")
+                self.out.flush()
+
+
+def describe_effect(effect: RecoveryEffect) -> str:
+    """One line for a recovery effect."""
+    if isinstance(effect, ReconcileAttempt):
+        return (
+            f"re-invoking {effect.node_id} attempt {effect.attempt} under its original id "
+            f"{effect.attempt_id} (idempotency key {effect.idempotency_key})"
+        )
+    if isinstance(effect, RestoreSignalWait):
+        return f"{effect.node_id} keeps waiting for signal {effect.name!r}"
+    if isinstance(effect, RestoreRetryTimer):
+        return f"{effect.node_id} retry {effect.next_attempt} due at {effect.deadline} ms"
+    if isinstance(effect, DispatchReady):
+        return f"dispatching ready nodes: {', '.join(effect.node_ids)}"
+    if isinstance(effect, ReconcileChild):
+        return f"{effect.node_id} resumes child run {effect.child_run_id} (attempt {effect.attempt_id})"
+    assert_never(effect)

@@ -1,0 +1,177 @@
+"""The draft a decision is made on: a copy-on-write overlay of a :class:`RunState`.
+
+``decide`` applies the events it is about to propose to a :class:`Draft`
+(:meth:`Draft.emit`), through the same :func:`~mayfly.reducer._apply.apply_event`
+that ``reduce`` applies to the real state, so it sees their consequences — a
+node released, a run completed — without mutating anything and without a
+second copy of the rules. A draft costs O(what it changes): nodes are
+cloned on first write and every index is an overlay over the base's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import msgspec
+
+from mayfly.model.events import BudgetExhausted, CancellationRequested, Event, LastOutcome
+from mayfly.model.outcomes import NodeOutcome
+from mayfly.model.signals import ConsumedSignal
+from mayfly.model.state import AttemptRecord, NodeState, RunState, RunStatus
+from mayfly.reducer._apply import apply_event
+
+__all__ = ["Draft"]
+
+_SCALARS = (
+    "status",
+    "sequence",
+    "now",
+    "attempts_used",
+    "transitions_used",
+    "open_nodes",
+    "n_failed",
+    "n_blocked",
+    "n_cancelled",
+    "n_idle",
+    "last_outcome",
+    "exhausted",
+    "cancellation",
+)
+
+
+class Draft:
+    """A copy-on-write view of a :class:`RunState` that collects proposed events.
+
+    Nodes are cloned on first write; attempt, active and retry indexes are
+    overlaid. The base state is never touched, so a rejected or unappended
+    decision leaves it exactly as it was.
+    """
+
+    status: RunStatus
+    sequence: int
+    now: int
+    attempts_used: int
+    transitions_used: int
+    open_nodes: int
+    n_failed: int
+    n_blocked: int
+    n_cancelled: int
+    n_idle: int
+    last_outcome: LastOutcome | None
+    exhausted: BudgetExhausted | None
+    cancellation: CancellationRequested | None
+
+    def __init__(self, base: RunState) -> None:
+        self.base = base
+        self.run_id = base.run_id
+        self.spec = base.spec
+        self.parent = base.parent
+        self.index = base.index
+        for name in _SCALARS:
+            setattr(self, name, getattr(base, name))
+        self.events: list[Event] = []
+        self._nodes: dict[int, NodeState] = {}
+        self._attempts: dict[str, AttemptRecord] = {}
+        self._active_added: dict[str, int] = {}
+        self._active_closed: set[str] = set()
+        self._retries: dict[int, int | None] = {}
+        self._parked: dict[int, bool] = {}
+        self._edges_fired: dict[int, int] = {}
+        self._children: dict[str, str] = {}
+        self._signals: dict[str, ConsumedSignal] = {}
+
+    def emit(self, event: Event) -> None:
+        """Propose ``event``: apply it to the draft and queue it for the batch."""
+        apply_event(self, event, self.sequence + 1)
+        self.events.append(event)
+
+    def node(self, index: int) -> NodeState:
+        """The node as the draft sees it."""
+        node = self._nodes.get(index)
+        return node if node is not None else self.base.nodes[index]
+
+    def node_mut(self, index: int) -> NodeState:
+        """A private copy of the node that the draft may change."""
+        node = self._nodes.get(index)
+        if node is None:
+            node = self._nodes[index] = self.base.nodes[index].clone()
+        return node
+
+    def attempt(self, attempt_id: str) -> AttemptRecord | None:
+        """The attempt record as the draft sees it."""
+        record = self._attempts.get(attempt_id)
+        return record if record is not None else self.base.attempt(attempt_id)
+
+    def record_attempt(self, record: AttemptRecord, index: int) -> None:
+        """Consume an attempt identity in the draft."""
+        self._attempts[record.attempt_id] = record
+        self._active_added[record.attempt_id] = index
+        if record.child_run_id is not None:
+            self._children[record.child_run_id] = record.attempt_id
+
+    def close_attempt(self, attempt_id: str, outcome: NodeOutcome) -> None:
+        """Commit an attempt outcome in the draft."""
+        record = self.attempt(attempt_id)
+        assert record is not None
+        self._attempts[attempt_id] = msgspec.structs.replace(record, outcome=outcome)
+        if self._active_added.pop(attempt_id, None) is None:
+            self._active_closed.add(attempt_id)
+
+    def set_ready(self, index: int, ready: bool) -> None:
+        """The ready index is not consulted by decisions; the draft does not track it."""
+
+    def set_waiting(self, index: int, waiting: bool) -> None:
+        """The waiting index is not consulted by decisions; the draft does not track it."""
+
+    def set_retry(self, index: int, deadline: int | None) -> None:
+        """Record a retry change in the draft."""
+        self._retries[index] = deadline
+
+    def active_attempts(self) -> Iterator[tuple[str, int]]:
+        """Active attempts as the draft sees them, in start order."""
+        for attempt_id, index in self.base.active_attempts():
+            if attempt_id not in self._active_closed:
+                yield attempt_id, index
+        yield from list(self._active_added.items())
+
+    def pending_retries(self) -> Iterator[tuple[int, int]]:
+        """Scheduled retries as the draft sees them."""
+        for index, deadline in self.base.pending_retries():
+            if index not in self._retries:
+                yield index, deadline
+        for index, changed in list(self._retries.items()):
+            if changed is not None:
+                yield index, changed
+
+    def set_parked(self, index: int, parked: bool) -> None:
+        """Record a parked-index change in the draft."""
+        self._parked[index] = parked
+
+    def parked_nodes(self) -> list[int]:
+        """Parked nodes as the draft sees them, in specification order."""
+        parked = {i for i in self.base.parked_nodes() if self._parked.get(i, True)}
+        parked.update(i for i, now in self._parked.items() if now)
+        return sorted(parked)
+
+    def edge_fired(self, edge: int) -> int:
+        """The latest activation of ``edge`` as the draft sees it."""
+        fired = self._edges_fired.get(edge)
+        return fired if fired is not None else self.base.edge_fired(edge)
+
+    def set_edge_fired(self, edge: int, source_sequence: int) -> None:
+        """Record an edge activation in the draft."""
+        self._edges_fired[edge] = source_sequence
+
+    def child_attempt(self, child_run_id: str) -> str | None:
+        """The attempt that started ``child_run_id``, as the draft sees it."""
+        attempt = self._children.get(child_run_id)
+        return attempt if attempt is not None else self.base.child_attempt(child_run_id)
+
+    def consumed_signal(self, signal_id: str) -> ConsumedSignal | None:
+        """How ``signal_id`` was consumed, as the draft sees it."""
+        record = self._signals.get(signal_id)
+        return record if record is not None else self.base.consumed_signal(signal_id)
+
+    def consume_signal(self, record: ConsumedSignal) -> None:
+        """Consume a signal id in the draft."""
+        self._signals[record.signal_id] = record
