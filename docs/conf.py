@@ -59,6 +59,17 @@ API_MODULES = [
 API_DOCUMENTED_ELSEWHERE = {
     "mayfly": ("MayflyError", "NonRetryable"),  # in mayfly.errors
     "mayfly.testing": ("DeterministicIdSource",),  # in mayfly.ids
+    "mayfly.substrate": (  # in mayfly.errors
+        "Deadlock",
+        "HubAlreadyRunning",
+        "HubNotRunning",
+        "OffloadTimeout",
+        "SubstrateError",
+        "TaskCancelled",
+        "TaskFailed",
+        "TaskNotDone",
+        "WaitTimeout",
+    ),
 }
 
 

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from mayfly.errors import CorruptionError, FencingRejected, InvalidIdentifier, InvalidRecord, LeaseHeld
 from mayfly.journal import (
     OPTIONAL_FEATURES,
     RUN_PURGE,
@@ -21,7 +22,6 @@ from mayfly.journal import (
     WorkflowJournal,
 )
 from mayfly.lease import RecoveryLeaseStore
-from mayfly.model.errors import CorruptionError, FencingRejected, InvalidIdentifier, InvalidRecord, LeaseHeld
 from mayfly.model.outcomes import Succeeded
 from mayfly.model.spec import Node, WorkflowSpec
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime

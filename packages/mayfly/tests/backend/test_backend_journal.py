@@ -8,17 +8,7 @@ import msgspec
 import pytest
 
 from mayfly.backend import JournalBase, decode_snapshot, encode_snapshot
-from mayfly.identity import Uuid7IdSource
-from mayfly.journal import (
-    AppendResult,
-    Durability,
-    JournalCapabilities,
-    JournalRecord,
-    SnapshotRecord,
-    WorkflowJournal,
-)
-from mayfly.local import LocalWorkflowJournal
-from mayfly.model.errors import (
+from mayfly.errors import (
     AppendConflict,
     ChecksumMismatch,
     ConflictingRecord,
@@ -30,6 +20,16 @@ from mayfly.model.errors import (
     JournalUnavailable,
     SnapshotCorrupt,
 )
+from mayfly.identity import Uuid7IdSource
+from mayfly.journal import (
+    AppendResult,
+    Durability,
+    JournalCapabilities,
+    JournalRecord,
+    SnapshotRecord,
+    WorkflowJournal,
+)
+from mayfly.local import LocalWorkflowJournal
 
 IDS = Uuid7IdSource()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from mayfly.backend import LeaseGuardBase, LeaseStoreBase
+from mayfly.errors import InvalidIdentifier, InvalidRecord, JournalUnavailable, LeaseHeld, LeaseLost
 from mayfly.identity import Uuid7IdSource
 from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
-from mayfly.model.errors import InvalidIdentifier, InvalidRecord, JournalUnavailable, LeaseHeld, LeaseLost
 
 IDS = Uuid7IdSource()
 

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from mayfly.backend import parse_backend_url
-from mayfly.model.errors import InvalidBackendURL
+from mayfly.errors import InvalidBackendURL
 
 SHAPE = "demo:///DIR?mode=fast&workers=4"
 

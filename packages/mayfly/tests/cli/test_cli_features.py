@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from mayfly.commit import commit_command
+from mayfly.ids import DeterministicIdSource
 from mayfly.local import LocalWorkflowJournal
 from mayfly.model.commands import CreateRun
-from mayfly.model.ids import DeterministicIdSource
 from mayfly.model.spec import Node, WorkflowSpec
 
 PLUGIN = '''

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mayfly.errors import CompatibilityError
 from mayfly.journal import (
     NETWORK,
     OPTIONAL_FEATURES,
@@ -19,7 +20,6 @@ from mayfly.journal import (
     RunSummary,
 )
 from mayfly.local import LocalWorkflowJournal
-from mayfly.model.errors import CompatibilityError
 
 
 class _Declares:
