@@ -18,18 +18,8 @@ from typing import Final, final
 import lmdb
 
 from mayfly.backend import JournalBase
-from mayfly.errors import (
-    CorruptionError,
-    InvalidRecord,
-    JournalUnavailable,
-    LeaseHeld,
-)
-from mayfly.journal import (
-    AppendResult,
-    JournalCapabilities,
-    JournalRecord,
-    SnapshotRecord,
-)
+from mayfly.errors import CorruptionError, InvalidRecord, JournalUnavailable, LeaseHeld
+from mayfly.journal import AppendResult, JournalCapabilities, JournalRecord, SnapshotRecord
 from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv, acquire_env, release_env
 from mayfly_lmdb._url import parse_url
