@@ -27,6 +27,10 @@ html_show_sourcelink = False
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# Readable signatures: a callable type the contract names once is shown by that name
+# (`relay: Relay`), and type names print without their module path.
+autodoc_type_aliases = {"Relay": "mayfly.journal.Relay"}
+python_use_unqualified_type_names = True
 # undoc-members: the identity NewTypes (RunId, NodeId, ...) are public API without docstrings.
 autodoc_default_options: dict[str, Any] = {"members": True, "undoc-members": True, "show-inheritance": True}
 
@@ -35,7 +39,8 @@ autodoc_default_options: dict[str, Any] = {"members": True, "undoc-members": Tru
 # docstrings. Only modules that are a public promise belong here (STYLE.md:
 # users import from mayfly, mayfly.errors and mayfly.ids, and build plugin
 # contexts with mayfly.plugins; backend authors import from the journal,
-# lease, hookspecs and testing modules).
+# lease, backend kit, hookspecs and testing modules, and make their waits
+# with the substrate).
 API_MODULES = [
     "mayfly",
     "mayfly.errors",
@@ -43,8 +48,10 @@ API_MODULES = [
     "mayfly.plugins",
     "mayfly.journal",
     "mayfly.lease",
+    "mayfly.backend",
     "mayfly.hookspecs",
     "mayfly.testing",
+    "mayfly.substrate",
 ]
 
 # Names a module re-exports from another documented module, documented once, at their home (Sphinx
@@ -52,6 +59,17 @@ API_MODULES = [
 API_DOCUMENTED_ELSEWHERE = {
     "mayfly": ("MayflyError", "NonRetryable"),  # in mayfly.errors
     "mayfly.testing": ("DeterministicIdSource",),  # in mayfly.ids
+    "mayfly.substrate": (  # in mayfly.errors
+        "Deadlock",
+        "HubAlreadyRunning",
+        "HubNotRunning",
+        "OffloadTimeout",
+        "SubstrateError",
+        "TaskCancelled",
+        "TaskFailed",
+        "TaskNotDone",
+        "WaitTimeout",
+    ),
 }
 
 
@@ -68,7 +86,23 @@ def _append_api_sections(app: Any, docname: str, source: list[str]) -> None:
     source[0] += "".join(sections)
 
 
+# Classes a reader uses but never constructs: their constructor is an implementation detail.
+_NOT_CONSTRUCTED = frozenset({"mayfly.backend.BackendURL"})
+
+
+def _readable_signature(  # noqa: PLR0917  # the signature Sphinx calls the event with
+    app: Any, what: str, name: str, obj: Any, options: Any, signature: str | None, annotation: str | None
+) -> tuple[str | None, str | None] | None:
+    """Drop the meaningless ``(*args, **kwargs)`` of Protocols, and constructors nobody calls."""
+    if what != "class":
+        return None
+    if getattr(obj, "_is_protocol", False) or name in _NOT_CONSTRUCTED:
+        return "", annotation
+    return None
+
+
 def setup(app: Any) -> dict[str, Any]:
-    """Register the API-reference hook."""
+    """Register the API-reference hooks."""
     app.connect("source-read", _append_api_sections)
+    app.connect("autodoc-process-signature", _readable_signature)
     return {"parallel_read_safe": True}

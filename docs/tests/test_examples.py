@@ -22,7 +22,8 @@ def _run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Bl
         if block.info not in PYTHON_INFOS or block.skip_reason:
             continue
         # Pad so tracebacks point at the Markdown file's own line numbers.
-        code = compile("\n" * (block.line - 1) + block.source, str(page), "exec")
+        # dont_inherit: run as a reader's file would, without this module's `from __future__` imports.
+        code = compile("\n" * (block.line - 1) + block.source, str(page), "exec", dont_inherit=True)
         exec(code, namespace)  # the docs are our own code, run exactly as a reader would
         ran.append(block)
     return ran

@@ -15,6 +15,12 @@ Markers: ``@pytest.mark.clause("journal.append.cas-conflict")`` gives a test
 its stable clause id; ``@pytest.mark.capability("crash_durable")`` skips it
 only when the backend declares that capability absent, with a reason naming
 the backend and the capability.
+
+Probe runs: every run id the suite creates is recorded, and when the session
+ends the runs are purged from the store through the backend's ``run_purge``
+feature, so ``mayfly runs`` on that store does not list hundreds of probes
+afterwards. A backend that declares no purging keeps them, and the report
+says how many (``--mayfly-keep-probe-runs`` keeps them on purpose).
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mayfly.journal import JournalCapabilities, WorkflowJournal
+from mayfly.journal import RUN_PURGE, JournalCapabilities, WorkflowJournal
 from mayfly.lease import RecoveryLeaseStore
+from mayfly.model.errors import MayflyError
 from mayfly.plugins import open_journal, open_leases, url_scheme
 from mayfly_contract.support import Records
 
@@ -34,6 +41,23 @@ _JOURNAL_OPTION = "--mayfly-journal"
 _LEASES_OPTION = "--mayfly-leases"
 _INI_FACTORY = "mayfly_backend"
 _KNOWN_FAILURES = "mayfly_known_failures"
+_KEEP_PROBES = "--mayfly-keep-probe-runs"
+# What a capability declared absent means for its clauses, where the name alone does not say.
+_ABSENT = {
+    "network": ": it waits on no socket, so no network wait of it can block the hub (its calls run inline)",
+}
+_FLAGS = (
+    "cross_process",
+    "fencing",
+    "crash_durable",
+    "fault_injection",
+    "snapshots",
+    "lease_expiry",
+    "run_summaries",
+    "run_verification",
+    "run_purge",
+    "network",
+)
 
 
 @dataclass
@@ -44,6 +68,7 @@ class _Certification:
     journal_type: str = ""
     capabilities: JournalCapabilities | None = None
     outcomes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    probes: str = ""
 
 
 _CERTIFICATION = pytest.StashKey[_Certification]()
@@ -63,6 +88,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="URL",
         default=None,
         help="recovery-lease URL of the backend (default: the journal URL)",
+    )
+    group.addoption(
+        _KEEP_PROBES,
+        action="store_true",
+        default=False,
+        help="leave the suite's probe runs in the store instead of purging them at the end",
     )
     group.addoption(
         "--mayfly-known-failure",
@@ -146,15 +177,45 @@ def mayfly_leases_url(pytestconfig: pytest.Config, mayfly_journal_url: str) -> s
 
 
 @pytest.fixture(scope="session")
-def mayfly_journal(pytestconfig: pytest.Config, mayfly_journal_url: str) -> Iterator[WorkflowJournal]:
-    """The journal under test, opened once per session by URL."""
+def mayfly_probe_runs() -> set[str]:
+    """Every run id the suite hands out this session (purged from the store at the end)."""
+    return set()
+
+
+@pytest.fixture(scope="session")
+def mayfly_journal(
+    pytestconfig: pytest.Config, mayfly_journal_url: str, mayfly_probe_runs: set[str]
+) -> Iterator[WorkflowJournal]:
+    """The journal under test, opened once per session by URL; purges the session's probe runs at the end."""
     journal = open_journal(mayfly_journal_url)
     certification = pytestconfig.stash[_CERTIFICATION]
     certification.journal_url = journal.url
     certification.journal_type = f"{type(journal).__module__}.{type(journal).__qualname__}"
     certification.capabilities = journal.capabilities
-    yield journal
-    journal.close()
+    try:
+        yield journal
+        certification.probes = _purge_probes(journal, mayfly_probe_runs, pytestconfig.getoption(_KEEP_PROBES))
+    finally:
+        journal.close()
+
+
+def _purge_probes(journal: WorkflowJournal, runs: set[str], keep: bool) -> str:
+    """Purge the session's probe runs through the ``run_purge`` feature; return the report line."""
+    purge = RUN_PURGE.of(journal)
+    if keep or purge is None:
+        why = f"{_KEEP_PROBES} was given" if keep else "the backend declares run_purge absent"
+        return f"{len(runs)} probe run ids left in the store ({why})"
+    purged = 0
+    failures: list[str] = []
+    for run_id in sorted(runs):
+        try:
+            purged += purge.purge_run(run_id)
+        except MayflyError as error:  # a lease still held by a crashed child, a lost server...
+            failures.append(f"{run_id}: {error}")
+    line = f"{purged} probe runs purged from the store"
+    if failures:
+        line += f"; {len(failures)} could not be ({failures[0]})"
+    return line
 
 
 @pytest.fixture(scope="session")
@@ -172,9 +233,9 @@ def mayfly_capabilities(mayfly_journal: WorkflowJournal) -> JournalCapabilities:
 
 
 @pytest.fixture
-def records() -> Records:
-    """A factory of sealed records with fresh UUIDv7 event ids."""
-    return Records()
+def records(mayfly_probe_runs: set[str]) -> Records:
+    """A factory of sealed records with fresh UUIDv7 event ids; its run ids are recorded as probes."""
+    return Records(mayfly_probe_runs)
 
 
 @pytest.fixture
@@ -195,7 +256,8 @@ def _mayfly_capability_gate(request: pytest.FixtureRequest) -> None:
     url: str = request.getfixturevalue("mayfly_journal_url")
     for name in required:
         if not getattr(capabilities, name):
-            pytest.skip(f"backend {url_scheme(url)}:// declares capability {name} absent")
+            why = _ABSENT.get(name, "")
+            pytest.skip(f"backend {url_scheme(url)}:// declares capability {name} absent{why}")
 
 
 def _clause(item: pytest.Item) -> str | None:
@@ -261,17 +323,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     capabilities = certification.capabilities
     if capabilities is not None:
         write(f"durability: {capabilities.durability}")
-        flags = ", ".join(
-            f"{name}={'yes' if getattr(capabilities, name) else 'no'}"
-            for name in (
-                "cross_process",
-                "fencing",
-                "crash_durable",
-                "fault_injection",
-                "snapshots",
-                "lease_expiry",
-            )
-        )
+        flags = ", ".join(f"{name}={'yes' if getattr(capabilities, name) else 'no'}" for name in _FLAGS)
         write(f"capabilities: {flags}")
     verdicts: dict[str, tuple[str, str]] = {}
     for clause, results in sorted(certification.outcomes.items()):
@@ -296,6 +348,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         f"clauses: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
         f"(declared absent), {counts['KNOWN']} known failures"
     )
+    if certification.probes:
+        write(f"probe runs: {certification.probes}")
     if counts["FAIL"]:
         verdict = "NOT CERTIFIED"
     elif counts["KNOWN"]:

@@ -6,22 +6,33 @@ import json
 import subprocess
 import sys
 from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
 
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import JournalRecord, SnapshotRecord
 
-__all__ = ["Child", "Records", "snapshot_of"]
+__all__ = ["Child", "Records", "SlowRelay", "snapshot_of"]
 
 
 class Records:
-    """Builds sealed records with fresh event ids (UUIDv7, so runs never collide across sessions)."""
+    """Builds sealed records with fresh event ids (UUIDv7, so runs never collide across sessions).
 
-    def __init__(self) -> None:
+    Every id :meth:`new_id` hands out (the suite's run ids) is added to
+    ``created`` when one is given, so the session can purge its probe runs
+    from the store at the end.
+    """
+
+    def __init__(self, created: set[str] | None = None) -> None:
         self._ids = Uuid7IdSource()
+        self._created = created
 
     def new_id(self) -> str:
-        """Return a fresh UUIDv7 string."""
-        return self._ids.new_id()
+        """Return a fresh UUIDv7 string (recorded as a probe run id)."""
+        fresh = self._ids.new_id()
+        if self._created is not None:
+            self._created.add(fresh)
+        return fresh
 
     def batch(
         self, run_id: str, first: int, count: int = 1, *, payload: bytes | None = None
@@ -133,3 +144,71 @@ class Child:
 def sequences(records: Sequence[JournalRecord]) -> list[int]:
     """The sequence numbers of ``records`` in order."""
     return [record.sequence for record in records]
+
+
+class SlowRelay:
+    """The delaying loopback relay (:mod:`mayfly_contract._relay`) in a child process.
+
+    Pass :meth:`address` as the ``relay`` of :meth:`mayfly.journal.NetworkJournal.relayed`;
+    :meth:`set_delay` holds every later reply back; :meth:`delivered` counts
+    reply bytes, which proves the traffic went through the relay.
+    """
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "mayfly_contract._relay"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        self._ports: dict[tuple[str, int], int] = {}
+
+    def _ask(self, command: str) -> str:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(command + "\n")
+        self._process.stdin.flush()
+        answer = self._process.stdout.readline().strip()
+        if not answer or answer.startswith("error"):
+            raise AssertionError(f"the relay answered {answer!r} to {command!r}")
+        return answer
+
+    def address(self, host: str, port: int) -> tuple[str, int]:
+        """Where to connect to reach ``host:port`` through the relay (one local port per upstream)."""
+        key = (host, port)
+        if key not in self._ports:
+            self._ports[key] = int(self._ask(f"relay {host} {port}").split()[1])
+        return "127.0.0.1", self._ports[key]
+
+    def set_delay(self, seconds: float) -> None:
+        """Hold every later server reply back ``seconds``."""
+        self._ask(f"delay {round(seconds * 1000)}")
+
+    def delivered(self) -> int:
+        """Reply bytes the relay delivered so far."""
+        return int(self._ask("stats").split()[1])
+
+    def close(self) -> None:
+        """Stop the relay process."""
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=10)
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+    def __enter__(self) -> Self:
+        """Return the running relay."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the relay."""
+        self.close()

@@ -36,8 +36,8 @@ def outcome(call: Callable[[], object]) -> tuple[str, object]:
     return "ok", value
 
 
-def make_machine(journal: WorkflowJournal) -> type[RuleBasedStateMachine]:
-    """Build the state machine class bound to the journal under test."""
+def make_machine(journal: WorkflowJournal, created: set[str] | None = None) -> type[RuleBasedStateMachine]:
+    """Build the state machine class bound to the journal under test (its run ids go to ``created``)."""
 
     class JournalMachine(RuleBasedStateMachine):
         """Append, re-append, conflict, read and snapshot on two runs, checked against the model."""
@@ -45,7 +45,7 @@ def make_machine(journal: WorkflowJournal) -> type[RuleBasedStateMachine]:
         def __init__(self) -> None:
             super().__init__()
             self.model = ReferenceJournal()
-            self.records = Records()
+            self.records = Records(created)
             self.runs: list[str] = []
 
         @initialize()
@@ -122,11 +122,11 @@ def make_machine(journal: WorkflowJournal) -> type[RuleBasedStateMachine]:
 
 @pytest.mark.clause("journal.model.state-machine")
 def test_random_operation_sequences_match_the_reference_model(
-    mayfly_journal: WorkflowJournal,
+    mayfly_journal: WorkflowJournal, mayfly_probe_runs: set[str]
 ) -> None:
     """Random sequences of appends, replays, conflicts, reads and snapshots match the reference model."""
     run_state_machine_as_test(
-        make_machine(mayfly_journal),
+        make_machine(mayfly_journal, mayfly_probe_runs),
         settings=settings(
             max_examples=25,
             stateful_step_count=25,

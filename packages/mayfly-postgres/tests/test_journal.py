@@ -406,7 +406,7 @@ def test_a_missing_last_record_is_a_gap_not_a_shorter_history(journal: PostgresJ
     records = batch(run, 1, 9)
     journal.append(run, 1, records)
     journal.remove_record(run, 9)
-    tail = rf"^journal gap in run {run}: expected sequence 9, found none \(runs.next_sequence is 10\); "
+    tail = rf"^journal gap in run {run}: expected sequence 9, found none \(the run's head is at 10\); "
     with pytest.raises(JournalGap, match=tail):
         journal.read(run)
     with pytest.raises(JournalGap, match=tail):

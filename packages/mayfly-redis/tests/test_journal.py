@@ -310,7 +310,7 @@ def test_a_missing_last_record_is_a_gap_not_a_shorter_history(
     with RedisJournal(aof_server.url + "?prefix=gaps") as journal:
         journal.append(run, 1, batch)
         journal.remove_record(run, 9)
-        tail = rf"^journal gap in run {run}: expected sequence 9, found none \(9 records were appended\); "
+        tail = rf"^journal gap in run {run}: expected sequence 9, found none \(the run's head is at 10\); "
         with pytest.raises(JournalGap, match=tail):
             journal.read(run)
         with pytest.raises(JournalGap, match=tail):
@@ -334,7 +334,7 @@ def test_a_damaged_event_id_index_fails_closed(aof_server: RedisServer, records:
             journal.append(run, 1, batch)
         raw.hdel(ids, batch[4].event_id)
         with pytest.raises(
-            CorruptionError, match=rf"run {run} holds sequence 5 but its event-id index counts 4"
+            CorruptionError, match=rf"run {run} holds sequence 5 beyond its head \(next sequence 5\)"
         ):
             journal.read(run)
         with pytest.raises(CorruptionError, match="the list holds 5 records but 4 were appended"):

@@ -51,7 +51,7 @@ def test_keys_are_hash_tagged_by_run() -> None:
         ("redis://h/70000", "out of range"),
         ("redis://h/0?prefix=a{b}", "prefix"),
         ("redis://h/0?prefix=", "prefix"),
-        ("redis://h/0?durability=fsync", "durability must be"),
+        ("redis://h/0?durability=fsync", "durability='fsync' must be"),
         ("redis://h/0?timeout=0", "timeout"),
         ("redis://h/0?timeout=soon", "timeout"),
         ("redis://h/0?db=1", "unknown option 'db'"),

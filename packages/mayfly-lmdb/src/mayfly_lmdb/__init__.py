@@ -23,10 +23,9 @@ the OS releases, and fencing tokens are stored in the environment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
-from mayfly.hookspecs import BackendDescriptor, hookimpl
+from mayfly.backend import backend_hooks
 from mayfly_lmdb._env import LmdbMapFull
 from mayfly_lmdb._journal import LmdbJournal
 from mayfly_lmdb._lease import LmdbLeaseGuard, LmdbLeaseStore
@@ -48,13 +47,15 @@ MAYFLY_PLUGIN_API: Final = 1
 DISTRIBUTION: Final = "mayfly-lmdb"
 """The installable distribution, named in error messages."""
 
-_SCHEMES: Final = ("lmdb",)
+_SUMMARY: Final = (
+    "LMDB environment journal, durability sync|nosync, map grows on demand, expiring fenced leases"
+)
 
 
 def describe(url: str) -> str:
     """One line for ``mayfly backends``: where the environment is and what an acknowledgement means."""
     if url in ("lmdb://", ""):
-        return "LMDB environment journal, durability sync|nosync, map grows on demand, expiring fenced leases"
+        return _SUMMARY
     target = parse_url(url)
     if target.sync:
         durability = "sync (durable: survives a host crash)"
@@ -68,13 +69,6 @@ def describe(url: str) -> str:
     )
 
 
-@hookimpl
-def mayfly_journal_backends() -> Sequence[BackendDescriptor]:
-    """Offer the LMDB journal for ``lmdb://`` URLs."""
-    return [BackendDescriptor(_SCHEMES, DISTRIBUTION, LmdbJournal, describe)]
-
-
-@hookimpl
-def mayfly_lease_backends() -> Sequence[BackendDescriptor]:
-    """Offer LMDB-store recovery leases for ``lmdb://`` URLs."""
-    return [BackendDescriptor(_SCHEMES, DISTRIBUTION, LmdbLeaseStore, describe)]
+mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
+    ("lmdb",), DISTRIBUTION, LmdbJournal, LmdbLeaseStore, describe=describe, summary=_SUMMARY
+)

@@ -28,8 +28,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from mayfly.errors import ChecksumMismatch, SnapshotCorrupt
 from mayfly.journal import JournalRecord, SnapshotRecord
-from mayfly.model.errors import ChecksumMismatch, SnapshotCorrupt
 
 __all__ = [
     "FORMAT",
@@ -183,8 +183,8 @@ def encode_snapshot(snapshot: SnapshotRecord) -> bytes:
     )
 
 
-def decode_snapshot(run_id: str, value: bytes) -> SnapshotRecord:
-    """Decode a stored snapshot and verify it; any damage raises SnapshotCorrupt."""
+def decode_snapshot(run_id: str, value: bytes, *, verify: bool = True) -> SnapshotRecord:
+    """Decode a stored snapshot and (unless ``verify=False``) verify it; any damage raises SnapshotCorrupt."""
     try:
         version, checksum, schema, last_sequence, last_event, last_checksum, spec_length = (
             _SNAPSHOT_HEAD.unpack_from(value)
@@ -211,7 +211,8 @@ def decode_snapshot(run_id: str, value: bytes) -> SnapshotRecord:
         state=value[offset:],
         checksum=checksum.hex(),
     )
-    snapshot.verify()
+    if verify:
+        snapshot.verify()
     return snapshot
 
 

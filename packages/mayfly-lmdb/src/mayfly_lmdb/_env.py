@@ -25,12 +25,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Final, TypeVar, final
 
 import lmdb
 
-from mayfly.model.errors import (
+from mayfly.backend import VOLATILE_FILESYSTEMS, filesystem_type
+from mayfly.errors import (
     CompatibilityError,
     CorruptionError,
     DurabilityUnavailable,
@@ -46,7 +46,6 @@ __all__ = ["LmdbMapFull", "SharedEnv", "acquire_env", "filesystem_type"]
 
 _T = TypeVar("_T")
 _DATABASES: Final = (b"records", b"events", b"heads", b"snapshots", b"runs", b"leases", b"meta")
-_VOLATILE_FILESYSTEMS: Final = frozenset({"tmpfs", "ramfs"})
 _MAX_READERS: Final = 512
 _MIN_GROWTH: Final = 8 << 20
 _CORRUPT: Final = (
@@ -95,29 +94,6 @@ def map_error(error: lmdb.Error, path: str, operation: str) -> MayflyError:
     return JournalUnavailable(f"{operation} failed on LMDB environment {path}: {detail}; retry")
 
 
-def filesystem_type(path: Path) -> str | None:
-    """The type of the filesystem holding ``path`` (``ext4``, ``tmpfs``...), from /proc/self/mountinfo."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
-            lines = mounts.read().splitlines()
-    except OSError:
-        return None
-    target = os.path.realpath(path)
-    best: tuple[int, str] | None = None
-    for line in lines:
-        fields = line.split(" ")
-        try:
-            separator = fields.index("-")
-            mount_point = fields[4].encode("latin-1").decode("unicode_escape")
-            fstype = fields[separator + 1]
-        except (ValueError, IndexError, UnicodeError):
-            continue
-        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-        if inside and (best is None or len(mount_point) >= best[0]):
-            best = (len(mount_point), fstype)
-    return best[1] if best else None
-
-
 @final
 class SharedEnv:
     """The process's handle on one environment directory: the LMDB env, its databases and its gate."""
@@ -137,7 +113,7 @@ class SharedEnv:
         self._generation = 0
         if target.sync and not target.readonly:
             fstype = filesystem_type(target.path if target.path.exists() else target.path.parent)
-            if fstype in _VOLATILE_FILESYSTEMS:
+            if fstype in VOLATILE_FILESYSTEMS:
                 raise DurabilityUnavailable(
                     f"lmdb environment {self.path} is on {fstype}, which does not survive a host "
                     "crash, so durability=sync cannot be met; put it on a disk, or choose "

@@ -10,80 +10,46 @@ for every process on the host; readers see committed transactions only.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
-from typing import Final, Self, final
+from typing import Final, final
 
 import lmdb
 
-from mayfly.journal import (
-    AppendResult,
-    Durability,
-    JournalCapabilities,
-    JournalRecord,
-    SnapshotRecord,
-    validate_batch,
-    validate_read,
-)
-from mayfly.model.errors import (
-    AppendConflict,
-    ConflictingRecord,
-    CorruptionError,
-    FencingRejected,
-    InvalidRecord,
-    JournalGap,
-    JournalUnavailable,
-)
-from mayfly.model.ids import parse_run_id
+from mayfly.backend import JournalBase
+from mayfly.errors import CorruptionError, InvalidRecord, JournalUnavailable, LeaseHeld
+from mayfly.journal import AppendResult, JournalCapabilities, JournalRecord, SnapshotRecord
 from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv, acquire_env, release_env
 from mayfly_lmdb._url import parse_url
 
 __all__ = ["LmdbJournal"]
 
-_MAX_LIST_LIMIT: Final = 100_000
 _EMPTY_RUN: Final = b""
 _KEY_LENGTH: Final = 24  # run id (16 bytes) || u64be sequence
+_FEATURES: Final = "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge"
 
 
 @final
-class LmdbJournal:
+class LmdbJournal(JournalBase):
     """The ``lmdb:///DIR`` journal: one LMDB environment, safe across threads and processes.
 
     ``DIR`` is created on first use. ``?durability=sync`` (the default)
     acknowledges after LMDB's durable commit, ``nosync`` after the pages are
-    handed to the OS. See :mod:`mayfly_lmdb` for every URL option.
+    handed to the OS. See :mod:`mayfly_lmdb` for every URL option. Declares
+    cross-process, fenced, crash-durable, fault injection, expiring leases
+    and run purging.
     """
+
+    remedy = "restore the LMDB environment from a backup"
 
     def __init__(self, url: str) -> None:
         target = parse_url(url)
-        self._url = target.url
-        self._durability = target.durability
         self._readonly = target.readonly
         self._shared: SharedEnv | None = acquire_env(target)
-
-    @property
-    def url(self) -> str:
-        """The environment URL (local paths carry no password)."""
-        return self._url
-
-    @property
-    def durability(self) -> Durability:
-        """``durable`` with ``durability=sync``, ``write`` with ``durability=nosync``."""
-        return self._durability
-
-    @property
-    def capabilities(self) -> JournalCapabilities:
-        """Cross-process, fenced, crash-durable, with fault injection and expiring leases."""
-        return JournalCapabilities(
-            durability=self._durability,
-            cross_process=True,
-            fencing=True,
-            crash_durable=True,
-            fault_injection=True,
-            snapshots=True,
-            lease_expiry=True,
+        super().__init__(
+            url=target.url, capabilities=JournalCapabilities.declare(target.durability, _FEATURES)
         )
 
     @property
@@ -100,28 +66,22 @@ class LmdbJournal:
     def _env(self) -> SharedEnv:
         shared = self._shared
         if shared is None:
-            raise JournalUnavailable(f"lmdb journal {self._url} is closed; open it again")
+            raise self.closed_error("use of the environment")
         return shared
 
     def _writable(self, operation: str) -> SharedEnv:
         # A readonly journal may share a read-write handle opened by another journal of this process.
         if self._readonly:
             raise JournalUnavailable(
-                f"{operation} refused: lmdb journal {self._url} was opened with readonly=true"
+                f"{operation} refused: lmdb journal {self.url} was opened with readonly=true"
             )
         return self._env
 
     # -- the journal contract ----------------------------------------------------------------
 
-    def append(
-        self,
-        run_id: str,
-        expected_next: int,
-        records: Sequence[JournalRecord],
-        fence: int | None = None,
+    def _append(
+        self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
-        """Compare-and-append an atomic batch; see :meth:`mayfly.journal.WorkflowJournal.append`."""
-        batch = validate_batch(run_id, expected_next, records, fence)
         operation = f"append to run {run_id}"
         shared = self._writable(operation)
         run = _codec.run_key(run_id)
@@ -134,8 +94,7 @@ class LmdbJournal:
 
         def body(txn: lmdb.Transaction[bytes]) -> AppendResult:
             next_sequence, current = _codec.decode_head(txn.get(run, db=heads), run_id)
-            if (fence is None and current != 0) or (fence is not None and fence != current):
-                raise FencingRejected(run_id, 0 if fence is None else fence, current)
+            self.check_fence(run_id, fence, current)
             if expected_next != next_sequence:
                 return self._replayed(
                     txn=txn,
@@ -151,10 +110,7 @@ class LmdbJournal:
                 # put(overwrite=False) checks and claims the event id in one call.
                 if not txn.put(run + event, index, overwrite=False, db=events):
                     used = int.from_bytes(txn.get(run + event, db=events) or b"", "big")
-                    raise ConflictingRecord(
-                        f"append rejected: run {run_id} event id {batch[sequence - expected_next].event_id}"
-                        f" is already committed at sequence {used}"
-                    )
+                    raise self.event_id_taken(run_id, batch[sequence - expected_next].event_id, used)
                 # Never overwrite: a record already stored at the head's next sequence means the
                 # head is behind the records (damage), and that record may be acknowledged.
                 if not txn.put(run + index, value, overwrite=False, db=stored):
@@ -181,13 +137,10 @@ class LmdbJournal:
         actual_next: int,
         expected_next: int,
     ) -> AppendResult:
-        """Answer an append whose expected sequence is not the next one: replay or conflict.
+        """Answer an append whose expected sequence is not the next one (the kit's ``refused``).
 
-        An exact re-append (every stored record at the batch's sequences,
-        decoded and verified, equal to the batch) is acknowledged without
-        writing; a damaged stored record raises ``ChecksumMismatch``. A batch
-        event id committed with other content or at another sequence is a
-        ``ConflictingRecord``; anything else is an ordinary lost race.
+        Stored records are decoded and verified before they are compared, so a
+        damaged copy raises ``ChecksumMismatch`` instead of passing for committed.
         """
         shared = self._env
         found: dict[int, JournalRecord | None] = {}
@@ -198,96 +151,69 @@ class LmdbJournal:
                 found[sequence] = None if value is None else _codec.decode_record(run_id, sequence, value)
             return found[sequence]
 
-        if all(record.sequence < actual_next and stored_at(record.sequence) == record for record in batch):
-            return AppendResult(
-                run_id=run_id, last_sequence=batch[-1].sequence, records=batch, already_committed=True
-            )
-        for record in batch:
-            index = txn.get(run + _codec.uuid_bytes(record.event_id), db=shared.events)
-            if index is None:
-                continue
-            used = int.from_bytes(index, "big")
-            if stored_at(used) is None:
-                raise CorruptionError(
-                    f"append rejected: run {run_id} event id {record.event_id} is indexed at sequence "
-                    f"{used}, which holds no record; restore the LMDB environment from a backup"
-                )
-            if used != record.sequence or stored_at(used) != record:
-                raise ConflictingRecord(
-                    f"append rejected: run {run_id} event id {record.event_id} is already committed "
-                    f"at sequence {used} with different content"
-                )
-        raise AppendConflict(run_id, expected_next, actual_next)
+        def sequence_of(event_id: str) -> int | None:
+            index = txn.get(run + _codec.uuid_bytes(event_id), db=shared.events)
+            return None if index is None else int.from_bytes(index, "big")
 
-    def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
-        """Return records after ``after`` in order, checksum-verified; see the Protocol."""
-        run_id, start, count = validate_read(run_id, after, limit)
+        return self.refused(
+            run_id,
+            expected_next,
+            batch,
+            actual_next=actual_next,
+            stored_at=stored_at,
+            sequence_of=sequence_of,
+        )
+
+    def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
         shared = self._env
         run = _codec.run_key(run_id)
-        if count == 0:
-            return []
 
         def body(txn: lmdb.Transaction[bytes]) -> tuple[int, list[tuple[bytes, bytes]]]:
             next_sequence, _ = _codec.decode_head(txn.get(run, db=shared.heads), run_id)
             found: list[tuple[bytes, bytes]] = []
-            if next_sequence <= start + 1:
+            if next_sequence <= after + 1:
                 return next_sequence, found
             cursor = txn.cursor(db=shared.records)
-            if not cursor.set_range(_codec.record_key(run, start + 1)):
+            if not cursor.set_range(_codec.record_key(run, after + 1)):
                 return next_sequence, found
             for key, value in cursor:
                 if key[:16] != run:
                     break
                 found.append((key, value))
-                if count is not None and len(found) == count:
+                if limit is not None and len(found) == limit:
                     break
             return next_sequence, found
 
         next_sequence, found = shared.read(body, f"read of run {run_id}")
-        records: list[JournalRecord] = []
-        expected = start + 1
-        for key, value in found:
+        return self.window(
+            run_id,
+            after,
+            limit,
+            self._sequenced(run_id, after, found),
+            lambda sequence, value: _codec.decode_record(run_id, sequence, value),
+            next_sequence=next_sequence,
+        )
+
+    def _sequenced(
+        self, run_id: str, after: int, found: list[tuple[bytes, bytes]]
+    ) -> Iterator[tuple[int, bytes]]:
+        """The sequence of each stored key; a key of the wrong length is damage where it lies."""
+        for offset, (key, value) in enumerate(found):
             if len(key) != _KEY_LENGTH:
                 raise CorruptionError(
                     f"run {run_id} holds a malformed record key ({len(key)} bytes, not {_KEY_LENGTH}) "
-                    f"where sequence {expected} belongs; restore the LMDB environment from a backup"
+                    f"where sequence {after + 1 + offset} belongs; {self.remedy}"
                 )
-            sequence = int.from_bytes(key[16:], "big")
-            if sequence != expected:
-                raise JournalGap(
-                    f"journal gap in run {run_id}: expected sequence {expected}, found {sequence}; "
-                    "restore the LMDB environment from a backup"
-                    if sequence > expected
-                    else f"run {run_id} holds a malformed record key at sequence {sequence}"
-                )
-            if sequence >= next_sequence:
-                raise CorruptionError(
-                    f"run {run_id} holds sequence {sequence} beyond its head (next {next_sequence}); "
-                    "restore the LMDB environment from a backup"
-                )
-            records.append(_codec.decode_record(run_id, sequence, value))
-            expected += 1
-        wanted_end = next_sequence if count is None else min(next_sequence, start + 1 + count)
-        if expected < wanted_end:
-            raise JournalGap(
-                f"journal gap in run {run_id}: expected sequence {expected}, found none (the run's head "
-                f"is at {next_sequence}); restore the LMDB environment from a backup"
-            )
-        return records
+            yield int.from_bytes(key[16:], "big"), value
 
-    def next_sequence(self, run_id: str) -> int:
-        """Return the sequence the next append must carry (1 for a new run)."""
-        run_id = parse_run_id(run_id)
+    def _next_sequence(self, run_id: str) -> int:
         shared = self._env
         run = _codec.run_key(run_id)
         value = shared.read(lambda txn: txn.get(run, db=shared.heads), f"head of run {run_id}")
         return _codec.decode_head(value, run_id)[0]
 
-    def list_runs(self, after: str | None = None, limit: int = 1000) -> list[str]:
-        """Return up to ``limit`` sorted run ids holding records, all greater than ``after``."""
-        start = None if after is None else _codec.run_key(parse_run_id(after))
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
-            raise InvalidRecord(f"list_runs limit must be an int in [1, {_MAX_LIST_LIMIT}], got {limit!r}")
+    def _list_runs(self, after: str | None, limit: int) -> list[str]:
+        start = None if after is None else _codec.run_key(after)
         shared = self._env
 
         def body(txn: lmdb.Transaction[bytes]) -> list[bytes]:
@@ -306,28 +232,55 @@ class LmdbJournal:
         keys = shared.read(body, "listing runs")
         return [_codec.run_text(key) for key in keys]
 
-    def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
-        """Store ``snapshot`` as the run's snapshot, replacing any earlier one in one transaction."""
-        run_id = parse_run_id(run_id)
-        if not isinstance(snapshot, SnapshotRecord):
-            raise InvalidRecord(f"snapshot must be a SnapshotRecord, got {type(snapshot).__name__}")
-        snapshot.validate()
-        if snapshot.run_id != run_id:
-            raise InvalidRecord(f"snapshot of run {snapshot.run_id} cannot be stored for run {run_id}")
-        if snapshot.checksum != snapshot.expected_checksum():
-            raise InvalidRecord(f"snapshot of run {run_id} does not match its checksum; reseal it")
+    def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         shared = self._writable(f"snapshot of run {run_id}")
         value = _codec.encode_snapshot(snapshot)
         run = _codec.run_key(run_id)
         shared.write(lambda txn: txn.put(run, value, db=shared.snapshots), f"snapshot of run {run_id}")
 
-    def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        """Return the run's snapshot, ``None`` if absent; raise ``SnapshotCorrupt`` if unusable."""
-        run_id = parse_run_id(run_id)
+    def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
         shared = self._env
         run = _codec.run_key(run_id)
         value = shared.read(lambda txn: txn.get(run, db=shared.snapshots), f"snapshot of run {run_id}")
-        return None if value is None else _codec.decode_snapshot(run_id, value)
+        # Verified once, by the base.
+        return None if value is None else _codec.decode_snapshot(run_id, value, verify=False)
+
+    # -- purging (capabilities.run_purge) ------------------------------------------------------
+
+    def purge_run(self, run_id: str) -> bool:
+        """Delete the run's records, event ids, snapshot, listing and lease grant in one transaction.
+
+        The run's head keeps its fencing token (with next sequence 1), so
+        tokens stay monotonic. An unexpired grant raises ``LeaseHeld`` and
+        nothing changes.
+        """
+        run_id = self.open_run(run_id, "purge")
+        shared = self._writable(f"purge of run {run_id}")
+        run = _codec.run_key(run_id)
+
+        def prefixed(txn: lmdb.Transaction[bytes], db: lmdb._Database) -> int:
+            cursor = txn.cursor(db=db)
+            removed = 0
+            if cursor.set_range(run):
+                while cursor.key()[:16] == run and cursor.delete():
+                    removed += 1
+                    if not cursor.key():
+                        break
+            return removed
+
+        def body(txn: lmdb.Transaction[bytes]) -> bool:
+            grant = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
+            if grant is not None and grant.expires_ms > time.time_ns() // 1_000_000:
+                raise LeaseHeld(run_id, f"{grant.owner} (pid {grant.pid}, token {grant.token})")
+            next_sequence, fence = _codec.decode_head(txn.get(run, db=shared.heads), run_id)
+            removed = prefixed(txn, shared.records) + prefixed(txn, shared.events)
+            removed += txn.delete(run, db=shared.snapshots) + txn.delete(run, db=shared.runs)
+            txn.delete(run, db=shared.leases)
+            if next_sequence != 1:
+                txn.put(run, _codec.encode_head(1, fence), db=shared.heads)
+            return bool(removed) or next_sequence != 1
+
+        return shared.write(body, f"purge of run {run_id}")
 
     # -- operations --------------------------------------------------------------------------
 
@@ -363,7 +316,7 @@ class LmdbJournal:
         self._edit_record(run_id, sequence, remove=True)
 
     def _edit_record(self, run_id: str, sequence: int, *, remove: bool) -> None:
-        run_id = parse_run_id(run_id)
+        run_id = self.open_run(run_id, "fault injection")
         shared = self._writable(f"fault injection on run {run_id}")
         key = _codec.record_key(_codec.run_key(run_id), sequence)
 
@@ -382,7 +335,7 @@ class LmdbJournal:
 
     def corrupt_snapshot(self, run_id: str) -> None:
         """Flip one bit inside the stored snapshot (contract-suite fault hook)."""
-        run_id = parse_run_id(run_id)
+        run_id = self.open_run(run_id, "fault injection")
         shared = self._writable(f"fault injection on run {run_id}")
         run = _codec.run_key(run_id)
 
@@ -398,24 +351,8 @@ class LmdbJournal:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Release this journal's share of the environment; further calls raise JournalUnavailable."""
+    def _close(self) -> None:
+        """Release this journal's share of the environment."""
         shared, self._shared = self._shared, None
         if shared is not None:
             release_env(shared)
-
-    def __enter__(self) -> Self:
-        """Return the journal itself."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the journal."""
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"LmdbJournal({self._url!r})"

@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 import time
-from types import TracebackType
-from typing import Final, Self, final
+from typing import Final, final
 
 import lmdb
 
-from mayfly.lease import validate_acquire
-from mayfly.model.errors import InvalidBackendURL, JournalUnavailable, LeaseHeld, LeaseLost
-from mayfly.model.ids import parse_run_id
+from mayfly.backend import LeaseGuardBase, LeaseStoreBase
+from mayfly.errors import JournalUnavailable, LeaseHeld, LeaseLost
 from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv, acquire_env, release_env
 from mayfly_lmdb._url import parse_url
@@ -79,72 +76,36 @@ def _try_lock(path: str, note: str) -> int | None:
 
 
 @final
-class LmdbLeaseGuard:
-    """A granted LMDB-store recovery lease; renew it within its ttl, release it when done."""
+class LmdbLeaseGuard(LeaseGuardBase[int | None]):
+    """A granted LMDB-store recovery lease; renew it within its ttl, release it when done.
 
-    __slots__ = ("_fd", "_lock", "_owner", "_released", "_run_id", "_store", "_token", "_ttl_ms")
+    Its grant is the descriptor holding the run's lock file, or ``None`` while
+    another process has it (``_state`` guards it: LMDB calls never switch).
+    """
 
-    def __init__(
-        self, store: LmdbLeaseStore, run_id: str, owner: str, *, token: int, ttl_ms: int, fd: int | None
-    ) -> None:
-        self._store = store
-        self._run_id = run_id
-        self._owner = owner
-        self._token = token
-        self._ttl_ms = ttl_ms
-        self._fd = fd
-        self._released = False
-        self._lock = threading.Lock()
-
-    @property
-    def run_id(self) -> str:
-        """The run this lease owns."""
-        return self._run_id
-
-    @property
-    def owner(self) -> str:
-        """The owner description given to ``acquire``."""
-        return self._owner
-
-    @property
-    def fencing_token(self) -> int:
-        """This grant's fencing token; pass it as ``fence`` to every append."""
-        return self._token
-
-    @property
-    def held(self) -> bool:
-        """Whether this guard was not released (it may still have expired and been taken over)."""
-        return not self._released
+    _store: LmdbLeaseStore
 
     @property
     def holds_lock(self) -> bool:
         """Whether this guard holds the run's OS file lock (its death is then seen at once)."""
-        return self._fd is not None
+        return self._grant is not None
 
-    def renew(self, ttl_ms: int | None = None) -> None:
-        """Extend the lease by ``ttl_ms`` (default: the acquire ttl); LeaseLost if released or taken over."""
-        ttl = self._ttl_ms if ttl_ms is None else validate_acquire(self._run_id, self._owner, ttl_ms)[2]
-        with self._lock:
-            if self._released:
-                raise LeaseLost(f"recovery lease of run {self._run_id} was released; acquire it again")
-            if self._fd is None:
-                self._fd = _try_lock(self._store._lock_path(self._run_id), self._note())
+    def _renew(self, ttl_ms: int) -> None:
+        with self._state:
+            if self._grant is None:
+                self._grant = _try_lock(self._store._lock_path(self.run_id), self._note())
             try:
-                self._store._renew(self, ttl, locked=self._fd is not None)
+                self._store._renew(self, ttl_ms, locked=self._grant is not None)
             except LeaseLost:
                 # The run belongs to another grant now: free the file lock for its holder.
-                fd, self._fd = self._fd, None
+                fd, self._grant = self._grant, None
                 if fd is not None:
                     os.close(fd)
                 raise
 
-    def release(self) -> None:
-        """Give the lease up (idempotent); a grant already taken over is left to its new owner."""
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-            fd, self._fd = self._fd, None
+    def _release(self) -> None:
+        with self._state:
+            fd, self._grant = self._grant, None
         if fd is not None:
             # Drop the file lock first: an acquirer that gets it while this grant (marked as
             # holding the lock) is still stored takes over at once, and holds the lock itself.
@@ -152,39 +113,20 @@ class LmdbLeaseGuard:
         self._store._release(self)
 
     def _note(self) -> str:
-        return f"{self._owner} (pid {os.getpid()}, token {self._token})"
-
-    def __enter__(self) -> Self:
-        """Return the guard itself."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Release the lease."""
-        self.release()
-
-    def __repr__(self) -> str:
-        return f"LmdbLeaseGuard(run_id={self._run_id!r}, token={self._token}, held={self.held})"
+        return f"{self.owner} (pid {os.getpid()}, token {self.fencing_token})"
 
 
 @final
-class LmdbLeaseStore:
+class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
     """Recovery leases of an ``lmdb:///DIR`` environment, shared with the journal of the same URL."""
 
     def __init__(self, url: str) -> None:
         target = parse_url(url)
         if target.readonly:
-            raise InvalidBackendURL(
-                f"lmdb lease URL {url!r} is readonly=true; granting a lease writes its fencing token"
-            )
-        self._url = target.url
-        self._held: set[LmdbLeaseGuard] = set()
-        self._guard = threading.Lock()
+            assert target.source is not None
+            raise target.source.invalid("readonly=true cannot serve leases: a grant writes its fencing token")
         self._shared: SharedEnv | None = acquire_env(target)
+        super().__init__(url=target.url)
         self._leases = os.path.join(target.path, "leases")
         try:
             os.makedirs(self._leases, exist_ok=True)
@@ -193,27 +135,21 @@ class LmdbLeaseStore:
             raise JournalUnavailable(f"cannot create lease directory {self._leases}: {error}") from None
 
     @property
-    def url(self) -> str:
-        """The store URL."""
-        return self._url
-
-    @property
     def _env(self) -> SharedEnv:
         shared = self._shared
         if shared is None:
-            raise JournalUnavailable(f"lmdb lease store {self._url} is closed; open it again")
+            raise JournalUnavailable(f"use of the environment refused: lease store {self.url} is closed")
         return shared
 
     def _lock_path(self, run_id: str) -> str:
         return os.path.join(self._leases, f"{run_id}.lock")
 
-    def acquire(self, run_id: str, owner: str, ttl_ms: int) -> LmdbLeaseGuard:
+    def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> LmdbLeaseGuard:
         """Grant the run's lease now with a new, higher fencing token, or raise ``LeaseHeld``.
 
         The lease is free if it was released, expired, or its holder's process
         died while holding the run's file lock; acquiring never waits.
         """
-        run_id, owner, ttl = validate_acquire(run_id, owner, ttl_ms)
         shared = self._env
         fd = _try_lock(self._lock_path(run_id), f"{owner} (pid {os.getpid()}, acquiring)")
         locked = fd is not None
@@ -229,7 +165,7 @@ class LmdbLeaseStore:
             token = fence + 1
             txn.put(run, _codec.encode_head(next_sequence, token), db=shared.heads)
             grant = _codec.LeaseState(
-                token=token, expires_ms=now + ttl, locked=locked, pid=os.getpid(), owner=owner
+                token=token, expires_ms=now + ttl_ms, locked=locked, pid=os.getpid(), owner=owner
             )
             txn.put(run, _codec.encode_lease(grant), db=shared.leases)
             return token
@@ -244,15 +180,13 @@ class LmdbLeaseStore:
             if fd is not None:
                 os.close(fd)
             raise
-        guard = LmdbLeaseGuard(self, run_id, owner, token=outcome, ttl_ms=ttl, fd=fd)
+        guard = LmdbLeaseGuard(self, run_id, owner, token=outcome, ttl_ms=ttl_ms, grant=fd)
         if fd is not None:
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, guard._note().encode("ascii", "replace"), 0)
             except OSError:
                 pass  # the note is for operators only
-        with self._guard:
-            self._held.add(guard)
         return guard
 
     def _renew(self, guard: LmdbLeaseGuard, ttl_ms: int, *, locked: bool) -> None:
@@ -264,11 +198,8 @@ class LmdbLeaseStore:
         def body(txn: lmdb.Transaction[bytes]) -> None:
             current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
             if current is None or current.token != guard.fencing_token:
-                raise LeaseLost(
-                    f"recovery lease of run {run_id} (token {guard.fencing_token}) expired and was "
-                    f"taken over{f' by {current.owner} (token {current.token})' if current else ''}; "
-                    "acquire it again"
-                )
+                taker = f" by {current.owner} (token {current.token})" if current else ""
+                raise guard.lost(f"expired and was taken over{taker}")
             renewed = _codec.LeaseState(
                 token=current.token,
                 expires_ms=_now_ms() + ttl_ms,
@@ -282,8 +213,6 @@ class LmdbLeaseStore:
 
     def _release(self, guard: LmdbLeaseGuard) -> None:
         """Delete ``guard``'s grant if it is still current; a taken-over grant is left alone."""
-        with self._guard:
-            self._held.discard(guard)
         shared = self._shared
         if shared is None:
             return
@@ -297,36 +226,14 @@ class LmdbLeaseStore:
 
         shared.write(body, f"lease release of run {run_id}")
 
-    def current_fence(self, run_id: str) -> int:
-        """Return the newest token granted for the run (0 if never leased)."""
-        run_id = parse_run_id(run_id)
+    def _current_fence(self, run_id: str) -> int:
         shared = self._env
         run = _codec.run_key(run_id)
         value = shared.read(lambda txn: txn.get(run, db=shared.heads), f"fence of run {run_id}")
         return _codec.decode_head(value, run_id)[1]
 
-    def close(self) -> None:
-        """Release every lease this store still holds and its share of the environment."""
-        with self._guard:
-            held = list(self._held)
-        for guard in held:
-            guard.release()
+    def _close(self) -> None:
+        """Release this store's share of the environment."""
         shared, self._shared = self._shared, None
         if shared is not None:
             release_env(shared)
-
-    def __enter__(self) -> Self:
-        """Return the store itself."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the store."""
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"LmdbLeaseStore({self._url!r})"

@@ -15,18 +15,20 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
-from urllib.parse import parse_qsl, urlsplit
+from typing import Annotated, Any, Final, Literal
 
+import msgspec
+
+from mayfly.backend import BackendURL, parse_backend_url
 from mayfly.journal import Durability
-from mayfly.model.errors import InvalidBackendURL
 
 __all__ = [
     "DEFAULT_MAP_SIZE",
     "DEFAULT_MAX_MAP_SIZE",
     "MIN_MAP_SIZE",
+    "LmdbOptions",
     "LmdbTarget",
     "format_size",
     "parse_url",
@@ -41,11 +43,44 @@ DEFAULT_MAX_MAP_SIZE: Final = 1 << 40
 MIN_MAP_SIZE: Final = 64 << 10
 """Smallest accepted map size (LMDB needs a few pages for its named databases)."""
 
-_OPTIONS: Final = ("durability", "map_size", "max_map_size", "readonly")
+_MAX_SIZE: Final = 1 << 50
+_SHAPE: Final = "lmdb:///DIR?durability=sync|nosync&map_size=1GiB&max_map_size=1TiB&readonly=false"
 _SIZE = re.compile(r"([0-9]{1,20})\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
 _SHIFT: Final = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_BOOLEAN: Final = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+class MapSize(int):
+    """A map size in bytes, written in a URL as bytes or with a binary suffix (``64MiB``, ``2g``)."""
+
+
+def format_size(size: int) -> str:
+    """Return ``size`` in the largest binary unit that divides it (``64MiB``, ``1TiB``, ``1000``)."""
+    for suffix, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift}{suffix}"
+    return str(size)
+
+
+def _convert(kind: type, value: Any) -> Any:
+    """Convert URL text into a :class:`MapSize` (the kit's parser calls this for custom types)."""
+    if kind is not MapSize:
+        raise NotImplementedError(kind)
+    match = _SIZE.fullmatch(str(value).strip())
+    if match is None:
+        raise ValueError("is not a size; use bytes or a suffix like 64MiB or 2GiB")
+    size = int(match.group(1)) << _SHIFT[(match.group(2) or "").lower()]
+    if not MIN_MAP_SIZE <= size <= _MAX_SIZE:
+        raise ValueError(f"must be between {format_size(MIN_MAP_SIZE)} and 1PiB")
+    return MapSize(size)
+
+
+class LmdbOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The options of an ``lmdb://`` URL (see the module docstring)."""
+
+    durability: Annotated[Literal["sync", "nosync"], msgspec.Meta(description="sync or nosync")] = "sync"
+    map_size: MapSize | None = None
+    max_map_size: MapSize | None = None
+    readonly: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +93,7 @@ class LmdbTarget:
     max_map_size: int
     readonly: bool
     url: str
+    source: BackendURL[LmdbOptions] | None = field(default=None, repr=False, compare=False)
 
     @property
     def durability(self) -> Durability:
@@ -70,87 +106,26 @@ class LmdbTarget:
         return "sync" if self.sync else "nosync"
 
 
-def format_size(size: int) -> str:
-    """Return ``size`` in the largest binary unit that divides it (``64MiB``, ``1TiB``, ``1000``)."""
-    for suffix, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if size >= 1 << shift and size % (1 << shift) == 0:
-            return f"{size >> shift}{suffix}"
-    return str(size)
-
-
-def _size(url: str, name: str, text: str) -> int:
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise InvalidBackendURL(
-            f"lmdb URL {url!r}: {name}={text!r} is not a size; use bytes or a suffix like 64MiB or 2GiB"
-        )
-    size = int(match.group(1)) << _SHIFT[(match.group(2) or "").lower()]
-    if not MIN_MAP_SIZE <= size <= 1 << 50:
-        raise InvalidBackendURL(
-            f"lmdb URL {url!r}: {name}={text} must be between {format_size(MIN_MAP_SIZE)} and 1PiB"
-        )
-    return size
-
-
 def parse_url(url: str) -> LmdbTarget:
     """Parse ``lmdb:///DIR?options`` into an :class:`LmdbTarget`; bad input raises InvalidBackendURL."""
-    if not isinstance(url, str) or not url:
-        raise InvalidBackendURL(f"lmdb journal URL must be a non-empty string, got {url!r}")
-    control = _CONTROL.search(url)
-    if control is not None:
-        # urlsplit() silently deletes raw tab, CR and LF (bpo-43882): another directory would open.
-        raise InvalidBackendURL(
-            f"lmdb journal URL {url!r} holds the control character {control.group()!r} at position "
-            f"{control.start()}; remove it (a URL is never rewritten to drop one)"
-        )
-    parts = urlsplit(url)
-    if parts.scheme.lower() != "lmdb":
-        raise InvalidBackendURL(f"lmdb journal URL {url!r} must use the lmdb:// scheme")
-    if parts.username is not None or parts.port is not None or parts.fragment:
-        raise InvalidBackendURL(f"lmdb journal URL {url!r} takes no user, port or fragment")
-    host = parts.netloc if parts.netloc not in ("", "localhost") else ""
-    path = host + parts.path
-    if not path:
-        raise InvalidBackendURL(f"lmdb journal URL {url!r} names no directory; use lmdb:///path/to/env")
-    try:
-        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError:
-        raise InvalidBackendURL(f"lmdb journal URL {url!r} has a malformed query") from None
-    options: dict[str, str] = {}
-    for name, value in pairs:
-        if name not in _OPTIONS:
-            raise InvalidBackendURL(
-                f"lmdb journal URL {url!r} has unknown option {name!r}; options are {', '.join(_OPTIONS)}"
-            )
-        if name in options:
-            raise InvalidBackendURL(f"lmdb journal URL {url!r} repeats option {name!r}")
-        options[name] = value
-    durability = options.get("durability", "sync")
-    if durability not in ("sync", "nosync"):
-        raise InvalidBackendURL(
-            f"lmdb journal URL {url!r}: durability must be sync or nosync, got {durability!r}"
-        )
-    map_size = _size(url, "map_size", options["map_size"]) if "map_size" in options else DEFAULT_MAP_SIZE
+    parsed = parse_backend_url(url, LmdbOptions, _SHAPE, kind="path", dec_hook=_convert)
+    options = parsed.options
+    map_size = DEFAULT_MAP_SIZE if options.map_size is None else int(options.map_size)
     max_map_size = (
-        _size(url, "max_map_size", options["max_map_size"])
-        if "max_map_size" in options
-        else max(DEFAULT_MAX_MAP_SIZE, map_size)
+        max(DEFAULT_MAX_MAP_SIZE, map_size) if options.max_map_size is None else int(options.max_map_size)
     )
     if max_map_size < map_size:
-        raise InvalidBackendURL(
-            f"lmdb journal URL {url!r}: max_map_size {format_size(max_map_size)} is smaller than "
-            f"map_size {format_size(map_size)}"
+        raise parsed.invalid(
+            f"max_map_size {format_size(max_map_size)} is smaller than map_size {format_size(map_size)}"
         )
-    readonly_text = options.get("readonly", "false").lower()
-    if readonly_text not in _BOOLEAN:
-        raise InvalidBackendURL(f"lmdb journal URL {url!r}: readonly must be true or false")
-    root = Path(path).expanduser().absolute()
-    canonical = f"lmdb://{root}" + (f"?{parts.query}" if parts.query else "")
+    root = Path(parsed.location).expanduser().absolute()
+    query = parsed.url.partition("?")[2]
     return LmdbTarget(
         path=root,
-        sync=durability == "sync",
+        sync=options.durability == "sync",
         map_size=map_size,
         max_map_size=max_map_size,
-        readonly=_BOOLEAN[readonly_text],
-        url=canonical,
+        readonly=options.readonly,
+        url=f"lmdb://{root}" + (f"?{query}" if query else ""),
+        source=parsed,
     )

@@ -14,11 +14,11 @@ URL`` instead).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
-from mayfly.hookspecs import BackendDescriptor, hookimpl
-from mayfly_postgres._journal import PostgresJournal, RunSummary
+from mayfly.backend import backend_hooks
+from mayfly.journal import RunSummary
+from mayfly_postgres._journal import PostgresJournal
 from mayfly_postgres._lease import PostgresLeaseGuard, PostgresLeaseStore
 from mayfly_postgres._schema import LATEST_VERSION
 from mayfly_postgres._url import SCHEMES, PostgresSettings, parse_url
@@ -42,11 +42,6 @@ DISTRIBUTION: Final = "mayfly-postgres"
 
 def _describe(url: str) -> str:
     """One line for ``mayfly backends``: what the journal at ``url`` guarantees."""
-    if url.endswith("://"):
-        return (
-            "PostgreSQL journal and expiring fenced leases across hosts "
-            "(durability durable: synchronous_commit=on | write: off)"
-        )
     settings = parse_url(url)
     return (
         f"PostgreSQL journal at {settings.url}, schema {settings.schema}, durability "
@@ -54,13 +49,14 @@ def _describe(url: str) -> str:
     )
 
 
-@hookimpl
-def mayfly_journal_backends() -> Sequence[BackendDescriptor]:
-    """Offer the PostgreSQL journal for ``postgresql://`` URLs."""
-    return [BackendDescriptor(SCHEMES, DISTRIBUTION, PostgresJournal, _describe)]
-
-
-@hookimpl
-def mayfly_lease_backends() -> Sequence[BackendDescriptor]:
-    """Offer PostgreSQL recovery leases for ``postgresql://`` URLs."""
-    return [BackendDescriptor(SCHEMES, DISTRIBUTION, PostgresLeaseStore, _describe)]
+mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
+    SCHEMES,
+    DISTRIBUTION,
+    PostgresJournal,
+    PostgresLeaseStore,
+    describe=_describe,
+    summary=(
+        "PostgreSQL journal and expiring fenced leases across hosts "
+        "(durability durable: synchronous_commit=on | write: off)"
+    ),
+)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from mayfly.model.errors import MayflyError
+from mayfly.errors import MayflyError
 from mayfly_postgres._pool import unavailable
 from mayfly_postgres._schema import LATEST_VERSION, applied_version, drop_schema, migrate
 from mayfly_postgres._url import parse_url

@@ -24,59 +24,40 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Final, Self, final
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, final
 
 import psycopg
 from psycopg import sql
 
-from mayfly.journal import (
-    AppendResult,
-    Durability,
-    JournalCapabilities,
-    JournalRecord,
-    SnapshotRecord,
-    validate_batch,
-    validate_read,
-)
-from mayfly.model.errors import (
-    AppendConflict,
-    ChecksumMismatch,
+from mayfly.backend import JournalBase
+from mayfly.errors import (
     ConflictingRecord,
     CorruptionError,
-    FencingRejected,
     InvalidRecord,
-    JournalGap,
     JournalUnavailable,
+    LeaseHeld,
 )
-from mayfly.model.ids import parse_run_id
+from mayfly.journal import (
+    AppendResult,
+    JournalCapabilities,
+    JournalRecord,
+    Relay,
+    RunSummary,
+    SnapshotRecord,
+    WorkflowJournal,
+)
 from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
 from mayfly_postgres._store import Store, open_store
 
-__all__ = ["PostgresJournal", "RunSummary"]
+__all__ = ["PostgresJournal", "RunSummary", "relayed_url"]
 
-_MAX_LIST_LIMIT: Final = 100_000
 _RETRY_CEILING_S: Final = 1.0
 _MAX_UNEXPLAINED: Final = 5
 # updated_at moves at most once a second: an append that changes no indexed column is a HOT
 # update of the run row, so a busy run does not rewrite the inspection indexes on every append.
 _TOUCH: Final = "CASE WHEN {0} > now() - interval '1 second' AND {0} <= now() THEN {0} ELSE now() END"
 _COLUMNS: Final = "sequence, event_id::text, event_type, schema_version, payload, checksum"
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """One row of the run inspection index (for ``mayfly runs``): never used for correctness."""
-
-    run_id: str
-    workflow_id: str | None
-    status: str | None
-    last_sequence: int
-    created_at: datetime.datetime
-    updated_at: datetime.datetime
 
 
 def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]:
@@ -103,16 +84,15 @@ def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]
     return workflow, status
 
 
-def _stored_record(run: str, columns: Sequence[Any]) -> JournalRecord:
-    """The verified record of one row (sequence, event id, type, version, payload, checksum).
+def _unverified(run: str, columns: Sequence[Any]) -> JournalRecord:
+    """The record one row holds (sequence, event id, type, version, payload, checksum), not yet verified.
 
     The run id is the one the row was selected by, and every other column is
-    covered by the record checksum, so a row changed in place raises
-    ``ChecksumMismatch`` naming run and sequence; a value that breaks the
-    input rules (a type name, non-UTF-8 payload) is damage of the same kind.
+    covered by the record checksum, so the kit's ``verified`` turns a row
+    changed in place into ``ChecksumMismatch`` naming run and sequence.
     """
     sequence, event_id, event_type, version, payload, checksum = columns
-    record = JournalRecord(
+    return JournalRecord(
         run_id=run,
         sequence=int(sequence),
         event_id=event_id,
@@ -121,16 +101,15 @@ def _stored_record(run: str, columns: Sequence[Any]) -> JournalRecord:
         payload=bytes(payload),
         checksum=checksum,
     )
-    try:
-        record.verify()
-    except ChecksumMismatch:
-        raise
-    except ValueError as error:  # InvalidRecord, InvalidIdentifier, LimitExceeded
-        raise ChecksumMismatch(
-            f"record of run {run} sequence {sequence} is damaged ({error}); the stored record is "
-            "corrupt, restore it from a backup"
-        ) from None
-    return record
+
+
+def relayed_url(settings: Any, relay: Relay) -> str:
+    """The URL of ``settings`` (password kept) with its server replaced by ``relay(host, port)``."""
+    source = settings.source
+    if source is None or source.host is None:
+        raise InvalidRecord(f"{settings.url} names no TCP host and port to relay")
+    host, port = relay(source.host, source.port or 5432)
+    return str(source.with_server(host, port))
 
 
 class _Statements:
@@ -222,6 +201,20 @@ class _Statements:
         self.corrupt_snapshot = sql.SQL(
             "UPDATE {snapshots} SET state = state || '\\x00'::bytea WHERE run_id = %s::uuid"
         ).format(snapshots=snapshots)
+        self.purge = sql.SQL(
+            "WITH run AS (SELECT run_id FROM {runs} WHERE run_id = %(run)s::uuid FOR UPDATE), "
+            "held AS (SELECT l.owner FROM {leases} l JOIN run USING (run_id) "
+            "WHERE l.expires_at > clock_timestamp()), "
+            "gone AS (DELETE FROM {records} WHERE run_id = %(run)s::uuid AND NOT EXISTS (SELECT FROM held) "
+            "RETURNING 1), "
+            "unsnapped AS (DELETE FROM {snapshots} WHERE run_id = %(run)s::uuid "
+            "AND NOT EXISTS (SELECT FROM held) RETURNING 1), "
+            "reset AS (UPDATE {runs} SET next_sequence = 1, workflow_id = NULL, status = NULL "
+            "WHERE run_id = %(run)s::uuid AND next_sequence > 1 AND NOT EXISTS (SELECT FROM held) "
+            "RETURNING 1) "
+            "SELECT (SELECT owner FROM held LIMIT 1), (SELECT count(*) FROM gone) + "
+            "(SELECT count(*) FROM unsnapped) + (SELECT count(*) FROM reset)"
+        ).format(runs=runs, records=records, snapshots=snapshots, leases=store.table("leases"))
         self.summaries = sql.SQL(
             "SELECT run_id::text AS id, workflow_id, status, next_sequence - 1, created_at, updated_at "
             "FROM {runs} WHERE next_sequence > 1 {filters} ORDER BY updated_at DESC, run_id LIMIT %s::bigint"
@@ -230,41 +223,29 @@ class _Statements:
 
 
 @final
-class PostgresJournal:
+class PostgresJournal(JournalBase):
     """A ``WorkflowJournal`` on PostgreSQL, safe across threads, processes and hosts.
 
     Open it with a ``postgresql://`` URL (see :func:`mayfly_postgres.parse_url`
     for the options). Appends are acknowledged after the commit is durable
     under the URL's ``durability``; every driver error is mapped to a Mayfly
-    error; the network waits of a hub task park on the hub.
+    error; the network waits of a hub task park on the hub. Declares
+    everything, plus the run index (``run_summaries``), run purging and
+    ``network``.
     """
+
+    remedy = "restore the run's rows from a backup"
 
     def __init__(self, url: str) -> None:
         self._store = open_store(url)
         self._sql = _Statements(self._store)
-        self._closed = False
-
-    @property
-    def url(self) -> str:
-        """The URL the journal was opened from, password redacted."""
-        return self._store.settings.url
-
-    @property
-    def durability(self) -> Durability:
-        """``durable`` (synchronous_commit=on, fsync=on checked at open) or ``write``."""
-        return self._store.settings.durability
-
-    @property
-    def capabilities(self) -> JournalCapabilities:
-        """Everything: cross-host appends and fenced expiring leases, crash durability, faults."""
-        return JournalCapabilities(
-            durability=self.durability,
-            cross_process=True,
-            fencing=True,
-            crash_durable=True,
-            fault_injection=True,
-            snapshots=True,
-            lease_expiry=True,
+        super().__init__(
+            url=self._store.settings.url,
+            capabilities=JournalCapabilities.declare(
+                self._store.settings.durability,
+                "cross_process fencing crash_durable fault_injection snapshots lease_expiry",
+                "run_summaries run_purge network",
+            ),
         )
 
     @property
@@ -272,17 +253,16 @@ class PostgresJournal:
         """The PostgreSQL schema holding this journal's tables."""
         return self._store.settings.schema
 
+    def relayed(self, relay: Relay) -> WorkflowJournal:
+        """Open another journal on the same schema whose connections dial ``relay(host, port)``."""
+        return PostgresJournal(relayed_url(self._store.settings, relay))
+
     # -- appends ------------------------------------------------------------------------
 
-    def append(
-        self,
-        run_id: str,
-        expected_next: int,
-        records: Sequence[JournalRecord],
-        fence: int | None = None,
+    def _append(
+        self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
         """Compare-and-append an atomic batch under the run's fencing token (see the module doc)."""
-        batch = validate_batch(run_id, expected_next, records, fence)
         workflow, status = _inspection(batch)
         parameters: dict[str, Any] = {
             "run": run_id,
@@ -299,7 +279,7 @@ class PostgresJournal:
             "checksums": [r.checksum for r in batch],
         }
         statement = self._sql.append_first if expected_next == 1 else self._sql.append_next
-        acknowledged = AppendResult(run_id=run_id, last_sequence=batch[-1].sequence, records=batch)
+        acknowledged = self.acknowledged(run_id, batch)
         pool = self._store.pool
         deadline = time.monotonic() + self._store.settings.reconnect_timeout
         delay = 0.05
@@ -366,7 +346,7 @@ class PostgresJournal:
                 pause(delay)
                 delay = min(delay * 2, _RETRY_CEILING_S)
                 continue
-            present = [stored.get(r.event_id) == r for r in batch]
+            present = [stored.get(r.sequence) == r for r in batch]
             if all(present):
                 return True
             if any(present):
@@ -379,8 +359,8 @@ class PostgresJournal:
 
     def _diagnose(
         self, run_id: str, batch: Sequence[JournalRecord]
-    ) -> tuple[tuple[int, int], dict[str, JournalRecord]]:
-        """The run's (next sequence, fence) and the stored records the batch names, by event id.
+    ) -> tuple[tuple[int, int], dict[int, JournalRecord]]:
+        """The run's (next sequence, fence) and the stored records the batch names, by sequence.
 
         Every stored record at one of the batch's event ids or sequences is
         verified whole first, so a damaged row raises ``ChecksumMismatch``
@@ -399,16 +379,14 @@ class PostgresJournal:
             ).fetchall()
 
         rows = self._store.pool.retrying(f"reading run {run_id} back", query)
-        wanted = {r.event_id for r in batch}
         run_row = (1, 0)
-        stored: dict[str, JournalRecord] = {}
+        stored: dict[int, JournalRecord] = {}
         for next_sequence, fence, *columns in rows:
             if next_sequence is not None:
                 run_row = (int(next_sequence), int(fence))
                 continue
-            record = _stored_record(run_id, columns)  # verified, whichever event it holds
-            if record.event_id in wanted:
-                stored[record.event_id] = record
+            record = self.verified(_unverified(run_id, columns))  # whichever event it holds
+            stored[record.sequence] = record
         return run_row, stored
 
     def _classify(
@@ -416,75 +394,55 @@ class PostgresJournal:
     ) -> AppendResult | None:
         """Raise the typed reason nothing was inserted, return an idempotent ack, or None to retry."""
         (actual_next, current), stored = self._diagnose(run_id, batch)
-        presented = 0 if fence is None else fence
-        if presented != current:
-            raise FencingRejected(run_id, presented, current)
-        replay = all(stored.get(r.event_id) == r for r in batch)
-        if expected_next != actual_next and replay:
-            return AppendResult(
-                run_id=run_id, last_sequence=batch[-1].sequence, records=tuple(batch), already_committed=True
+        self.check_fence(run_id, fence, current)
+        by_event = {record.event_id: record.sequence for record in stored.values()}
+        if expected_next != actual_next:
+            return self.refused(
+                run_id,
+                expected_next,
+                tuple(batch),
+                actual_next=actual_next,
+                stored_at=stored.get,
+                sequence_of=by_event.get,
             )
         for record in batch:
-            found = stored.get(record.event_id)
-            if found is not None and found != record:
-                raise ConflictingRecord(
-                    f"append rejected: run {run_id} event id {record.event_id} is already committed "
-                    f"at sequence {found.sequence} with other content; an event id names one fact"
-                )
-        if expected_next != actual_next:
-            raise AppendConflict(run_id, expected_next, actual_next)
-        if stored:
-            raise ConflictingRecord(
-                f"append rejected: run {run_id} event id {next(iter(stored))} is already committed"
-            )
+            if record.event_id in by_event:
+                raise self.event_id_taken(run_id, record.event_id, by_event[record.event_id])
         return None
 
     # -- reads ----------------------------------------------------------------------------
 
-    def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
-        """Records after ``after`` in order, each verified; a missing sequence raises ``JournalGap``.
+    def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
+        """Records after ``after`` in order, each verified, against the run's ``next_sequence``.
 
         The run's ``next_sequence`` is read in the same snapshot, so a record
         missing at the end of the run is a gap too, never a shorter history.
         """
-        run, start, count = validate_read(run_id, after, limit)
-        if count == 0:
-            return []
 
         def query(connection: HubConnection) -> list[tuple[Any, ...]]:
-            return connection.execute(self._sql.read, {"run": run, "after": start, "limit": count}).fetchall()
+            return connection.execute(
+                self._sql.read, {"run": run_id, "after": after, "limit": limit}
+            ).fetchall()
 
-        rows = self._store.pool.retrying(f"reading run {run}", query)
-        next_sequence = int(rows[0][0])
-        records: list[JournalRecord] = []
-        expected = start + 1
+        rows = self._store.pool.retrying(f"reading run {run_id}", query)
+        return self.window(
+            run_id,
+            after,
+            limit,
+            self._windowed(rows),
+            lambda _, columns: self.verified(_unverified(run_id, columns)),
+            next_sequence=int(rows[0][0]),
+        )
+
+    @staticmethod
+    def _windowed(rows: list[tuple[Any, ...]]) -> Iterator[tuple[int, Sequence[Any]]]:
         for _, *columns in rows:
-            sequence = columns[0]
-            if sequence is None:
-                break  # the empty window's one row
-            if sequence != expected:
-                raise JournalGap(
-                    f"journal gap in run {run}: expected sequence {expected}, found {sequence}; "
-                    "a record is missing from the database, restore it from a backup"
-                )
-            if sequence >= next_sequence:
-                raise CorruptionError(
-                    f"run {run} holds sequence {sequence} beyond its runs.next_sequence {next_sequence}; "
-                    "the tables disagree, restore the run's rows from a backup"
-                )
-            records.append(_stored_record(run, columns))
-            expected += 1
-        wanted_end = next_sequence if count is None else min(next_sequence, start + 1 + count)
-        if expected < wanted_end:
-            raise JournalGap(
-                f"journal gap in run {run}: expected sequence {expected}, found none (runs.next_sequence "
-                f"is {next_sequence}); a record is missing from the database, restore it from a backup"
-            )
-        return records
+            if columns[0] is None:
+                return  # the empty window's one row
+            yield columns[0], columns
 
-    def next_sequence(self, run_id: str) -> int:
-        """The sequence the next append must carry (1 for a new run)."""
-        run = parse_run_id(run_id)
+    def _next_sequence(self, run_id: str) -> int:
+        run = run_id
 
         def query(connection: HubConnection) -> int:
             row = connection.execute(self._sql.next_sequence, (run,)).fetchone()
@@ -492,11 +450,8 @@ class PostgresJournal:
 
         return self._store.pool.retrying(f"reading run {run}", query)
 
-    def list_runs(self, after: str | None = None, limit: int = 1000) -> list[str]:
-        """Run ids holding records, sorted, all greater than ``after``, at most ``limit``."""
-        start = None if after is None else parse_run_id(after)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
-            raise InvalidRecord(f"list_runs limit must be an int in [1, {_MAX_LIST_LIMIT}], got {limit!r}")
+    def _list_runs(self, after: str | None, limit: int) -> list[str]:
+        start = after
 
         def query(connection: HubConnection) -> list[str]:
             if start is None:
@@ -521,10 +476,8 @@ class PostgresJournal:
         Served by the ``runs`` indexes on (status, updated_at),
         (workflow_id, updated_at) and (updated_at).
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
-            raise InvalidRecord(
-                f"run_summaries limit must be an int in [1, {_MAX_LIST_LIMIT}], got {limit!r}"
-            )
+        self.check_limit("run_summaries", limit)
+        self.ensure_open("listing run summaries")
         filters: list[sql.Composable] = []
         arguments: list[object] = []
         for column, value in (("status", status), ("workflow_id", workflow_id)):
@@ -546,19 +499,9 @@ class PostgresJournal:
 
     # -- snapshots ------------------------------------------------------------------------
 
-    def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
-        """Store the run's snapshot, replacing any earlier one in one statement."""
-        run = parse_run_id(run_id)
-        if not isinstance(snapshot, SnapshotRecord):
-            raise InvalidRecord(f"snapshot must be a SnapshotRecord, got {type(snapshot).__name__}")
-        snapshot.validate()
-        if snapshot.run_id != run or snapshot.checksum != snapshot.expected_checksum():
-            raise InvalidRecord(
-                f"snapshot for run {run} names run {snapshot.run_id} or fails its checksum; "
-                "seal it with SnapshotRecord.seal for this run"
-            )
+    def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         arguments = (
-            run,
+            run_id,
             snapshot.schema_version,
             snapshot.last_sequence,
             snapshot.last_event_id,
@@ -568,11 +511,10 @@ class PostgresJournal:
             snapshot.state,
             snapshot.checksum,
         )
-        self._execute(f"writing the snapshot of run {run}", self._sql.write_snapshot, arguments)
+        self._execute(f"writing the snapshot of run {run_id}", self._sql.write_snapshot, arguments)
 
-    def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        """The run's snapshot, ``None`` if absent; ``SnapshotCorrupt`` if it fails verification."""
-        run = parse_run_id(run_id)
+    def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        run = run_id
 
         def query(connection: HubConnection) -> tuple[Any, ...] | None:
             return connection.execute(self._sql.read_snapshot, (run,)).fetchone()
@@ -592,22 +534,46 @@ class PostgresJournal:
             state=bytes(state),
             checksum=checksum,
         )
-        snapshot.verify()
-        return snapshot
+        return snapshot  # verified by the base
+
+    # -- purging (capabilities.run_purge) ---------------------------------------------------
+
+    def purge_run(self, run_id: str) -> bool:
+        """Delete the run's records and snapshot and reset its row in one statement; the fence stays.
+
+        The statement locks the run's row first, so it is ordered against
+        appends and grants; a lease that has not expired raises ``LeaseHeld``
+        and nothing changes. The lease row stays, expired, because it holds the
+        token counter that keeps tokens monotonic.
+        """
+        run = self.open_run(run_id, "purge")
+
+        def query(connection: HubConnection) -> tuple[Any, ...]:
+            row = connection.execute(self._sql.purge, {"run": run}).fetchone()
+            assert row is not None  # the statement always returns one row
+            return row
+
+        holder, removed = self._store.pool.retrying(f"purging run {run}", query)
+        if holder is not None:
+            raise LeaseHeld(run, str(holder))
+        return int(removed) > 0
 
     # -- fault injection (capabilities.fault_injection; never in production) ----------------
 
     def corrupt_record(self, run_id: str, sequence: int) -> None:
         """Change one stored payload without updating its checksum."""
-        self._execute("corrupting a record", self._sql.corrupt_record, (parse_run_id(run_id), sequence))
+        run = self.open_run(run_id, "fault injection")
+        self._execute("corrupting a record", self._sql.corrupt_record, (run, sequence))
 
     def remove_record(self, run_id: str, sequence: int) -> None:
         """Delete one stored record, leaving a gap."""
-        self._execute("removing a record", self._sql.remove_record, (parse_run_id(run_id), sequence))
+        run = self.open_run(run_id, "fault injection")
+        self._execute("removing a record", self._sql.remove_record, (run, sequence))
 
     def corrupt_snapshot(self, run_id: str) -> None:
         """Damage the stored snapshot state so its checksum no longer matches."""
-        self._execute("corrupting a snapshot", self._sql.corrupt_snapshot, (parse_run_id(run_id),))
+        run = self.open_run(run_id, "fault injection")
+        self._execute("corrupting a snapshot", self._sql.corrupt_snapshot, (run,))
 
     def _execute(self, doing: str, statement: sql.Composed, arguments: Sequence[object]) -> None:
         def run(connection: HubConnection) -> None:
@@ -617,21 +583,6 @@ class PostgresJournal:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Release this journal's hold on the shared connection pool (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self._store.release_user()
-
-    def __enter__(self) -> Self:
-        """Return the journal."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the journal."""
-        self.close()
+    def _close(self) -> None:
+        """Release this journal's hold on the shared connection pool."""
+        self._store.release_user()

@@ -12,18 +12,15 @@ store reads the row back to learn whether the grant is ours.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from types import TracebackType
-from typing import Any, Final, Self, final
+from typing import Any, Final, final
 
 import psycopg
 from psycopg import sql
 
-from mayfly.lease import validate_acquire
-from mayfly.model.errors import LeaseHeld, LeaseLost
-from mayfly.model.ids import parse_run_id
+from mayfly.backend import LeaseGuardBase, LeaseStoreBase
+from mayfly.errors import LeaseHeld
 from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
 from mayfly_postgres._store import Store, open_store
 
@@ -62,104 +59,49 @@ class _Statements:
 
 
 @final
-class PostgresLeaseGuard:
-    """A granted lease: valid until released, or expired (server clock) and taken over."""
+class PostgresLeaseGuard(LeaseGuardBase[str]):
+    """A granted lease: valid until released, or expired (server clock) and taken over.
 
-    def __init__(
-        self, store: PostgresLeaseStore, run_id: str, owner: str, *, token: int, grant_id: str, ttl_ms: int
-    ) -> None:
-        self._store = store
-        self._run_id = run_id
-        self._owner = owner
-        self._token = token
-        self._grant_id = grant_id
-        self._ttl_ms = ttl_ms
-        self._released = False
+    Its grant is the random ``grant_id`` stored with it: renew and release
+    match on it, so a guard never touches a later grant.
+    """
 
-    @property
-    def run_id(self) -> str:
-        """The leased run."""
-        return self._run_id
+    _store: PostgresLeaseStore
 
-    @property
-    def owner(self) -> str:
-        """The owner description given to ``acquire``."""
-        return self._owner
-
-    @property
-    def fencing_token(self) -> int:
-        """This grant's fencing token; pass it as ``fence`` to every append under the lease."""
-        return self._token
-
-    def renew(self, ttl_ms: int | None = None) -> None:
+    def _renew(self, ttl_ms: int) -> None:
         """Extend the lease to ``ttl_ms`` from now on the server's clock; ``LeaseLost`` if taken over."""
-        ttl = self._ttl_ms if ttl_ms is None else validate_acquire(self._run_id, self._owner, ttl_ms)[2]
-        if self._released:
-            raise self._lost("was released")
         statements = self._store._sql
 
         def query(connection: HubConnection) -> bool:
-            row = connection.execute(statements.renew, (ttl, self._run_id, self._grant_id)).fetchone()
+            row = connection.execute(statements.renew, (ttl_ms, self.run_id, self._grant)).fetchone()
             return row is not None
 
-        if not self._store._store.pool.retrying(f"renewing the lease of run {self._run_id}", query):
-            raise self._lost("was taken over after it expired")
+        if not self._store._store.pool.retrying(f"renewing the lease of run {self.run_id}", query):
+            raise self.lost("was taken over after it expired")
 
-    def _lost(self, how: str) -> LeaseLost:
-        return LeaseLost(
-            f"recovery lease of run {self._run_id} (token {self._token}, owner {self._owner!r}) {how}; "
-            "stop working on the run and acquire it again"
-        )
-
-    def release(self) -> None:
-        """Give the lease up (idempotent); a lease already taken over is left to its new owner."""
-        if self._released:
-            return
-        self._released = True
-        self._store._forget(self)
+    def _release(self) -> None:
         statements = self._store._sql
 
         def query(connection: HubConnection) -> None:
-            connection.execute(statements.release, (self._run_id, self._grant_id))
+            connection.execute(statements.release, (self.run_id, self._grant))
 
-        self._store._store.pool.retrying(f"releasing the lease of run {self._run_id}", query)
-
-    def __enter__(self) -> Self:
-        """Return the guard."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Release the lease."""
-        self.release()
+        self._store._store.pool.retrying(f"releasing the lease of run {self.run_id}", query)
 
 
 @final
-class PostgresLeaseStore:
+class PostgresLeaseStore(LeaseStoreBase[PostgresLeaseGuard]):
     """A ``RecoveryLeaseStore`` on PostgreSQL: non-blocking, exclusive across hosts, fenced."""
 
     def __init__(self, url: str) -> None:
         self._store = open_store(url)
         self._sql = _Statements(self._store)
-        # Strong references: a guard dropped without release() is still released by close().
-        self._held: set[PostgresLeaseGuard] = set()
-        self._held_lock = threading.Lock()
-        self._closed = False
+        super().__init__(url=self._store.settings.url)
 
-    @property
-    def url(self) -> str:
-        """The URL the store was opened from, password redacted."""
-        return self._store.settings.url
-
-    def acquire(self, run_id: str, owner: str, ttl_ms: int) -> PostgresLeaseGuard:
+    def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> PostgresLeaseGuard:
         """Grant the run's lease now with the next fencing token, or raise ``LeaseHeld``; never waits."""
-        run, owner, ttl = validate_acquire(run_id, owner, ttl_ms)
+        run = run_id
         grant = str(uuid.uuid4())
-        arguments = {"run": run, "owner": owner, "grant": grant, "ttl": ttl}
+        arguments = {"run": run, "owner": owner, "grant": grant, "ttl": ttl_ms}
         settings = self._store.settings
         deadline = time.monotonic() + settings.reconnect_timeout
         delay = 0.05
@@ -182,10 +124,7 @@ class PostgresLeaseStore:
         if row is None:
             holder = self._holder(run)
             raise LeaseHeld(run, None if holder is None else str(holder[0]))
-        guard = PostgresLeaseGuard(self, run, owner, token=int(row[0]), grant_id=grant, ttl_ms=ttl)
-        with self._held_lock:
-            self._held.add(guard)
-        return guard
+        return PostgresLeaseGuard(self, run, owner, token=int(row[0]), ttl_ms=ttl_ms, grant=grant)
 
     def _holder(self, run: str) -> tuple[Any, ...] | None:
         def query(connection: HubConnection) -> tuple[Any, ...] | None:
@@ -193,42 +132,13 @@ class PostgresLeaseStore:
 
         return self._store.pool.retrying(f"reading the lease of run {run}", query)
 
-    def _forget(self, guard: PostgresLeaseGuard) -> None:
-        with self._held_lock:
-            self._held.discard(guard)
-
-    def current_fence(self, run_id: str) -> int:
-        """The newest fencing token granted for the run (0 if it was never leased)."""
-        run = parse_run_id(run_id)
-
+    def _current_fence(self, run_id: str) -> int:
         def query(connection: HubConnection) -> int:
-            row = connection.execute(self._sql.current_fence, (run,)).fetchone()
+            row = connection.execute(self._sql.current_fence, (run_id,)).fetchone()
             return 0 if row is None else int(row[0])
 
-        return self._store.pool.retrying(f"reading the fence of run {run}", query)
+        return self._store.pool.retrying(f"reading the fence of run {run_id}", query)
 
-    def close(self) -> None:
-        """Release the leases this store still holds and its hold on the connection pool."""
-        if self._closed:
-            return
-        with self._held_lock:
-            held = list(self._held)
-        try:
-            for guard in held:
-                guard.release()
-        finally:
-            self._closed = True
-            self._store.release_user()
-
-    def __enter__(self) -> Self:
-        """Return the store."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the store."""
-        self.close()
+    def _close(self) -> None:
+        """Release the store's hold on the connection pool."""
+        self._store.release_user()

@@ -26,7 +26,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
-from mayfly.model.errors import JournalUnavailable, SubstrateError
+from mayfly.errors import JournalUnavailable, SubstrateError
 from mayfly.substrate import Event, current_task, offload, sleep, wait_fd
 from mayfly_postgres._url import PostgresSettings
 

@@ -20,7 +20,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from mayfly.model.errors import CompatibilityError, JournalUnavailable
+from mayfly.errors import CompatibilityError, JournalUnavailable
 from mayfly_postgres._url import PostgresSettings
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "applied_version", "drop_schema", "ensure_schema", "migrate"]

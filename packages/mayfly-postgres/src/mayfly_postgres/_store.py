@@ -12,8 +12,8 @@ from typing import Final
 
 from psycopg import sql
 
+from mayfly.errors import DurabilityUnavailable
 from mayfly.journal import Durability
-from mayfly.model.errors import DurabilityUnavailable
 from mayfly_postgres._pool import ConnectionPool, HubConnection
 from mayfly_postgres._schema import ensure_schema
 from mayfly_postgres._url import PostgresSettings, parse_url

@@ -17,7 +17,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from mayfly.model.errors import DurabilityUnavailable, JournalUnavailable
+from mayfly.errors import DurabilityUnavailable, JournalUnavailable
+from mayfly.journal import Relay
 from mayfly_redis._connection import (
     AofPolicy,
     DurabilityLost,
@@ -27,7 +28,7 @@ from mayfly_redis._connection import (
 )
 from mayfly_redis._url import RedisDurability, RedisTarget, parse_url
 
-__all__ = ["RedisStore", "open_store"]
+__all__ = ["RedisStore", "open_store", "relayed_store"]
 
 # Policies that may evict keys without a TTL, i.e. journal records.
 _EVICTING: Final = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
@@ -52,9 +53,11 @@ def _config(node: Any, name: str) -> str | None:
 class RedisStore:
     """A connection pool to a standalone Redis or a Redis Cluster, with mapped errors and cached scripts."""
 
-    def __init__(self, target: RedisTarget) -> None:
+    def __init__(self, target: RedisTarget, *, relay: Relay | None = None) -> None:
         self.target = target
         self.cluster = False
+        # Where to dial each node (the contract suite's slow relay); None: the addresses as given.
+        self._relay = relay
         self._shas: dict[str, str] = {}
         self._closed = False
         self._aof = AofPolicy()
@@ -114,9 +117,11 @@ class RedisStore:
             raise JournalUnavailable(self._cluster_db_message())
         # Only the url= form makes redis-py build each node's pool from our
         # connection_class; a plain host/port form passes it to Redis(), which refuses it.
+        relay = self._relay
         return RedisCluster(
             url=f"redis://{self.target.host}:{self.target.port}/0",
             connection_class=self._connection_class,
+            address_remap=None if relay is None else (lambda address: relay(*address)),
             **self._options(),
         )
 
@@ -239,3 +244,8 @@ class RedisStore:
 def open_store(url: str) -> RedisStore:
     """Parse ``url``, connect and verify durability; raise a typed error if any step fails."""
     return RedisStore(parse_url(url))
+
+
+def relayed_store(target: RedisTarget, relay: Relay) -> RedisStore:
+    """A store on ``target`` whose every connection, to each Cluster node too, dials ``relay(host, port)``."""
+    return RedisStore(target.via(*relay(target.host, target.port)), relay=relay)

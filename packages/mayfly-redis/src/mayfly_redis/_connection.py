@@ -34,7 +34,7 @@ from redis._parsers import _RESP2Parser
 from redis.connection import Connection, SSLConnection
 from redis.exceptions import ConnectionError
 
-from mayfly.model.errors import HubNotRunning, WaitTimeout
+from mayfly.errors import HubNotRunning, WaitTimeout
 from mayfly.substrate import current_hub, offload, wait_readable, wait_writable
 
 __all__ = [

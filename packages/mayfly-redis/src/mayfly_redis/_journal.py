@@ -17,40 +17,33 @@ same script as the window, finds a record missing at the end of the list too.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Final, Self, final
+from typing import Any, Final, final
 
-import msgspec
-
-from mayfly.journal import (
-    AppendResult,
-    Durability,
-    JournalCapabilities,
-    JournalRecord,
-    SnapshotRecord,
-    validate_batch,
-    validate_read,
-)
-from mayfly.model.errors import (
+from mayfly.backend import JournalBase, decode_snapshot, encode_snapshot
+from mayfly.errors import (
     AppendConflict,
     ChecksumMismatch,
     ConflictingRecord,
     CorruptionError,
     FencingRejected,
-    InvalidRecord,
-    JournalGap,
-    LimitExceeded,
-    SnapshotCorrupt,
+    LeaseHeld,
 )
-from mayfly.model.ids import parse_run_id
+from mayfly.journal import (
+    AppendResult,
+    Durability,
+    JournalCapabilities,
+    JournalRecord,
+    Relay,
+    SnapshotRecord,
+    WorkflowJournal,
+)
 from mayfly_redis import _scripts
-from mayfly_redis._client import RedisStore, open_store
+from mayfly_redis._client import RedisStore, open_store, relayed_store
 from mayfly_redis._url import RedisDurability
 
-__all__ = ["RedisJournal", "decode_element", "encode_element", "verified"]
+__all__ = ["RedisJournal", "decode_element", "encode_element"]
 
-_MAX_LIST_LIMIT: Final = 100_000
+_REMEDY: Final = "restore the run's keys from a replica or backup"
 _LEX_MAX: Final = b"+"
 _DECIMAL: Final = re.compile(rb"[1-9][0-9]{0,18}")
 
@@ -90,24 +83,7 @@ def decode_element(run_id: str, element: bytes, position: int | None = None) -> 
         )
     except (ValueError, UnicodeDecodeError) as error:
         at = "" if position is None else f" sequence {position}"
-        raise ChecksumMismatch(
-            f"unreadable record of run {run_id}{at} ({error}); the stored record is corrupt, restore "
-            "it from a replica or backup"
-        ) from None
-
-
-def verified(run_id: str, record: JournalRecord) -> JournalRecord:
-    """Return ``record`` verified; any damage raises ``ChecksumMismatch`` naming run and sequence."""
-    try:
-        record.verify()
-    except ChecksumMismatch:
-        raise
-    except ValueError as error:  # InvalidRecord, InvalidIdentifier, LimitExceeded: a damaged field
-        raise ChecksumMismatch(
-            f"record of run {run_id} sequence {record.sequence} is damaged ({error}); the stored "
-            "record is corrupt, restore it from a replica or backup"
-        ) from None
-    return record
+        raise ChecksumMismatch(f"unreadable record of run {run_id}{at} ({error}); {_REMEDY}") from None
 
 
 def _text(value: object) -> str:
@@ -115,70 +91,48 @@ def _text(value: object) -> str:
 
 
 @final
-class RedisJournal:
+class RedisJournal(JournalBase):
     """The ``redis://`` journal: a list per run, CAS, dedup and fencing checked in one Lua script.
 
     ``durability=aof`` (the default) opens only against servers with
     ``appendonly yes`` and ``appendfsync always`` and is ``durable``;
     ``durability=memory`` is ``memory``: a server restart may lose acknowledged
-    records.
+    records. Declares cross-process, fenced, expiring leases, fault injection,
+    run purging and ``network``; crash-durable only with AOF: in ``memory``
+    mode a writer killed after an acknowledgement loses nothing either, but the
+    contract ties ``crash_durable`` to a durability of at least ``write``,
+    which a non-persistent server does not meet.
     """
+
+    remedy = _REMEDY
+
+    cluster: bool
+    """Whether the server is a Redis Cluster."""
+    persistence: str
+    """The persistence settings found on the server(s) when the journal was opened."""
 
     def __init__(self, url: str, *, store: RedisStore | None = None) -> None:
         self._store = store if store is not None else open_store(url)
+        self.cluster, self.persistence = self._store.cluster, self._store.persistence
         target = self._store.target
         self._target = target
-        self._durability = (
-            Durability.DURABLE if target.durability is RedisDurability.AOF else Durability.MEMORY
+        durability = Durability.DURABLE if target.durability is RedisDurability.AOF else Durability.MEMORY
+        super().__init__(
+            url=target.url,
+            capabilities=JournalCapabilities.declare(
+                durability,
+                "cross_process fencing fault_injection snapshots lease_expiry run_purge network",
+                "crash_durable" if durability is Durability.DURABLE else "",
+            ),
         )
 
-    @property
-    def url(self) -> str:
-        """The URL the journal was opened from, password redacted."""
-        return self._target.url
+    def relayed(self, relay: Relay) -> WorkflowJournal:
+        """Open another journal on the same keys whose connections (to every node) dial ``relay``."""
+        return RedisJournal(self.url, store=relayed_store(self._target, relay))
 
-    @property
-    def durability(self) -> Durability:
-        """``durable`` for ``durability=aof``, ``memory`` for ``durability=memory``."""
-        return self._durability
-
-    @property
-    def capabilities(self) -> JournalCapabilities:
-        """Cross-process, fenced, expiring leases, fault injection; crash-durable only with AOF.
-
-        In ``memory`` mode a writer killed after an acknowledgement loses nothing
-        either, but the contract ties ``crash_durable`` to a durability of at
-        least ``write``, which a non-persistent server does not meet.
-        """
-        return JournalCapabilities(
-            durability=self._durability,
-            cross_process=True,
-            fencing=True,
-            crash_durable=self._durability is Durability.DURABLE,
-            fault_injection=True,
-            snapshots=True,
-            lease_expiry=True,
-        )
-
-    @property
-    def cluster(self) -> bool:
-        """Whether the server is a Redis Cluster."""
-        return self._store.cluster
-
-    @property
-    def persistence(self) -> str:
-        """The persistence settings found on the server(s) when the journal was opened."""
-        return self._store.persistence
-
-    def append(
-        self,
-        run_id: str,
-        expected_next: int,
-        records: Sequence[JournalRecord],
-        fence: int | None = None,
+    def _append(
+        self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
-        """Compare-and-append an atomic batch under the run's current fencing token."""
-        batch = validate_batch(run_id, expected_next, records, fence)
         target = self._target
         keys = [target.key(run_id, "records"), target.key(run_id, "ids"), target.key(run_id, "fence")]
         if self._store.cluster:
@@ -193,7 +147,7 @@ class RedisJournal:
         reply = self._store.script(f"append to run {run_id}", _scripts.APPEND, keys, args)
         status = _text(reply[0])
         if status == "ok":
-            return AppendResult(run_id=run_id, last_sequence=batch[-1].sequence, records=batch)
+            return self.acknowledged(run_id, batch)
         if status == "replay":
             return AppendResult(
                 run_id=run_id, last_sequence=batch[-1].sequence, records=batch, already_committed=True
@@ -205,8 +159,8 @@ class RedisJournal:
         if status == "conflict":
             committed = _text(reply[2]).split(" ", 1)[0]
             raise ConflictingRecord(
-                f"append rejected: run {run_id} event id {_text(reply[1])} is already committed at "
-                f"sequence {committed} with other content"
+                f"append rejected: run {run_id} event id {_text(reply[1])} is already committed "
+                f"at sequence {committed} with other content"
             )
         if status == "damaged":
             sequence = int(reply[1])
@@ -221,59 +175,39 @@ class RedisJournal:
             raise CorruptionError(f"append rejected: run {run_id} is corrupt: {_text(reply[1])}")
         raise CorruptionError(f"append to run {run_id}: unexpected script reply {reply!r}")
 
-    def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
-        """Records after ``after`` in order, each verified; a missing sequence raises JournalGap.
+    def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
+        """Records after ``after`` in order, each verified, against the number ever appended.
 
-        The window and the number of records ever appended come from one
-        script, so a record missing at the end of the run is a gap too.
+        The window and the number of records ever appended (the event-id
+        index) come from one script, so a record missing at the end of the
+        run is a gap too.
         """
-        run, start, count = validate_read(run_id, after, limit)
-        if count == 0:
-            return []
-        stop = -1 if count is None or start + count - 1 >= (1 << 62) else start + count - 1
+        stop = -1 if limit is None or after + limit - 1 >= (1 << 62) else after + limit - 1
         target = self._target
         appended, elements = self._store.script(
-            f"read run {run}",
+            f"read run {run_id}",
             _scripts.READ,
-            [target.key(run, "records"), target.key(run, "ids")],
-            [start, stop],
+            [target.key(run_id, "records"), target.key(run_id, "ids")],
+            [after, stop],
         )
-        appended = int(appended)
-        records: list[JournalRecord] = []
-        expected = start + 1
-        for element in elements:
-            record = decode_element(run, element, expected)
-            if record.sequence != expected:
-                raise JournalGap(
-                    f"journal gap in run {run}: expected sequence {expected}, found {record.sequence}; "
-                    "the store lost records, restore them from a replica or backup"
-                )
-            if record.sequence > appended:
-                raise CorruptionError(
-                    f"run {run} holds sequence {record.sequence} but its event-id index counts "
-                    f"{appended} appended records; the keys disagree, restore them from a replica or backup"
-                )
-            records.append(verified(run, record))
-            expected += 1
-        wanted_end = appended + 1 if count is None else min(appended + 1, start + 1 + count)
-        if expected < wanted_end:
-            raise JournalGap(
-                f"journal gap in run {run}: expected sequence {expected}, found none ({appended} records "
-                "were appended); the store lost records, restore them from a replica or backup"
-            )
-        return records
+        stored = (decode_element(run_id, element, after + 1 + i) for i, element in enumerate(elements))
+        return self.window(
+            run_id,
+            after,
+            limit,
+            ((record.sequence, record) for record in stored),
+            lambda _, record: self.verified(record),
+            next_sequence=int(appended) + 1,
+        )
 
-    def next_sequence(self, run_id: str) -> int:
-        """The sequence the next append must carry (1 for a new run)."""
-        run = parse_run_id(run_id)
+    def _next_sequence(self, run_id: str) -> int:
+        run = run_id
         length = self._store.call(f"next sequence of run {run}", "LLEN", self._target.key(run, "records"))
         return int(length) + 1
 
-    def list_runs(self, after: str | None = None, limit: int = 1000) -> list[str]:
-        """Up to ``limit`` sorted run ids holding records, all greater than ``after`` (no KEYS/SCAN)."""
-        start = b"-" if after is None else b"(" + parse_run_id(after).encode()
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
-            raise InvalidRecord(f"list_runs limit must be an int in [1, {_MAX_LIST_LIMIT}], got {limit!r}")
+    def _list_runs(self, after: str | None, limit: int) -> list[str]:
+        """Page the run index with ZRANGEBYLEX (no KEYS or SCAN)."""
+        start = b"-" if after is None else b"(" + after.encode()
         runs: list[str] = []
         while len(runs) < limit:
             page = [
@@ -303,39 +237,40 @@ class RedisJournal:
             if int(self._store.call("list runs", "EXISTS", self._target.key(run, "records")))
         ]
 
-    def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
-        """Store the run's snapshot, replacing any earlier one (one SET)."""
-        run = parse_run_id(run_id)
-        if not isinstance(snapshot, SnapshotRecord):
-            raise InvalidRecord(f"snapshot must be a SnapshotRecord, got {type(snapshot).__name__}")
-        snapshot.validate()
-        if snapshot.run_id != run:
-            raise InvalidRecord(f"snapshot of run {snapshot.run_id} cannot be stored as run {run}'s")
-        if snapshot.checksum != snapshot.expected_checksum():
-            raise InvalidRecord(f"snapshot of run {run} fails its checksum; reseal it")
-        body = msgspec.json.encode(snapshot)
-        self._store.call(f"write snapshot of run {run}", "SET", self._target.key(run, "snapshot"), body)
+    def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
+        key = self._target.key(run_id, "snapshot")
+        self._store.call(f"write snapshot of run {run_id}", "SET", key, encode_snapshot(snapshot))
 
-    def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        """The run's snapshot, ``None`` if absent; ``SnapshotCorrupt`` if unusable."""
-        run = parse_run_id(run_id)
-        body = self._store.call(f"read snapshot of run {run}", "GET", self._target.key(run, "snapshot"))
-        if body is None:
-            return None
-        try:
-            snapshot = msgspec.json.decode(body, type=SnapshotRecord)
-        except (msgspec.DecodeError, LimitExceeded) as error:
-            raise SnapshotCorrupt(run, f"unreadable: {error}") from None
-        snapshot.verify()
-        if snapshot.run_id != run:
-            raise SnapshotCorrupt(run, f"the key holds the snapshot of run {snapshot.run_id}")
-        return snapshot
+    def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        body = self._store.call(f"read snapshot of run {run_id}", "GET", self._target.key(run_id, "snapshot"))
+        return None if body is None else decode_snapshot(run_id, body)
+
+    def _close(self) -> None:
+        self._store.close()
+
+    # -- purging (capabilities.run_purge) --------------------------------------------------------
+
+    def purge_run(self, run_id: str) -> bool:
+        """Delete the run's records, event ids, snapshot and lease in one script; the fence stays.
+
+        A live lease raises ``LeaseHeld`` and nothing changes. The run index
+        entry goes last (on a Cluster it lives in another slot), so a run
+        whose purge was interrupted is still listed, never half-hidden.
+        """
+        run = self.open_run(run_id, "purge")
+        target = self._target
+        keys = [target.key(run, name) for name in ("lease", "records", "ids", "snapshot")]
+        status, detail = self._store.script(f"purge run {run}", _scripts.PURGE, keys, [])
+        if _text(status) == "held":
+            raise LeaseHeld(run, _text(detail).split(" ", 2)[-1])
+        self._store.call(f"purge run {run}", "ZREM", target.runs_key, run)
+        return bool(int(detail))
 
     # -- fault injection for the contract suite (capabilities.fault_injection) -----------------
 
     def corrupt_record(self, run_id: str, sequence: int) -> None:
         """Change one stored payload without updating its checksum."""
-        run = parse_run_id(run_id)
+        run = self.open_run(run_id, "fault injection")
         key = self._target.key(run, "records")
         element = self._store.call("corrupt record", "LINDEX", key, sequence - 1)
         if element is not None:
@@ -344,30 +279,13 @@ class RedisJournal:
 
     def remove_record(self, run_id: str, sequence: int) -> None:
         """Delete one stored record, leaving a gap."""
-        run = parse_run_id(run_id)
+        run = self.open_run(run_id, "fault injection")
         key = self._target.key(run, "records")
         self._store.call("remove record", "LSET", key, sequence - 1, b"__removed__")
         self._store.call("remove record", "LREM", key, 1, b"__removed__")
 
     def corrupt_snapshot(self, run_id: str) -> None:
         """Damage the stored snapshot body."""
-        run = parse_run_id(run_id)
+        run = self.open_run(run_id, "fault injection")
         key = self._target.key(run, "snapshot")
         self._store.call("corrupt snapshot", "SETRANGE", key, 0, b'{"run_id": 7')
-
-    def close(self) -> None:
-        """Close the connection pool."""
-        self._store.close()
-
-    def __enter__(self) -> Self:
-        """Return the journal."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the journal."""
-        self.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["ACQUIRE", "APPEND", "READ", "RELEASE", "RENEW"]
+__all__ = ["ACQUIRE", "APPEND", "PURGE", "READ", "RELEASE", "RENEW"]
 
 APPEND: Final = """
 -- KEYS: records list, ids hash, fence string [, runs index zset (standalone only)]
@@ -130,4 +130,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+PURGE: Final = """
+-- KEYS: lease string, records list, ids hash, snapshot string (the fence string is kept)
+-- A live lease refuses the purge; otherwise everything of the run but its fence goes at once.
+local holder = redis.call('GET', KEYS[1])
+if holder then return {'held', holder} end
+return {'purged', tostring(redis.call('DEL', KEYS[2], KEYS[3], KEYS[4]))}
 """

@@ -22,26 +22,23 @@ can check and append atomically:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-import re
-from typing import Final, final
-from urllib.parse import parse_qsl, unquote, urlsplit
+from dataclasses import dataclass
+from typing import Annotated, Final, final
 
 import msgspec
 
-from mayfly.journal import redact_url
-from mayfly.model.errors import InvalidBackendURL
+from mayfly.backend import BackendURL, parse_backend_url
 
-__all__ = ["DEFAULT_PREFIX", "RedisDurability", "RedisTarget", "parse_url"]
+__all__ = ["DEFAULT_PREFIX", "RedisDurability", "RedisOptions", "RedisTarget", "parse_url"]
 
 SCHEMES: Final = ("redis", "rediss")
 DEFAULT_PREFIX: Final = "mayfly"
 DEFAULT_TIMEOUT_S: Final = 30.0
 _MAX_DB: Final = 1 << 16
 _MAX_TIMEOUT_S: Final = 3600.0
-_PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_OPTIONS: Final = frozenset({"prefix", "durability", "timeout", "ca_certs"})
+_SHAPE: Final = "redis://[user[:password]@]host[:port][/db]?prefix=mayfly&durability=aof|memory&timeout=30"
 
 
 class RedisDurability(enum.StrEnum):
@@ -53,21 +50,83 @@ class RedisDurability(enum.StrEnum):
     """No persistence is required: a server restart may lose acknowledged records."""
 
 
+class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The options of a ``redis://`` or ``rediss://`` URL."""
+
+    prefix: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="1-64 characters of A-Z a-z 0-9 _ . : -"
+        ),
+    ] = DEFAULT_PREFIX
+    durability: Annotated[RedisDurability, msgspec.Meta(description="'aof' (the default) or 'memory'")] = (
+        RedisDurability.AOF
+    )
+    timeout: Annotated[
+        float, msgspec.Meta(gt=0, le=_MAX_TIMEOUT_S, description=f"seconds in (0, {_MAX_TIMEOUT_S:g}]")
+    ] = DEFAULT_TIMEOUT_S
+    ca_certs: str | None = None
+
+
 @final
-class RedisTarget(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
     """A parsed Redis backend URL: where the server is and how keys and durability are set."""
 
-    url: str
-    tls: bool
-    host: str
-    port: int
+    source: BackendURL[RedisOptions]
+    """The parsed URL (its password stays out of ``repr``)."""
     db: int
-    username: str | None
-    password: str | None = msgspec.field(default=None)
-    prefix: str
-    durability: RedisDurability
-    timeout_s: float
-    ca_certs: str | None = None
+    """The database number (``/db`` of the URL; always 0 on a Cluster)."""
+
+    @property
+    def url(self) -> str:
+        """The URL with its password redacted."""
+        return self.source.url
+
+    @property
+    def tls(self) -> bool:
+        """Whether the URL is ``rediss://`` (TLS, the server's certificate and host name verified)."""
+        return self.source.scheme == "rediss"
+
+    @property
+    def host(self) -> str:
+        """The server's host."""
+        return self.source.host or ""
+
+    @property
+    def port(self) -> int:
+        """The server's port (6379 unless given)."""
+        return self.source.port or 6379
+
+    @property
+    def username(self) -> str | None:
+        """The ACL user, if the URL names one."""
+        return self.source.username
+
+    @property
+    def password(self) -> str | None:
+        """The password, if the URL gives one (never shown in messages)."""
+        return self.source.password
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of every key this backend writes."""
+        return self.source.options.prefix
+
+    @property
+    def durability(self) -> RedisDurability:
+        """What the server must guarantee before an append is acknowledged."""
+        return self.source.options.durability
+
+    @property
+    def timeout_s(self) -> float:
+        """The bound of every connect and reply, in seconds."""
+        return self.source.options.timeout
+
+    @property
+    def ca_certs(self) -> str | None:
+        """The CA bundle to verify a TLS server with, if not the system's."""
+        return self.source.options.ca_certs
 
     @property
     def address(self) -> str:
@@ -83,87 +142,20 @@ class RedisTarget(msgspec.Struct, frozen=True, kw_only=True):
         """The sorted set indexing run ids that hold records."""
         return f"{self.prefix}:runs"
 
+    def via(self, host: str, port: int) -> RedisTarget:
+        """The same target reached at another address (a relay in front of the server)."""
+        return RedisTarget(dataclasses.replace(self.source, host=host, port=port), self.db)
+
 
 def parse_url(url: str) -> RedisTarget:
     """Parse a ``redis://`` or ``rediss://`` backend URL; raise ``InvalidBackendURL`` if it is bad."""
-    if not isinstance(url, str):
-        raise InvalidBackendURL(f"Redis backend URL must be a str, got {type(url).__name__}")
-    control = _CONTROL.search(url)
-    if control is not None:
-        # urlsplit() silently deletes raw tab, CR and LF (bpo-43882): x\r\nFLUSHALL would open as
-        # xFLUSHALL. A URL is refused, never rewritten.
-        raise InvalidBackendURL(
-            f"Redis URL {redact_url(url)!r} holds the control character {control.group()!r} at "
-            f"position {control.start()}; remove it (prefix is 1-64 of A-Z a-z 0-9 _ . : -)"
-        )
-    shown = redact_url(url)
-    try:
-        parts = urlsplit(url)
-        port = parts.port or 6379
-    except ValueError as error:
-        raise InvalidBackendURL(f"malformed Redis URL {shown}: {error}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in SCHEMES:
-        raise InvalidBackendURL(f"expected a redis:// or rediss:// URL, got {shown}")
-    host = parts.hostname or ""
-    if not host:
-        raise InvalidBackendURL(f"Redis URL {shown} names no host; use redis://HOST:PORT/DB")
-    if parts.fragment:
-        raise InvalidBackendURL(f"Redis URL {shown} has a fragment; remove '#{parts.fragment}'")
-    path = parts.path.strip("/")
+    parsed = parse_backend_url(url, RedisOptions, _SHAPE, kind="server", schemes=SCHEMES, label="Redis")
+    path = parsed.location.strip("/")
     if path and not path.isdigit():
-        raise InvalidBackendURL(f"Redis URL {shown}: database must be a number, got {path!r}")
+        raise parsed.invalid(f"the database must be a number, got {path!r}")
     db = int(path) if path else 0
     if db >= _MAX_DB:
-        raise InvalidBackendURL(f"Redis URL {shown}: database {db} is out of range")
-    options: dict[str, str] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False):
-        if name not in _OPTIONS:
-            known = ", ".join(sorted(_OPTIONS))
-            raise InvalidBackendURL(f"Redis URL {shown}: unknown option {name!r} (known: {known})")
-        if name in options:
-            raise InvalidBackendURL(f"Redis URL {shown}: option {name!r} is given twice")
-        options[name] = value
-    prefix = options.get("prefix", DEFAULT_PREFIX)
-    if _PREFIX.fullmatch(prefix) is None:
-        raise InvalidBackendURL(
-            f"Redis URL {shown}: prefix {prefix!r} must be 1-64 characters of A-Z a-z 0-9 _ . : -"
-        )
-    try:
-        durability = RedisDurability(options.get("durability", RedisDurability.AOF))
-    except ValueError:
-        raise InvalidBackendURL(
-            f"Redis URL {shown}: durability must be 'aof' (default) or 'memory', "
-            f"got {options['durability']!r}"
-        ) from None
-    timeout = _timeout(shown, options.get("timeout"))
-    ca_certs = options.get("ca_certs")
-    if ca_certs is not None and (scheme != "rediss" or not ca_certs):
-        raise InvalidBackendURL(f"Redis URL {shown}: ca_certs needs a rediss:// URL and a file path")
-    return RedisTarget(
-        url=shown,
-        tls=scheme == "rediss",
-        host=host,
-        port=port,
-        db=db,
-        username=unquote(parts.username) if parts.username else None,
-        password=unquote(parts.password) if parts.password is not None else None,
-        prefix=prefix,
-        durability=durability,
-        timeout_s=timeout,
-        ca_certs=ca_certs,
-    )
-
-
-def _timeout(shown: str, text: str | None) -> float:
-    if text is None:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= _MAX_TIMEOUT_S:
-        raise InvalidBackendURL(
-            f"Redis URL {shown}: timeout must be seconds in (0, {_MAX_TIMEOUT_S:g}], got {text!r}"
-        )
-    return value
+        raise parsed.invalid(f"database {db} is out of range")
+    if parsed.options.ca_certs is not None and (parsed.scheme != "rediss" or not parsed.options.ca_certs):
+        raise parsed.invalid("ca_certs needs a rediss:// URL and a file path")
+    return RedisTarget(parsed, db)

@@ -18,7 +18,7 @@ from mayfly.model.events import Event
 from mayfly.model.ids import IdSource
 from mayfly.model.state import RunState
 from mayfly.reducer import decide, encode_event, reduce
-from mayfly.runindex import IndexEntry, RunIndexJournal, index_entry
+from mayfly.runindex import RUN_INDEX, IndexEntry, RunIndexJournal, index_entry
 
 __all__ = ["Commit", "commit_command", "keeps_run_index", "seal_events"]
 
@@ -124,16 +124,22 @@ def commit_command(
     return Commit(state, tuple(decision), tuple(records))
 
 
-def keeps_run_index(journal: object) -> TypeGuard[RunIndexJournal]:
-    """Whether ``journal`` keeps the run index (see :mod:`mayfly.runindex`); decided once per class."""
+def keeps_run_index(journal: WorkflowJournal) -> TypeGuard[RunIndexJournal]:
+    """Whether ``journal`` declares the run index (``run_index``; see :mod:`mayfly.runindex`).
+
+    A declared flag is the promise; :data:`~mayfly.runindex.RUN_INDEX` checks,
+    once per journal class, that the promise is kept.
+    """
+    if not journal.capabilities.run_index:
+        return False
     kind = type(journal)
-    known = _INDEXED.get(kind)
-    if known is None:
-        known = _INDEXED[kind] = isinstance(journal, RunIndexJournal)
-    return known
+    if kind not in _INDEXED:
+        RUN_INDEX.of(journal)  # raises CompatibilityError if the class does not implement it
+        _INDEXED.add(kind)
+    return True
 
 
-_INDEXED: dict[type, bool] = {}
+_INDEXED: set[type] = set()
 
 
 def _check_ack(url: str, run_id: str, first: int, records: list[JournalRecord], result: AppendResult) -> None:

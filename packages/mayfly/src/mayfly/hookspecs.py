@@ -12,6 +12,9 @@ hooks below with ``@mayfly.hookspecs.hookimpl``. The plugin manager refuses a
 plugin that declares no API or an API this core does not speak, naming the
 distribution, instead of failing later in a confusing way.
 
+A storage backend usually takes both backend hooks from
+``mayfly.backend.backend_hooks`` instead of writing them.
+
 This module sits beside the journal and lease contracts and may not import
 them, so hook signatures use ``object``; the typed wrappers in
 :mod:`mayfly.plugins` check what plugins return.

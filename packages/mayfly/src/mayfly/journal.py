@@ -32,23 +32,34 @@ most ``2**63 - 1``; ``event_type`` matches ``[A-Za-z][A-Za-z0-9]*`` and is at
 most 64 characters; ``schema_version >= 1``; ``payload`` is valid UTF-8 (the
 durable encoding is UTF-8 JSON, ADR-0032) and at most :data:`MAX_RECORD_PAYLOAD`
 bytes. Bad input raises a typed error and nothing is written.
+
+Optional features
+-----------------
+Beyond :class:`WorkflowJournal`, a backend may offer features, each a
+:class:`JournalCapabilities` flag and a Protocol: :data:`RUN_SUMMARIES`,
+:data:`RUN_VERIFICATION`, :data:`RUN_PURGE`, :data:`NETWORK` and
+:data:`FAULT_INJECTION`. Callers ask ``FEATURE.of(journal)``; a backend's
+attributes are never probed. ``mayfly.backend`` is the kit a backend builds
+these on.
 """
 
 from __future__ import annotations
 
+import datetime
 import enum
 import hashlib
 import re
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Final, Protocol, Self, final, runtime_checkable
+from typing import Any, Final, Generic, Protocol, Self, TypeVar, cast, final, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
 from mayfly.model.errors import (
     ChecksumMismatch,
+    CompatibilityError,
     ConflictingRecord,
     InvalidRecord,
     LimitExceeded,
@@ -57,15 +68,28 @@ from mayfly.model.errors import (
 from mayfly.model.ids import parse_event_id, parse_run_id
 
 __all__ = [
+    "FAULT_INJECTION",
     "MAX_EVENT_TYPE_LENGTH",
     "MAX_RECORD_PAYLOAD",
     "MAX_SEQUENCE",
     "MAX_SNAPSHOT_STATE",
+    "NETWORK",
+    "OPTIONAL_FEATURES",
+    "RUN_PURGE",
+    "RUN_SUMMARIES",
+    "RUN_VERIFICATION",
     "AppendResult",
     "Durability",
+    "Feature",
     "JournalCapabilities",
     "JournalFaults",
     "JournalRecord",
+    "NetworkJournal",
+    "Relay",
+    "RunPurge",
+    "RunSummaries",
+    "RunSummary",
+    "RunVerification",
     "SnapshotRecord",
     "WorkflowJournal",
     "check_snapshot",
@@ -370,6 +394,19 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     killed. ``fault_injection``: the journal implements :class:`JournalFaults`.
     ``snapshots``: snapshots are stored. ``lease_expiry``: a lease not renewed
     within its ttl can be taken over.
+
+    Optional features, each served by its own Protocol (see :class:`Feature`;
+    a flag declared true obliges the journal to implement the Protocol, and
+    callers ask through the feature, never by probing attributes):
+    ``run_summaries``: :class:`RunSummaries`, an indexed listing of recent runs.
+    ``run_verification``: :class:`RunVerification`, a full audit of a run's
+    stored history beyond what reads check. ``run_purge``: :class:`RunPurge`,
+    removal of a run that nobody owns. ``network``: the journal waits on
+    sockets and implements :class:`NetworkJournal`, so the contract suite can
+    check that those waits never block the hub. ``run_index``: the journal
+    keeps the run index workers claim runs from
+    (:class:`mayfly.runindex.RunIndexJournal`, feature
+    :data:`mayfly.runindex.RUN_INDEX`).
     """
 
     durability: Durability
@@ -379,6 +416,28 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     fault_injection: bool = False
     snapshots: bool = True
     lease_expiry: bool = False
+    run_summaries: bool = False
+    run_verification: bool = False
+    run_purge: bool = False
+    network: bool = False
+    run_index: bool = False
+
+    @classmethod
+    def declare(cls, durability: Durability, *flags: str) -> JournalCapabilities:
+        """The capabilities with ``durability`` and exactly the named flags true, every other flag false.
+
+        Flags are named one per argument or several to an argument, separated
+        by spaces: ``JournalCapabilities.declare(Durability.DURABLE, "cross_process
+        fencing crash_durable snapshots")``. An unknown name raises ``ValueError``.
+        """
+        names = set(cls.__struct_fields__) - {"durability"}
+        flags = tuple(name for group in flags for name in group.split())
+        unknown = sorted(set(flags) - names)
+        if unknown:
+            raise ValueError(
+                f"unknown capability flag(s) {', '.join(unknown)}; the flags are {sorted(names)}"
+            )
+        return cls(durability=durability, **{name: name in flags for name in names})
 
 
 @runtime_checkable
@@ -484,6 +543,159 @@ class JournalFaults(Protocol):
     def corrupt_snapshot(self, run_id: str) -> None:
         """Damage the stored bytes of the run's snapshot."""
         ...
+
+
+@final
+class RunSummary(msgspec.Struct, frozen=True):
+    """One row of a backend's run index (for ``mayfly runs``): derived data, never used for correctness.
+
+    ``workflow_id`` and ``status`` are what the run's records said when they
+    were appended (``None`` when the records carry no run event, such as
+    contract-suite probes); ``last_sequence`` is the run's last committed
+    sequence.
+    """
+
+    run_id: str
+    workflow_id: str | None
+    status: str | None
+    last_sequence: int
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+
+
+@runtime_checkable
+class RunSummaries(Protocol):
+    """Optional feature ``run_summaries``: the most recently updated runs, served by an index."""
+
+    def run_summaries(
+        self,
+        *,
+        status: str | None = None,
+        workflow_id: str | None = None,
+        updated_before: datetime.datetime | None = None,
+        limit: int = 100,
+    ) -> list[RunSummary]:
+        """Return up to ``limit`` runs holding records, newest ``updated_at`` first, optionally filtered.
+
+        Page by passing the last row's ``updated_at`` as ``updated_before``. A
+        ``limit`` outside ``[1, 100000]`` or a filter that is not a string
+        raises ``InvalidRecord``.
+        """
+        ...
+
+
+@runtime_checkable
+class RunVerification(Protocol):
+    """Optional feature ``run_verification``: check every stored byte of one run's history."""
+
+    def verify_run(self, run_id: str) -> int:
+        """Verify the run's whole stored history and return its record count (0 for an unknown run).
+
+        Checks what reads do not have to (for example event-id uniqueness over
+        the whole history, or bytes after the last record); raises the typed
+        ``CorruptionError`` naming the run and where.
+        """
+        ...
+
+
+@runtime_checkable
+class RunPurge(Protocol):
+    """Optional feature ``run_purge``: remove a finished or abandoned run that nobody owns."""
+
+    def purge_run(self, run_id: str) -> bool:
+        """Remove the run's records, snapshot and lease grant; return whether it held anything.
+
+        The fencing counter is kept, so tokens granted for the run stay
+        monotonic and a late holder of an old lease is still fenced. A run
+        whose lease is held raises ``LeaseHeld`` and is left as it was.
+        Purging is final: the history is gone, and ``read`` returns nothing.
+        """
+        ...
+
+
+Relay = Callable[[str, int], tuple[str, int]]
+"""Maps a server's ``(host, port)`` to the ``(host, port)`` a connection should dial instead."""
+
+
+@runtime_checkable
+class NetworkJournal(Protocol):
+    """Optional feature ``network``: a journal that talks to a server over sockets.
+
+    The contract suite opens a second journal on the same store through a
+    loopback relay that delays every reply, and checks that a short hub timer
+    still fires on time while an append waits (clause
+    ``journal.hub.never-blocks``).
+    """
+
+    def relayed(self, relay: Relay) -> WorkflowJournal:
+        """Open another journal on the same store whose every connection dials ``relay(host, port)``.
+
+        ``relay`` is called with each server address the journal would
+        connect to (every node of a cluster too), and returns where to connect
+        instead. The caller closes the returned journal.
+        """
+        ...
+
+
+_P = TypeVar("_P")
+
+
+@final
+class Feature(Generic[_P]):
+    """An optional journal feature: a :class:`JournalCapabilities` flag and the Protocol serving it.
+
+    Ask a journal for a feature with :meth:`of`, never by probing its
+    attributes: a backend that does not declare the flag does not offer the
+    feature, whatever methods it happens to have::
+
+        summaries = RUN_SUMMARIES.of(journal)
+        if summaries is not None:
+            rows = summaries.run_summaries(limit=20)
+    """
+
+    __slots__ = ("flag", "protocol")
+
+    def __init__(self, flag: str, protocol: Any) -> None:
+        if flag not in JournalCapabilities.__struct_fields__:
+            raise ValueError(f"{flag!r} is not a JournalCapabilities flag")
+        self.flag = flag
+        self.protocol: type[Any] = protocol
+
+    def declared(self, journal: WorkflowJournal) -> bool:
+        """Whether ``journal`` declares the feature in its capabilities."""
+        return bool(getattr(journal.capabilities, self.flag))
+
+    def of(self, journal: WorkflowJournal) -> _P | None:
+        """Return ``journal`` as the feature's Protocol if it declares the flag, else ``None``.
+
+        A journal that declares the flag but does not implement the Protocol
+        raises ``CompatibilityError``: the declaration is the promise.
+        """
+        if not self.declared(journal):
+            return None
+        if not isinstance(journal, self.protocol):
+            raise CompatibilityError(
+                f"{type(journal).__qualname__} ({journal.url}) declares {self.flag}=True but does not "
+                f"implement {self.protocol.__qualname__}; fix the backend's capabilities"
+            )
+        return cast(_P, journal)
+
+    def __repr__(self) -> str:
+        return f"Feature({self.flag!r}, {self.protocol.__qualname__})"
+
+
+FAULT_INJECTION: Final[Feature[JournalFaults]] = Feature("fault_injection", JournalFaults)
+"""Damage stored data on purpose (contract suite only)."""
+RUN_SUMMARIES: Final[Feature[RunSummaries]] = Feature("run_summaries", RunSummaries)
+"""An indexed listing of the most recently updated runs."""
+RUN_VERIFICATION: Final[Feature[RunVerification]] = Feature("run_verification", RunVerification)
+"""A full audit of one run's stored history."""
+RUN_PURGE: Final[Feature[RunPurge]] = Feature("run_purge", RunPurge)
+"""Removal of a run nobody owns."""
+NETWORK: Final[Feature[NetworkJournal]] = Feature("network", NetworkJournal)
+"""Journals that wait on sockets, and can be relayed for the hub-blocking clause."""
+OPTIONAL_FEATURES: Final = (FAULT_INJECTION, RUN_SUMMARIES, RUN_VERIFICATION, RUN_PURGE, NETWORK)
+"""Every optional feature a backend may declare."""
 
 
 def validate_batch(

@@ -24,6 +24,7 @@ __all__ = [
     "RecoveryLeaseGuard",
     "RecoveryLeaseStore",
     "validate_acquire",
+    "validate_ttl",
 ]
 
 MAX_OWNER_LENGTH: Final = 256
@@ -122,6 +123,11 @@ def validate_acquire(run_id: object, owner: object, ttl_ms: object) -> tuple[Run
         raise InvalidRecord(
             f"lease owner {owner!r} must be 1 to {MAX_OWNER_LENGTH} printable ASCII characters"
         )
+    return run, owner, validate_ttl(ttl_ms)
+
+
+def validate_ttl(ttl_ms: object) -> int:
+    """Check a lease ttl (``acquire`` or ``renew``); return it or raise ``InvalidRecord``."""
     if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or not 1 <= ttl_ms <= MAX_LEASE_TTL_MS:
         raise InvalidRecord(f"lease ttl_ms must be an int in [1, {MAX_LEASE_TTL_MS}], got {ttl_ms!r}")
-    return run, owner, ttl_ms
+    return ttl_ms

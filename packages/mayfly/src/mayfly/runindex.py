@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from typing import Protocol, final, runtime_checkable
+from typing import Final, Protocol, final, runtime_checkable
 
 import msgspec
 
-from mayfly.journal import AppendResult, JournalRecord
+from mayfly.journal import AppendResult, Feature, JournalRecord
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.model.errors import InvalidRecord
 from mayfly.model.ids import QUEUE_NAME
@@ -41,6 +41,7 @@ from mayfly.reducer.deadlines import next_deadline
 
 __all__ = [
     "MAX_CLAIM",
+    "RUN_INDEX",
     "IndexEntry",
     "IndexStatus",
     "RunIndexJournal",
@@ -231,3 +232,7 @@ class RunIndexJournal(Protocol):
     def index_wake(self, run_id: str) -> bool:
         """Set the run's ``wake`` so a worker claims it; ``False`` if it has no entry or has ended."""
         ...
+
+
+RUN_INDEX: Final[Feature[RunIndexJournal]] = Feature("run_index", RunIndexJournal)
+"""The run index as a declared journal feature: ``RUN_INDEX.of(journal)`` is the journal or ``None``."""

@@ -9,7 +9,7 @@ import pytest
 from conftest import node, workflow
 
 from mayfly.commit import commit_command
-from mayfly.journal import AppendResult, JournalRecord
+from mayfly.journal import AppendResult, JournalCapabilities, JournalRecord
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 from mayfly.model.commands import AttemptStart, CompleteAttempt, CreateRun, StartNodes
 from mayfly.model.errors import AppendConflict, CommandRejected, CorruptionError, FencingRejected
@@ -91,6 +91,10 @@ class _LyingJournal:
     def __init__(self, inner: LocalWorkflowJournal) -> None:
         self.inner = inner
         self.url = "lying://"
+        # A plain journal: it keeps no run index, so commit_command uses append.
+        self.capabilities = JournalCapabilities.declare(
+            inner.durability, "cross_process fencing crash_durable"
+        )
 
     def append(
         self, run_id: str, expected_next: int, records: Sequence[JournalRecord], fence: int | None = None

@@ -1,19 +1,27 @@
-"""An example third-party Mayfly backend: journal and recovery leases on SQLite.
+"""An example third-party Mayfly backend: journal and recovery leases on SQLite, built on the backend kit.
 
 Everything a backend needs is here, in one module:
 
-1. ``MAYFLY_PLUGIN_API = 1`` and two hook implementations that hand Mayfly a
-   :class:`~mayfly.hookspecs.BackendDescriptor` for the ``sqlite`` scheme;
-2. :class:`SqliteJournal`, a ``WorkflowJournal``: input checks delegated to
-   ``mayfly.journal.validate_batch``, compare-and-append, replay, conflict and
-   fencing rules inside one ``BEGIN IMMEDIATE`` transaction, checksum-verified
-   ordered reads, snapshots and the fault-injection hooks;
-3. :class:`SqliteLeaseStore`, a ``RecoveryLeaseStore`` with expiring leases
-   and a fencing counter stored in the same database, so the journal checks
-   tokens in the same transaction that appends.
+1. ``MAYFLY_PLUGIN_API = 1`` and the two hook implementations, from
+   :func:`mayfly.backend.backend_hooks`, offering the ``sqlite`` scheme;
+2. :func:`parse_url`, the kit's URL parser told the URL's shape;
+3. :class:`SqliteJournal`, a :class:`mayfly.backend.JournalBase`: the kit
+   validates every argument and words every error, and this class only
+   stores rows. Compare-and-append, replay, conflict and fencing rules run
+   inside one ``BEGIN IMMEDIATE`` transaction, reads are checksum-verified
+   windows, plus snapshots, run purging and the fault-injection hooks;
+4. :class:`SqliteLeaseStore` and :class:`SqliteLeaseGuard`, on the kit's lease
+   bases: expiring leases and a fencing counter stored in the same database,
+   so the journal checks tokens in the same transaction that appends.
 
 Durability: WAL mode with ``synchronous=FULL`` syncs the WAL on every commit,
 so an acknowledged append survives a process or host crash: ``durable``.
+
+The hub: SQLite has no socket, and its calls are short, so they run inline on
+the calling greenlet and never switch inside a transaction. A write that
+waits for another process's lock waits inline too (up to the 60 s busy
+timeout); a backend whose waits can be long should cross
+``mayfly.substrate.offload`` instead (see ``docs/writing-a-backend.md``).
 """
 
 from __future__ import annotations
@@ -21,48 +29,41 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Any, Final, Self
-from urllib.parse import urlsplit
+from typing import Any, Final
 
 import msgspec
 
-from mayfly.hookspecs import BackendDescriptor, hookimpl
+from mayfly.backend import (
+    BackendURL,
+    JournalBase,
+    LeaseGuardBase,
+    LeaseStoreBase,
+    backend_hooks,
+    decode_snapshot,
+    encode_snapshot,
+    parse_backend_url,
+)
+from mayfly.errors import DurabilityUnavailable, JournalUnavailable, LeaseHeld
 from mayfly.journal import (
     AppendResult,
     Durability,
     JournalCapabilities,
     JournalRecord,
     SnapshotRecord,
-    redact_url,
-    validate_batch,
-    validate_read,
 )
-from mayfly.lease import validate_acquire
-from mayfly.model.errors import (
-    AppendConflict,
-    ChecksumMismatch,
-    ConflictingRecord,
-    DurabilityUnavailable,
-    FencingRejected,
-    InvalidBackendURL,
-    InvalidRecord,
-    JournalGap,
-    JournalUnavailable,
-    LeaseHeld,
-    LeaseLost,
-    SnapshotCorrupt,
-)
-from mayfly.model.ids import parse_run_id
 
-__all__ = ["MAYFLY_PLUGIN_API", "SqliteJournal", "SqliteLeaseGuard", "SqliteLeaseStore"]
+__all__ = ["MAYFLY_PLUGIN_API", "SqliteJournal", "SqliteLeaseGuard", "SqliteLeaseStore", "parse_url"]
 
 MAYFLY_PLUGIN_API = 1
 """The Mayfly plugin API this backend was written for (checked when the plugin loads)."""
 
 DISTRIBUTION: Final = "mayfly-example-sqlite"
+
+CAPABILITIES: Final = JournalCapabilities.declare(
+    Durability.DURABLE, "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge"
+)
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS mayfly_records (
@@ -89,25 +90,29 @@ CREATE TABLE IF NOT EXISTS mayfly_snapshots (
 """
 
 
-def database_path(url: str) -> str:
-    """Return the database file named by ``sqlite:///PATH``."""
-    if any(ord(character) < 0x20 or ord(character) == 0x7F for character in url):
-        # urlsplit() would silently delete a raw CR, LF or tab and name another file.
-        raise InvalidBackendURL(f"sqlite URL {url!r} holds a control character; remove it")
-    parts = urlsplit(url)
-    if parts.scheme != "sqlite" or not parts.path or parts.netloc or parts.query:
-        raise InvalidBackendURL(f"expected sqlite:///PATH to a database file, got {url!r}")
-    return parts.path
+class SqliteOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """``sqlite://`` URLs take no options: the database file is the whole configuration."""
+
+
+def parse_url(url: object) -> BackendURL[SqliteOptions]:
+    """Parse ``sqlite:///PATH``; anything else raises ``InvalidBackendURL`` saying what is wrong."""
+    return parse_backend_url(url, SqliteOptions, "sqlite:///PATH to a database file", kind="path")
+
+
+def _now_ms() -> int:
+    # Wall-clock milliseconds: leases are compared across processes on one host.
+    return time.time_ns() // 1_000_000
 
 
 class _Database:
     """One SQLite connection in WAL + synchronous=FULL mode, serialised by a lock."""
 
     def __init__(self, url: str) -> None:
-        self.url = redact_url(url)
+        parsed = parse_url(url)
+        self.url = parsed.url
         try:
             self._connection = sqlite3.connect(
-                database_path(url), isolation_level=None, check_same_thread=False, timeout=60
+                parsed.location, isolation_level=None, check_same_thread=False, timeout=60
             )
             mode = self._connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             self._connection.execute("PRAGMA synchronous=FULL")
@@ -160,206 +165,132 @@ def _fence(connection: sqlite3.Connection, run_id: str) -> int:
     return int(row[0]) if row else 0
 
 
-_COLUMNS: Final = "sequence, event_id, event_type, schema_version, payload, checksum"
+def _holder(connection: sqlite3.Connection, run_id: str, now: int) -> str | None:
+    """The owner of the run's unexpired lease, if any."""
+    row = connection.execute(
+        "SELECT owner, expires_ms FROM mayfly_leases WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return str(row[0]) if row is not None and int(row[1]) > now else None
 
 
-def _record(run_id: str, row: tuple[Any, ...]) -> JournalRecord:
-    """The verified record of one row, read under ``run_id``: any damage raises ChecksumMismatch.
-
-    The checksum covers every column and the run id the row was selected by.
-    SQLite keeps whatever type a damaged column was given, so a value of the
-    wrong type, or one that breaks the input rules, is damage of the same kind.
-    """
-    sequence, event_id, event_type, schema_version, payload, checksum = row
-    record = JournalRecord(
-        run_id=run_id,
-        sequence=sequence,
-        event_id=event_id,
-        event_type=event_type,
-        schema_version=schema_version,
-        payload=payload,
-        checksum=checksum,
-    )
-    try:
-        record.verify()
-    except ChecksumMismatch:
-        raise
-    except ValueError as error:  # InvalidRecord, InvalidIdentifier, LimitExceeded
-        raise ChecksumMismatch(
-            f"record of run {run_id} sequence {sequence} is damaged ({error}); restore the database "
-            "from a backup"
-        ) from None
-    return record
+_FIELDS: Final = ("sequence", "event_id", "event_type", "schema_version", "payload", "checksum")
+_COLUMNS: Final = ", ".join(_FIELDS)
 
 
-class SqliteJournal:
+class SqliteJournal(JournalBase):
     """A ``WorkflowJournal`` on SQLite: one row per record, CAS and fencing in one transaction."""
+
+    remedy = "restore the database from a backup"
 
     def __init__(self, url: str) -> None:
         self._db = _Database(url)
+        super().__init__(url=self._db.url, capabilities=CAPABILITIES)
 
-    @property
-    def url(self) -> str:
-        """The database URL."""
-        return self._db.url
+    def _record(self, run_id: str, row: tuple[Any, ...]) -> JournalRecord:
+        """The verified record of one row, read under ``run_id``: any damage raises ChecksumMismatch.
 
-    @property
-    def durability(self) -> Durability:
-        """WAL with synchronous=FULL: acknowledged appends survive a host crash."""
-        return Durability.DURABLE
+        The checksum covers every column and the run id the row was selected by.
+        SQLite keeps whatever type a damaged column was given, so a value of the
+        wrong type is damage too (the kit's ``verified`` says so).
+        """
+        return self.verified(JournalRecord(run_id=run_id, **dict(zip(_FIELDS, row, strict=True))))
 
-    @property
-    def capabilities(self) -> JournalCapabilities:
-        """Everything, including expiring leases and fault injection."""
-        return JournalCapabilities(
-            durability=Durability.DURABLE,
-            cross_process=True,
-            fencing=True,
-            crash_durable=True,
-            fault_injection=True,
-            snapshots=True,
-            lease_expiry=True,
-        )
-
-    def append(
-        self,
-        run_id: str,
-        expected_next: int,
-        records: Sequence[JournalRecord],
-        fence: int | None = None,
+    def _append(
+        self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
-        """Compare-and-append an atomic batch under the run's current fencing token."""
-        batch = validate_batch(run_id, expected_next, records, fence)
         with self._db.transaction() as connection:
-            current = _fence(connection, run_id)
-            if (fence is None and current != 0) or (fence is not None and fence != current):
-                raise FencingRejected(run_id, 0 if fence is None else fence, current)
+            self.check_fence(run_id, fence, _fence(connection, run_id))
             (last,) = connection.execute(
-                "SELECT COALESCE(MAX(sequence), 0) FROM mayfly_records WHERE run_id = ?",
-                (run_id,),
+                "SELECT COALESCE(MAX(sequence), 0) FROM mayfly_records WHERE run_id = ?", (run_id,)
             ).fetchone()
-            actual_next = int(last) + 1
-            # The stored rows the batch names, by event id or by sequence, read whole and verified:
+            # The stored rows the batch names, by sequence or by event id, read whole and verified:
             # an exact re-append must equal records that are intact, not just their checksums.
-            wanted = {record.event_id for record in batch}
-            stored = {
-                found.event_id: found
-                for found in (
-                    _record(run_id, row)
-                    for row in connection.execute(
-                        f"SELECT {_COLUMNS} FROM mayfly_records WHERE run_id = ? AND (sequence "
-                        f"BETWEEN ? AND ? OR event_id IN ({','.join('?' * len(batch))}))",
-                        (run_id, batch[0].sequence, batch[-1].sequence, *wanted),
-                    )
+            stored = [
+                self._record(run_id, row)
+                for row in connection.execute(
+                    f"SELECT {_COLUMNS} FROM mayfly_records WHERE run_id = ? AND (sequence "
+                    f"BETWEEN ? AND ? OR event_id IN ({','.join('?' * len(batch))}))",
+                    (run_id, batch[0].sequence, batch[-1].sequence, *(r.event_id for r in batch)),
                 )
-                if found.event_id in wanted
-            }
-            replay = all(stored.get(record.event_id) == record for record in batch)
-            if expected_next != actual_next and replay:
-                return AppendResult(
-                    run_id=run_id,
-                    last_sequence=batch[-1].sequence,
-                    records=batch,
-                    already_committed=True,
+            ]
+            by_sequence = {record.sequence: record for record in stored}
+            by_event = {record.event_id: record.sequence for record in stored}
+            if expected_next != int(last) + 1:
+                return self.refused(
+                    run_id,
+                    expected_next,
+                    batch,
+                    actual_next=int(last) + 1,
+                    stored_at=by_sequence.get,
+                    sequence_of=by_event.get,
                 )
             for record in batch:
-                if record.event_id in stored and stored[record.event_id] != record:
-                    raise ConflictingRecord(
-                        f"append rejected: run {run_id} event id {record.event_id} is already "
-                        f"committed at sequence {stored[record.event_id].sequence} with other content"
-                    )
-            if expected_next != actual_next:
-                raise AppendConflict(run_id, expected_next, actual_next)
-            if stored:
-                raise ConflictingRecord(
-                    f"append rejected: run {run_id} event id {next(iter(stored))} is already committed"
-                )
+                if record.event_id in by_event:
+                    raise self.event_id_taken(run_id, record.event_id, by_event[record.event_id])
             connection.executemany(
                 "INSERT INTO mayfly_records VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (
-                        r.run_id,
-                        r.sequence,
-                        r.event_id,
-                        r.event_type,
-                        r.schema_version,
-                        r.payload,
-                        r.checksum,
-                    )
+                    (r.run_id, r.sequence, r.event_id, r.event_type, r.schema_version, r.payload, r.checksum)
                     for r in batch
                 ],
             )
-        return AppendResult(run_id=run_id, last_sequence=batch[-1].sequence, records=batch)
+        return self.acknowledged(run_id, batch)
 
-    def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
-        """Records after ``after`` in order, each verified; a missing sequence raises JournalGap."""
-        run, start, count = validate_read(run_id, after, limit)
+    def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
         with self._db.reading() as connection:
             rows = connection.execute(
                 f"SELECT {_COLUMNS} FROM mayfly_records WHERE run_id = ? AND sequence > ? "
                 "ORDER BY sequence LIMIT ?",
-                (run, start, -1 if count is None else count),
+                (run_id, after, -1 if limit is None else limit),
             ).fetchall()
-        records: list[JournalRecord] = []
-        for expected, row in enumerate(rows, start=start + 1):
-            if row[0] != expected:  # reported where it is: the first sequence that is not there
-                raise JournalGap(
-                    f"journal gap in run {run}: expected sequence {expected}, found {row[0]!r}; "
-                    "restore the database from a backup"
-                )
-            records.append(_record(run, row))
-        return records
+        return self.window(
+            run_id, after, limit, ((row[0], row) for row in rows), lambda _, row: self._record(run_id, row)
+        )
 
-    def next_sequence(self, run_id: str) -> int:
-        """The sequence the next append must carry."""
-        run = parse_run_id(run_id)
+    def _next_sequence(self, run_id: str) -> int:
         with self._db.reading() as connection:
             (last,) = connection.execute(
-                "SELECT COALESCE(MAX(sequence), 0) FROM mayfly_records WHERE run_id = ?", (run,)
+                "SELECT COALESCE(MAX(sequence), 0) FROM mayfly_records WHERE run_id = ?", (run_id,)
             ).fetchone()
         return int(last) + 1
 
-    def list_runs(self, after: str | None = None, limit: int = 1000) -> list[str]:
-        """Run ids holding records, sorted, after ``after``."""
-        start = "" if after is None else parse_run_id(after)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidRecord(f"list_runs limit must be a positive int, got {limit!r}")
+    def _list_runs(self, after: str | None, limit: int) -> list[str]:
         with self._db.reading() as connection:
             rows = connection.execute(
                 "SELECT DISTINCT run_id FROM mayfly_records WHERE run_id > ? ORDER BY run_id LIMIT ?",
-                (start, limit),
+                ("" if after is None else after, limit),
             ).fetchall()
         return [row[0] for row in rows]
 
-    def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
-        """Store the run's snapshot, replacing any earlier one in one statement."""
-        run = parse_run_id(run_id)
-        if not isinstance(snapshot, SnapshotRecord):
-            raise InvalidRecord(f"snapshot must be a SnapshotRecord, got {type(snapshot).__name__}")
-        snapshot.validate()
-        if snapshot.run_id != run or snapshot.checksum != snapshot.expected_checksum():
-            raise InvalidRecord(f"snapshot for run {run} names another run or fails its checksum")
+    def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         with self._db.transaction() as connection:
             connection.execute(
-                "INSERT OR REPLACE INTO mayfly_snapshots VALUES (?, ?)",
-                (run, msgspec.json.encode(snapshot)),
+                "INSERT OR REPLACE INTO mayfly_snapshots VALUES (?, ?)", (run_id, encode_snapshot(snapshot))
             )
 
-    def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        """The run's snapshot, ``None`` if absent; ``SnapshotCorrupt`` if unusable."""
-        run = parse_run_id(run_id)
+    def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
         with self._db.reading() as connection:
-            row = connection.execute("SELECT body FROM mayfly_snapshots WHERE run_id = ?", (run,)).fetchone()
-        if row is None:
-            return None
-        try:
-            snapshot = msgspec.json.decode(bytes(row[0]), type=SnapshotRecord)
-        except msgspec.DecodeError as error:
-            raise SnapshotCorrupt(run, f"unreadable: {error}") from None
-        snapshot.verify()
-        if snapshot.run_id != run:
-            raise SnapshotCorrupt(run, f"row holds the snapshot of run {snapshot.run_id}")
-        return snapshot
+            row = connection.execute(
+                "SELECT body FROM mayfly_snapshots WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return None if row is None else decode_snapshot(run_id, bytes(row[0]))
+
+    def _close(self) -> None:
+        self._db.close()
+
+    # Run purging (capabilities.run_purge).
+
+    def purge_run(self, run_id: str) -> bool:
+        """Delete the run's records, snapshot and lease grant, keeping its fencing counter."""
+        run = self.open_run(run_id, "purge")
+        with self._db.transaction() as connection:
+            holder = _holder(connection, run, _now_ms())
+            if holder is not None:
+                raise LeaseHeld(run, holder)
+            removed = 0
+            for table in ("mayfly_records", "mayfly_snapshots", "mayfly_leases"):
+                removed += connection.execute(f"DELETE FROM {table} WHERE run_id = ?", (run,)).rowcount
+        return removed > 0
 
     # Fault injection for the contract suite (capabilities.fault_injection).
 
@@ -387,162 +318,63 @@ class SqliteJournal:
                 (run_id,),
             )
 
-    def close(self) -> None:
-        """Close the database connection."""
-        self._db.close()
 
-    def __enter__(self) -> Self:
-        """Return the journal."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the journal."""
-        self.close()
-
-
-def _now_ms() -> int:
-    # Wall-clock milliseconds: leases are compared across processes on one host.
-    return time.time_ns() // 1_000_000
-
-
-class SqliteLeaseGuard:
+class SqliteLeaseGuard(LeaseGuardBase[None]):
     """A granted SQLite lease; valid until released, or expired and taken over."""
 
-    def __init__(self, store: SqliteLeaseStore, run_id: str, owner: str, token: int, ttl_ms: int) -> None:
-        self._store = store
-        self._run_id = run_id
-        self._owner = owner
-        self._token = token
-        self._ttl_ms = ttl_ms
-        self._released = False
+    _store: SqliteLeaseStore
 
-    @property
-    def run_id(self) -> str:
-        """The leased run."""
-        return self._run_id
-
-    @property
-    def owner(self) -> str:
-        """The owner description."""
-        return self._owner
-
-    @property
-    def fencing_token(self) -> int:
-        """This grant's fencing token."""
-        return self._token
-
-    def renew(self, ttl_ms: int | None = None) -> None:
-        """Extend the lease, or raise LeaseLost if it was released or taken over."""
-        ttl = self._ttl_ms if ttl_ms is None else validate_acquire(self._run_id, self._owner, ttl_ms)[2]
-        with self._store._db.transaction() as connection:
+    def _renew(self, ttl_ms: int) -> None:
+        with self._store.db.transaction() as connection:
             row = connection.execute(
-                "SELECT token FROM mayfly_leases WHERE run_id = ?", (self._run_id,)
+                "SELECT token FROM mayfly_leases WHERE run_id = ?", (self.run_id,)
             ).fetchone()
-            if self._released or row is None or int(row[0]) != self._token:
-                raise LeaseLost(
-                    f"recovery lease of run {self._run_id} (token {self._token}) was released or "
-                    "taken over; acquire it again"
-                )
+            if row is None or int(row[0]) != self.fencing_token:
+                raise self.lost("expired and was taken over")
             connection.execute(
-                "UPDATE mayfly_leases SET expires_ms = ? WHERE run_id = ?",
-                (_now_ms() + ttl, self._run_id),
+                "UPDATE mayfly_leases SET expires_ms = ? WHERE run_id = ?", (_now_ms() + ttl_ms, self.run_id)
             )
 
-    def release(self) -> None:
-        """Give the lease up (idempotent); a taken-over lease is left to its new owner."""
-        if self._released:
-            return
-        self._released = True
-        with self._store._db.transaction() as connection:
+    def _release(self) -> None:
+        with self._store.db.transaction() as connection:
             connection.execute(
-                "DELETE FROM mayfly_leases WHERE run_id = ? AND token = ?",
-                (self._run_id, self._token),
+                "DELETE FROM mayfly_leases WHERE run_id = ? AND token = ?", (self.run_id, self.fencing_token)
             )
 
-    def __enter__(self) -> Self:
-        """Return the guard."""
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Release the lease."""
-        self.release()
-
-
-class SqliteLeaseStore:
+class SqliteLeaseStore(LeaseStoreBase[SqliteLeaseGuard]):
     """A ``RecoveryLeaseStore`` on SQLite: expiring leases, a persistent fencing counter."""
 
     def __init__(self, url: str) -> None:
-        self._db = _Database(url)
+        self.db = _Database(url)
+        super().__init__(url=self.db.url)
 
-    @property
-    def url(self) -> str:
-        """The database URL."""
-        return self._db.url
-
-    def acquire(self, run_id: str, owner: str, ttl_ms: int) -> SqliteLeaseGuard:
-        """Grant the lease if it is free or expired, with the next fencing token; else LeaseHeld."""
-        run, owner, ttl = validate_acquire(run_id, owner, ttl_ms)
-        with self._db.transaction() as connection:
+    def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> SqliteLeaseGuard:
+        with self.db.transaction() as connection:
             now = _now_ms()
-            row = connection.execute(
-                "SELECT owner, expires_ms FROM mayfly_leases WHERE run_id = ?", (run,)
-            ).fetchone()
-            if row is not None and int(row[1]) > now:
-                raise LeaseHeld(run, str(row[0]))
-            token = _fence(connection, run) + 1
-            connection.execute("INSERT OR REPLACE INTO mayfly_fences VALUES (?, ?)", (run, token))
+            holder = _holder(connection, run_id, now)
+            if holder is not None:
+                raise LeaseHeld(run_id, holder)
+            token = _fence(connection, run_id) + 1
+            connection.execute("INSERT OR REPLACE INTO mayfly_fences VALUES (?, ?)", (run_id, token))
             connection.execute(
                 "INSERT OR REPLACE INTO mayfly_leases VALUES (?, ?, ?, ?)",
-                (run, owner, token, now + ttl),
+                (run_id, owner, token, now + ttl_ms),
             )
-        return SqliteLeaseGuard(self, run, owner, token, ttl)
+        return SqliteLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=None)
 
-    def current_fence(self, run_id: str) -> int:
-        """The newest token granted for the run."""
-        run = parse_run_id(run_id)
-        with self._db.reading() as connection:
-            return _fence(connection, run)
+    def _current_fence(self, run_id: str) -> int:
+        with self.db.reading() as connection:
+            return _fence(connection, run_id)
 
-    def close(self) -> None:
-        """Close the database connection (leases expire on their own)."""
-        self._db.close()
-
-    def __enter__(self) -> Self:
-        """Return the store."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the store."""
-        self.close()
+    def _close(self) -> None:
+        self.db.close()
 
 
-def _describe(url: str) -> str:
-    """One line for ``mayfly backends``."""
-    return "SQLite journal and expiring leases (WAL, synchronous=FULL: durable)"
-
-
-@hookimpl
-def mayfly_journal_backends() -> Sequence[BackendDescriptor]:
-    """Offer the SQLite journal for ``sqlite://`` URLs."""
-    return [BackendDescriptor(("sqlite",), DISTRIBUTION, SqliteJournal, _describe)]
-
-
-@hookimpl
-def mayfly_lease_backends() -> Sequence[BackendDescriptor]:
-    """Offer SQLite recovery leases for ``sqlite://`` URLs."""
-    return [BackendDescriptor(("sqlite",), DISTRIBUTION, SqliteLeaseStore, _describe)]
+mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
+    ("sqlite",),
+    DISTRIBUTION,
+    SqliteJournal,
+    SqliteLeaseStore,
+    summary="SQLite journal and expiring leases (WAL, synchronous=FULL: durable)",
+)

@@ -26,6 +26,7 @@ from mayfly.cli._support import (
 )
 from mayfly.identity import Uuid7IdSource
 from mayfly.inspect import list_runs, load_inspection, render_mermaid, render_table, to_json
+from mayfly.journal import RUN_VERIFICATION
 from mayfly.model.errors import InvalidJSONValue, LimitExceeded, ResumeRefused
 from mayfly.model.signals import SignalToken
 from mayfly.model.state import RunState
@@ -174,9 +175,9 @@ def cmd_replay(ctx: Context) -> int:
     upcasters = ctx.plugins.event_upcasters()
     run_id = run_id_argument(args.run)
     started = time.monotonic()
-    verify = getattr(journal, "verify_run", None)
-    if callable(verify):
-        verify(run_id)  # a backend that can check every stored frame does so before the replay
+    verifier = RUN_VERIFICATION.of(journal)
+    if verifier is not None:
+        verifier.verify_run(run_id)  # a backend that can check every stored frame does so before the replay
     full = replay_run(journal, run_id, upcasters=upcasters)
     elapsed = time.monotonic() - started
     cached = inspect_run(journal, run_id, upcasters=upcasters)

@@ -7,7 +7,7 @@ from typing import Final, final
 
 import msgspec
 
-from mayfly.journal import WorkflowJournal
+from mayfly.journal import RUN_SUMMARIES, WorkflowJournal
 from mayfly.model.errors import CompatibilityError, CorruptionError, JournalError
 from mayfly.model.state import RunStatus
 from mayfly.plugins import PluginManager, Upcasters, plugin_manager
@@ -128,9 +128,9 @@ def _candidate_pages(
     filters. "waiting" is not indexed (it is a running run parked on a
     signal), so it always pages through the runs.
     """
-    summaries = getattr(journal, "run_summaries", None)
-    if callable(summaries) and state != WAITING:
-        found = summaries(status=state, workflow_id=workflow, limit=min(limit, _PAGE))
+    summaries = RUN_SUMMARIES.of(journal)
+    if summaries is not None and state != WAITING:
+        found = summaries.run_summaries(status=state, workflow_id=workflow, limit=min(limit, _PAGE))
         yield [summary.run_id for summary in found]
         return
     after = None

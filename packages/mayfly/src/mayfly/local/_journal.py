@@ -64,17 +64,15 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from types import TracebackType
-from typing import Final, Self, final
+from typing import Final, final
 
+from mayfly.backend import JournalBase
 from mayfly.journal import (
     AppendResult,
     Durability,
     JournalCapabilities,
     JournalRecord,
     SnapshotRecord,
-    validate_batch,
-    validate_read,
 )
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.local import _frames
@@ -91,10 +89,7 @@ from mayfly.local._store import (
     sync_directory,
 )
 from mayfly.model.errors import (
-    AppendConflict,
-    ConflictingRecord,
     CorruptionError,
-    FencingRejected,
     HistoryLost,
     InvalidRecord,
     JournalUnavailable,
@@ -107,24 +102,29 @@ __all__ = ["LocalWorkflowJournal"]
 
 _INDEX_CACHE_LIMIT: Final = 1024
 _SCAN_WINDOW: Final = 4 << 20
-_MAX_LIST_LIMIT: Final = 100_000
+# Leases never expire here: a local lease lasts until release or process death.
+_FEATURES: Final = (
+    "cross_process fencing crash_durable fault_injection snapshots run_verification run_purge run_index"
+)
 _LISTING_SETTLE_NS: Final = 2_000_000_000
 
 
 @final
-class LocalWorkflowJournal:
+class LocalWorkflowJournal(JournalBase):
     """The ``file://DIR`` journal: one append-only journal file per run, safe across threads and processes.
 
     ``DIR`` is created on first use. ``?durability=fsync`` (the default),
     ``flush`` or ``write`` selects when appends are acknowledged; ``fsync`` on
     tmpfs/ramfs is refused with ``DurabilityUnavailable``, since fsync keeps
-    nothing there.
+    nothing there. Declares cross-process, fenced, crash-durable, fault
+    injection, run verification and purging; leases never expire.
     """
+
+    remedy = "restore the run's journal file from a backup"
 
     def __init__(self, url: str) -> None:
         target = parse_url(url)
         check_durability(target)
-        self._url = target.url
         self._durability = target.durability
         self._layout = Layout(target.root)
         self._layout.prepare()
@@ -134,29 +134,8 @@ class LocalWorkflowJournal:
         self._listing: tuple[tuple[int, int], list[str]] | None = None
         self._index_db: LocalRunIndex | None = None
         self._leases: LocalLeaseStore | None = None
-        self._closed = False
-
-    @property
-    def url(self) -> str:
-        """The store URL (local paths carry no password)."""
-        return self._url
-
-    @property
-    def durability(self) -> Durability:
-        """``durable`` in fsync mode, else ``flush`` or ``write`` as configured."""
-        return self._durability
-
-    @property
-    def capabilities(self) -> JournalCapabilities:
-        """Cross-process, fenced, crash-durable, with fault injection; leases never expire."""
-        return JournalCapabilities(
-            durability=self._durability,
-            cross_process=True,
-            fencing=True,
-            crash_durable=True,
-            fault_injection=True,
-            snapshots=True,
-            lease_expiry=False,
+        super().__init__(
+            url=target.url, capabilities=JournalCapabilities.declare(target.durability, _FEATURES)
         )
 
     @property
@@ -167,8 +146,6 @@ class LocalWorkflowJournal:
     # -- locking and the index ------------------------------------------------------------
 
     def _run_lock(self, run_id: str) -> threading.Lock:
-        if self._closed:
-            raise JournalUnavailable(f"local journal {self._url} is closed")
         with self._guard:
             return self._run_locks.setdefault(run_id, threading.Lock())
 
@@ -372,25 +349,30 @@ class LocalWorkflowJournal:
 
     # -- the journal contract ---------------------------------------------------------------
 
-    def append(
-        self,
-        run_id: str,
-        expected_next: int,
-        records: Sequence[JournalRecord],
-        fence: int | None = None,
-    ) -> AppendResult:
-        """Compare-and-append an atomic batch; see :meth:`mayfly.journal.WorkflowJournal.append`."""
-        return self._append(run_id, expected_next, records, fence, None)
-
     def _append(
+        self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
+    ) -> AppendResult:
+        return self._append_batch(run_id, expected_next, batch, fence, None)
+
+    def _append_indexed(
         self,
         run_id: str,
         expected_next: int,
-        records: Sequence[JournalRecord],
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry],
+    ) -> AppendResult:
+        self._run_index()  # opened before the run's lock is taken
+        return self._append_batch(run_id, expected_next, batch, fence, entry)
+
+    def _append_batch(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
         fence: int | None,
         entry: Callable[[], IndexEntry] | None,
     ) -> AppendResult:
-        batch = validate_batch(run_id, expected_next, records, fence)
         # Explicit lock/try blocks instead of context managers: this is the hot path.
         lock = self._run_lock(run_id)
         with lock:
@@ -399,18 +381,20 @@ class LocalWorkflowJournal:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 index = self._index(run_id, fd, exclusive=True)
-                current = read_fence(self._layout, run_id)
-                if (fence is None and current != 0) or (fence is not None and fence != current):
-                    raise FencingRejected(run_id, 0 if fence is None else fence, current)
+                self.check_fence(run_id, fence, read_fence(self._layout, run_id))
                 if expected_next != index.next_sequence:
-                    return self._replayed(run_id, fd, batch, index, expected_next)
+                    return self.refused(
+                        run_id,
+                        expected_next,
+                        batch,
+                        actual_next=index.next_sequence,
+                        stored_at=lambda sequence: self._stored(fd, index, run_id, sequence),
+                        sequence_of=index.event_ids.get,
+                    )
                 for record in batch:
                     used = index.event_ids.get(record.event_id)
                     if used is not None:
-                        raise ConflictingRecord(
-                            f"append rejected: run {run_id} event id {record.event_id} is "
-                            f"already committed at sequence {used}"
-                        )
+                        raise self.event_id_taken(run_id, record.event_id, used)
                 if entry is None:
                     self._write(run_id, fd, index, batch)
                 else:
@@ -425,50 +409,13 @@ class LocalWorkflowJournal:
                 # Unlock explicitly: a child forked meanwhile may share the descriptor.
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
-        return AppendResult(run_id=run_id, last_sequence=batch[-1].sequence, records=batch)
-
-    def _replayed(
-        self,
-        run_id: str,
-        fd: int,
-        batch: tuple[JournalRecord, ...],
-        index: _frames.RunIndex,
-        expected_next: int,
-    ) -> AppendResult:
-        """Answer an append whose expected sequence is not the next one: replay or conflict.
-
-        An exact re-append is acknowledged. A batch event id already committed
-        with other content or at another sequence is a ``ConflictingRecord``
-        (same identity, different fact). Anything else is an ordinary lost race:
-        ``AppendConflict`` tells the caller where the journal is.
-        """
-        actual_next = index.next_sequence
-        replay = all(
-            record.sequence < actual_next
-            and self._stored(fd, index, run_id, record.sequence).checksum == record.checksum
-            for record in batch
-        )
-        if replay:
-            return AppendResult(
-                run_id=run_id,
-                last_sequence=batch[-1].sequence,
-                records=batch,
-                already_committed=True,
-            )
-        for record in batch:
-            used = index.event_ids.get(record.event_id)
-            if used is not None and (
-                used != record.sequence or self._stored(fd, index, run_id, used).checksum != record.checksum
-            ):
-                raise ConflictingRecord(
-                    f"append rejected: run {run_id} event id {record.event_id} is already "
-                    f"committed at sequence {used} with different content"
-                )
-        raise AppendConflict(run_id, expected_next, actual_next)
+        return self.acknowledged(run_id, batch)
 
     @staticmethod
-    def _stored(fd: int, index: _frames.RunIndex, run_id: str, sequence: int) -> JournalRecord:
+    def _stored(fd: int, index: _frames.RunIndex, run_id: str, sequence: int) -> JournalRecord | None:
         """Read back and verify the committed record at ``sequence`` (caller holds the flock)."""
+        if not 1 <= sequence <= len(index.offsets):
+            return None
         start = index.offsets[sequence - 1]
         end = index.offsets[sequence] if sequence < len(index.offsets) else index.end
         (record,) = _frames.decode_frames(os.pread(fd, end - start, start), run_id, sequence, start)
@@ -506,24 +453,22 @@ class LocalWorkflowJournal:
             offset += len(frame)
         index.end = index.size = offset
 
-    def read(self, run_id: str, after: int = 0, limit: int | None = None) -> list[JournalRecord]:
-        """Return records after ``after`` in order, checksum-verified; see the Protocol."""
-        run, start, count = validate_read(run_id, after, limit)
+    def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
         try:
-            return self._read(run, start, count, hint=True)
+            return self._read_frames(run_id, after, limit, hint=True)
         except CorruptionError:
             # Offsets that came from a hint are only a guess: locate the frames
             # again from the file itself; if that read fails too, it is the journal.
-            if not self._hinted(run):
+            if not self._hinted(run_id):
                 raise
-        return self._read(run, start, count, hint=False)
+        return self._read_frames(run_id, after, limit, hint=False)
 
     def _hinted(self, run_id: str) -> bool:
         with self._guard:
             index = self._indexes.pop(run_id, None)
         return index is not None and index.hinted
 
-    def _read(self, run: str, start: int, count: int | None, *, hint: bool) -> list[JournalRecord]:
+    def _read_frames(self, run: str, start: int, count: int | None, *, hint: bool) -> list[JournalRecord]:
         with self._run(run):
             fd = open_run_file(self._layout, run, create=False)
             if fd is None:
@@ -561,7 +506,7 @@ class LocalWorkflowJournal:
         file otherwise runs on the first append after open; ``mayfly replay``
         calls this to audit a whole history. Raises the typed corruption error.
         """
-        run = parse_run_id(run_id)
+        run = self.open_run(run_id, "verification")
         with self._run(run):
             fd = open_run_file(self._layout, run, create=False)
             if fd is None:
@@ -578,9 +523,8 @@ class LocalWorkflowJournal:
             finally:
                 os.close(fd)
 
-    def next_sequence(self, run_id: str) -> int:
-        """Return the sequence the next append must carry (1 for a new run)."""
-        run = parse_run_id(run_id)
+    def _next_sequence(self, run_id: str) -> int:
+        run = run_id
         with self._run(run):
             fd = open_run_file(self._layout, run, create=False)
             if fd is None:
@@ -591,12 +535,7 @@ class LocalWorkflowJournal:
             finally:
                 os.close(fd)
 
-    def list_runs(self, after: str | None = None, limit: int = 1000) -> list[str]:
-        """Return up to ``limit`` sorted run ids holding records, all greater than ``after``."""
-        if after is not None:
-            after = parse_run_id(after)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIST_LIMIT:
-            raise InvalidRecord(f"list_runs limit must be an int in [1, {_MAX_LIST_LIMIT}]")
+    def _list_runs(self, after: str | None, limit: int) -> list[str]:
         names = self._run_names()
         runs: list[str] = []
         for name in names[bisect_right(names, after) if after else 0 :]:
@@ -633,16 +572,9 @@ class LocalWorkflowJournal:
                 self._listing = (key, names)
         return names
 
-    def write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
+    def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         """Replace the run's snapshot atomically (tmp file, fsync, rename, directory fsync)."""
-        run = parse_run_id(run_id)
-        if not isinstance(snapshot, SnapshotRecord):
-            raise InvalidRecord(f"snapshot must be a SnapshotRecord, got {type(snapshot).__name__}")
-        snapshot.validate()
-        if snapshot.run_id != run:
-            raise InvalidRecord(f"snapshot of run {snapshot.run_id} cannot be stored for run {run}")
-        if snapshot.checksum != snapshot.expected_checksum():
-            raise InvalidRecord(f"snapshot of run {run} does not match its checksum; reseal it")
+        run = run_id
         frame = _frames.encode_snapshot(snapshot)
         durable = self._durability is Durability.DURABLE
         final_path = self._layout.snapshot_file(run)
@@ -696,14 +628,70 @@ class LocalWorkflowJournal:
             return
         index.hint_end = end
 
-    def read_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        """Return the run's snapshot or ``None``; raise ``SnapshotCorrupt`` if it is unusable."""
-        run = parse_run_id(run_id)
+    def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
         try:
-            data = self._layout.snapshot_file(run).read_bytes()
+            data = self._layout.snapshot_file(run_id).read_bytes()
         except FileNotFoundError:
             return None
-        return _frames.decode_snapshot(data, run)
+        return _frames.decode_snapshot(data, run_id, verify=False)  # the base verifies it
+
+    # -- purging (capabilities.run_purge) ----------------------------------------------------
+
+    def purge_run(self, run_id: str) -> bool:
+        """Empty the run's journal file and delete its snapshot and hint; the fencing counter stays.
+
+        Runs under the run file's exclusive lock, after the run's lease lock
+        was taken without waiting: a held lease raises ``LeaseHeld`` and
+        nothing changes. The emptied file stays so that a later grant still
+        orders itself against appends; ``list_runs`` skips empty files.
+        """
+        run = self.open_run(run_id, "purge")
+        with self._run(run):
+            fd = open_run_file(self._layout, run, create=False)
+            if fd is None:
+                return self._remove_snapshot(run)
+            try:
+                with locked(fd, fcntl.LOCK_EX):
+                    lease = self._free_lease(run)
+                    try:
+                        self._forget(run)
+                        # The hint first: one naming this inode past its size would read as lost history.
+                        self._layout.hint_file(run).unlink(missing_ok=True)
+                        removed = self._remove_snapshot(run)
+                        if os.fstat(fd).st_size:
+                            os.ftruncate(fd, 0)
+                            if self.durability is Durability.DURABLE:
+                                sync_data(fd)
+                            removed = True
+                        return removed
+                    finally:
+                        if lease is not None:
+                            os.close(lease)
+            finally:
+                os.close(fd)
+
+    def _free_lease(self, run: str) -> int | None:
+        """Take the run's lease lock without waiting (its descriptor), or raise ``LeaseHeld``."""
+        try:
+            lease = os.open(self._layout.lease_file(run), os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(lease, 512, 0).decode("ascii", "replace").strip() or None
+            os.close(lease)
+            raise LeaseHeld(run, holder) from None
+        return lease
+
+    def _remove_snapshot(self, run: str) -> bool:
+        try:
+            self._layout.snapshot_file(run).unlink()
+        except FileNotFoundError:
+            return False
+        if self.durability is Durability.DURABLE:
+            sync_directory(self._layout.snapshots)
+        return True
 
     # -- fault injection for the contract suite ---------------------------------------------
 
@@ -724,14 +712,14 @@ class LocalWorkflowJournal:
 
     def corrupt_snapshot(self, run_id: str) -> None:
         """Flip one byte inside the stored snapshot frame (contract-suite fault hook)."""
-        path = self._layout.snapshot_file(parse_run_id(run_id))
+        path = self._layout.snapshot_file(self.open_run(run_id, "fault injection"))
         data = bytearray(path.read_bytes())
         data[min(len(data) - 1, _frames.HEADER.size + 2)] ^= 0x20
         path.write_bytes(bytes(data))
 
     @contextmanager
     def _frame_edit(self, run_id: str, sequence: int) -> Iterator[tuple[int, int, int]]:
-        run = parse_run_id(run_id)
+        run = self.open_run(run_id, "fault injection")
         with self._run(run):
             fd = open_run_file(self._layout, run, create=False)
             if fd is None:
@@ -760,33 +748,13 @@ class LocalWorkflowJournal:
     def _run_index(self) -> LocalRunIndex:
         """The store's run index, opened on first use (read-only commands never create it)."""
         if self._closed:
-            raise JournalUnavailable(f"local journal {self._url} is closed")
+            raise self.closed_error("run index")
         with self._guard:
             if self._index_db is None:
                 durable = self._durability is Durability.DURABLE
                 self._index_db = LocalRunIndex(self._layout.root, durable=durable)
                 self._leases = LocalLeaseStore(self._url)
             return self._index_db
-
-    def append_indexed(
-        self,
-        run_id: str,
-        expected_next: int,
-        records: Sequence[JournalRecord],
-        fence: int | None,
-        index: Callable[[], IndexEntry],
-    ) -> AppendResult:
-        """Append like :meth:`append` and store the run's new index entry (write order: see ``_index``)."""
-        run = parse_run_id(run_id)
-        self._run_index()  # opened before the run's lock is taken
-
-        def entry() -> IndexEntry:
-            value = index()
-            if not isinstance(value, IndexEntry) or value.run_id != run:
-                raise InvalidRecord(f"append to run {run}: the index entry must be an IndexEntry of that run")
-            return value
-
-        return self._append(run, expected_next, records, fence, entry)
 
     def claim(
         self,
@@ -849,9 +817,8 @@ class LocalWorkflowJournal:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Drop the in-process index; the journal refuses further operations."""
-        self._closed = True
+    def _close(self) -> None:
+        """Drop the in-process index and close the run index; the base refuses further operations."""
         with self._guard:
             self._indexes.clear()
             if self._index_db is not None:
@@ -860,19 +827,3 @@ class LocalWorkflowJournal:
             if self._leases is not None:
                 self._leases.close()
                 self._leases = None
-
-    def __enter__(self) -> Self:
-        """Return the journal itself."""
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the journal."""
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"LocalWorkflowJournal({self._url!r})"

@@ -23,17 +23,33 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
-from urllib.parse import parse_qsl, urlsplit
+from typing import Final, Literal
 
+import msgspec
+
+from mayfly.backend import VOLATILE_FILESYSTEMS, filesystem_type, parse_backend_url
 from mayfly.journal import Durability
 from mayfly.model.errors import (
     CompatibilityError,
     CorruptionError,
     DurabilityUnavailable,
-    InvalidBackendURL,
     JournalUnavailable,
 )
+
+__all__ = [
+    "VOLATILE_FILESYSTEMS",
+    "Layout",
+    "LocalTarget",
+    "check_durability",
+    "filesystem_type",
+    "locked",
+    "open_run_file",
+    "parse_url",
+    "read_fence",
+    "sync_data",
+    "sync_directory",
+    "write_fence",
+]
 
 FORMAT_MARKER: Final = "mayfly-local.json"
 FORMAT_NAME: Final = "mayfly-local"
@@ -49,6 +65,7 @@ _DURABILITY_NAMES: Final = {
     "write": Durability.WRITE,
 }
 _MAX_FENCE_TEXT = 32
+_SHAPE: Final = "file:///DIR?durability=fsync|flush|write, or a bare directory path"
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
@@ -61,69 +78,20 @@ class LocalTarget:
     url: str
 
 
+class LocalOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The options of a ``file://`` URL."""
+
+    durability: Literal["fsync", "durable", "flush", "write"] = "fsync"
+    """When an append is acknowledged: ``fsync`` (``durable``), ``flush`` or ``write``."""
+
+
 def parse_url(url: str) -> LocalTarget:
     """Parse ``file://DIR?durability=fsync|flush|write`` or a bare path (default ``fsync``)."""
-    if not isinstance(url, str) or not url:
-        raise InvalidBackendURL(f"local journal URL must be a non-empty string, got {url!r}")
-    if "://" in url:
-        parts = urlsplit(url)
-        if parts.scheme != "file":
-            raise InvalidBackendURL(f"local journal URL {url!r} must use the file:// scheme")
-        host = parts.netloc if parts.netloc not in ("", "localhost") else ""
-        path = host + parts.path
-        query = parts.query
-    else:
-        path, _, query = url.partition("?")
-    if not path:
-        raise InvalidBackendURL(f"local journal URL {url!r} names no directory")
-    options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-    unknown = sorted(set(options) - {"durability"})
-    if unknown:
-        raise InvalidBackendURL(
-            f"local journal URL {url!r} has unknown option(s) {', '.join(unknown)}; "
-            "the only option is durability=fsync|flush|write"
-        )
-    name = options.get("durability", "fsync")
-    if name not in _DURABILITY_NAMES:
-        raise InvalidBackendURL(
-            f"local journal URL {url!r}: durability must be fsync, flush or write, got {name!r}"
-        )
-    root = Path(path).expanduser().absolute()
-    canonical = f"file://{root}?durability={name}" if query else f"file://{root}"
+    parsed = parse_backend_url(url, LocalOptions, _SHAPE, kind="path", label="local journal", bare_path=True)
+    name = parsed.options.durability
+    root = Path(parsed.location).expanduser().absolute()
+    canonical = f"file://{root}?durability={name}" if parsed.given else f"file://{root}"
     return LocalTarget(root=root, durability=_DURABILITY_NAMES[name], url=canonical)
-
-
-VOLATILE_FILESYSTEMS: Final = frozenset({"tmpfs", "ramfs"})
-"""Filesystems whose fsync protects nothing: their contents vanish with the host."""
-
-
-def filesystem_type(path: Path, mountinfo: str | None = None) -> str | None:
-    """The type of the filesystem holding ``path`` (``ext4``, ``tmpfs``...), or None if unknown.
-
-    Read from ``/proc/self/mountinfo`` (Linux) unless ``mountinfo`` text is given:
-    the longest mount point containing the resolved path wins.
-    """
-    if mountinfo is None:
-        try:
-            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
-                mountinfo = mounts.read()
-        except OSError:
-            return None
-    target = os.path.realpath(path)
-    best: tuple[int, str] | None = None
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        try:
-            separator = fields.index("-")
-            # Mount points escape space, tab, newline and backslash as octal (\040).
-            mount_point = fields[4].encode("latin-1").decode("unicode_escape")
-            fstype = fields[separator + 1]
-        except (ValueError, IndexError, UnicodeError):
-            continue
-        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-        if inside and (best is None or len(mount_point) >= best[0]):
-            best = (len(mount_point), fstype)
-    return best[1] if best else None
 
 
 def check_durability(target: LocalTarget) -> None:
