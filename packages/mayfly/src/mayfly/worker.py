@@ -53,11 +53,12 @@ from mayfly.recovery import resume_claimed
 from mayfly.runindex import RunIndexJournal, index_entry
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime
 from mayfly.runtime._driver import RunDriver
-from mayfly.substrate import Channel, Task, WaitTimeout, current_hub, spawn, wait_readable
+from mayfly.substrate import Channel, Hub, Task, WaitTimeout, current_hub, spawn, wait_readable
 
 __all__ = ["Worker", "WorkerUnsupported"]
 
 _BACKOFF_MS = (100, 200, 500, 1_000, 2_000, 5_000)
+_MAX_OFFLOAD_WORKERS = 64
 
 
 class WorkerUnsupported(MayflyError):
@@ -127,7 +128,10 @@ class Worker:
 
     def run(self) -> None:
         """Serve until stopped: claim, drive, detach, repeat (on a new hub on this thread)."""
-        self.runtime._hub().run(self._main)
+        clock = self.runtime._clock
+        # Blocking handlers and journal flushes cross the offload pool: size it for the runs driven at once.
+        workers = min(_MAX_OFFLOAD_WORKERS, self.concurrency + 4)
+        Hub(clock() if clock is not None else None, offload_workers=workers).run(self._main)
 
     def serve(self) -> int:
         """:meth:`run`, with SIGTERM and SIGINT stopping the worker; returns 0, or 130 when aborted."""

@@ -82,6 +82,7 @@ from mayfly.local._store import (
     Layout,
     check_durability,
     locked,
+    off_hub,
     open_run_file,
     parse_url,
     read_fence,
@@ -352,6 +353,8 @@ class LocalWorkflowJournal(JournalBase):
     def _append(
         self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
+        if self._durability is Durability.DURABLE:
+            return off_hub(self._append_batch, run_id, expected_next, batch, fence, None)
         return self._append_batch(run_id, expected_next, batch, fence, None)
 
     def _append_indexed(
@@ -363,6 +366,8 @@ class LocalWorkflowJournal(JournalBase):
         entry: Callable[[], IndexEntry],
     ) -> AppendResult:
         self._run_index()  # opened before the run's lock is taken
+        if self._durability is Durability.DURABLE:
+            return off_hub(self._append_batch, run_id, expected_next, batch, fence, entry)
         return self._append_batch(run_id, expected_next, batch, fence, entry)
 
     def _append_batch(
@@ -573,7 +578,13 @@ class LocalWorkflowJournal(JournalBase):
         return names
 
     def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
-        """Replace the run's snapshot atomically (tmp file, fsync, rename, directory fsync)."""
+        """Replace the run's snapshot atomically (tmp file, fsync, rename, directory fsync), off the hub."""
+        if self._durability is Durability.DURABLE:
+            off_hub(self._store_snapshot, run_id, snapshot)
+        else:
+            self._store_snapshot(run_id, snapshot)
+
+    def _store_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         run = run_id
         frame = _frames.encode_snapshot(snapshot)
         durable = self._durability is Durability.DURABLE
@@ -769,9 +780,15 @@ class LocalWorkflowJournal(JournalBase):
 
         A candidate whose lock another holder has (a live owner, or a
         concurrent claimant that got there first) is skipped, so no run is
-        handed out twice.
+        handed out twice. Each grant writes a fencing counter durably, so a
+        claim from a hub task runs on an offload thread.
         """
         check_claim(limit, queues)
+        return off_hub(self._claim, owner, limit, ttl_ms, now_ms, queues)
+
+    def _claim(
+        self, owner: str, limit: int, ttl_ms: int, now_ms: int, queues: Sequence[str] | None
+    ) -> list[RecoveryLeaseGuard]:
         db = self._run_index()
         leases = self._leases
         assert leases is not None

@@ -25,6 +25,7 @@ from mayfly.backend import LeaseGuardBase, LeaseStoreBase
 from mayfly.local._store import (
     Layout,
     locked,
+    off_hub,
     open_run_file,
     parse_url,
     read_fence,
@@ -66,7 +67,13 @@ class LocalLeaseStore(LeaseStoreBase[LocalLeaseGuard]):
         super().__init__(url=target.url)
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> LocalLeaseGuard:
-        """Take the run's lease now with a new, higher fencing token, or raise ``LeaseHeld``."""
+        """Take the run's lease now with a new, higher fencing token, or raise ``LeaseHeld``.
+
+        The token is written durably (fsync), so from a hub task this runs on an offload thread.
+        """
+        return off_hub(self._take, run_id, owner, ttl_ms)
+
+    def _take(self, run_id: str, owner: str, ttl_ms: int) -> LocalLeaseGuard:
         path = self._layout.lease_file(run_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:

@@ -20,10 +20,10 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 import msgspec
 
@@ -33,8 +33,10 @@ from mayfly.model.errors import (
     CompatibilityError,
     CorruptionError,
     DurabilityUnavailable,
+    HubNotRunning,
     JournalUnavailable,
 )
+from mayfly.substrate import current_hub, offload
 
 __all__ = [
     "VOLATILE_FILESYSTEMS",
@@ -50,6 +52,8 @@ __all__ = [
     "sync_directory",
     "write_fence",
 ]
+
+T = TypeVar("T")
 
 FORMAT_MARKER: Final = "mayfly-local.json"
 FORMAT_NAME: Final = "mayfly-local"
@@ -114,6 +118,23 @@ def sync_directory(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def off_hub(fn: Callable[..., T], *args: object) -> T:
+    """Run ``fn(*args)``, a call that waits for the disk: offloaded from a hub task, else inline.
+
+    A flush never blocks the hub (ADR-0033): the calling task parks while an
+    offload thread waits for the disk, and the hub runs every other task
+    meanwhile, so concurrent runs' flushes overlap (the filesystem merges
+    them into shared journal commits). The locks such a call takes are then
+    held by the offload thread, never by a parked task, so another task
+    wanting one waits at most for that one flush.
+    """
+    try:
+        current_hub()
+    except HubNotRunning:
+        return fn(*args)
+    return offload(fn, *args)
 
 
 def sync_data(fd: int) -> None:

@@ -1,0 +1,149 @@
+"""One worker driving many runs at once, against the serial chain on the same journal, in one run.
+
+Prints, for the journal URL given (default: a fresh ``file://`` store in fsync mode):
+
+1. the serial chain: one run of ``--chain`` cooperative no-op nodes driven by
+   ``WorkflowRuntime.execute`` (nodes/s);
+2. the worker: ``--runs`` runs of ``--nodes`` no-op nodes submitted with
+   ``WorkflowRuntime.start``, then one ``mayfly.Worker`` with concurrency
+   ``--runs`` drives them all (nodes/s, and the ratio to the serial chain;
+   issue 16's target is >= 3x);
+3. for ``file://`` stores, the raw floor measured in the same directory in the
+   same run: ``os.write`` + ``fdatasync`` of one small record, serially
+   (commits/s), so a figure can be read against the disk it ran on;
+4. parking: ``--parked`` runs that each park on a signal under the worker;
+   the submit-and-park time per run and the resident memory per parked run.
+
+Timings are printed, never asserted. Run:
+``python packages/mayfly/benchmarks/bench_worker.py [--journal URL] [--runs 100] [--nodes 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mayfly import HandlerRegistry, Node, Succeeded, WorkflowSpec
+from mayfly.runtime import WaitForSignal, WorkflowRuntime, new_signal_token
+from mayfly.substrate import sleep, spawn
+from mayfly.worker import Worker
+
+
+def registry() -> HandlerRegistry:
+    reg = HandlerRegistry()
+    reg.register("noop", 1, lambda req: Succeeded(), cooperative=True)
+
+    def park(req: Any) -> Any:
+        if req.signal is None:
+            return WaitForSignal("go", new_signal_token(), timeout_ms=86_400_000)
+        return Succeeded()
+
+    reg.register("park", 1, park, cooperative=True)
+    return reg
+
+
+def chain(name: str, length: int, handler: str = "noop@1") -> WorkflowSpec:
+    nodes = tuple(
+        Node(f"n{i}", handler=handler, depends_on=(f"n{i - 1}",) if i else ()) for i in range(length)
+    )
+    return WorkflowSpec(workflow_id=f"bench.{name}", version=1, nodes=nodes)
+
+
+def raw_floor(directory: Path, count: int = 300) -> float:
+    path = directory / "raw-floor"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        started = time.perf_counter()
+        for _ in range(count):
+            os.write(fd, b"x" * 300)
+            os.fdatasync(fd)
+        return count / (time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def drive_all(url: str, runs: int, *, until: str = "ended", log: list[dict[str, Any]] | None = None) -> float:
+    """Run a worker until every submitted run ended (or parked); return the seconds it took."""
+    seen = {"ended": 0, "parked": 0}
+
+    def record(event: dict[str, Any]) -> None:
+        if event["event"] in seen:
+            seen[event["event"]] += 1
+        if log is not None:
+            log.append(event)
+
+    worker = Worker(url, registry(), concurrency=max(1, min(runs, 1000)), poll_interval_ms=50, log=record)
+    original = worker._main
+
+    def main() -> None:
+        def stop_when_done() -> None:
+            while seen[until] < runs:
+                sleep(0.005)
+            worker.stop()
+
+        spawn(stop_when_done)
+        original()
+
+    worker._main = main  # type: ignore[method-assign]
+    started = time.perf_counter()
+    worker.run()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--journal", help="journal URL (default: a temporary file:// store, fsync)")
+    parser.add_argument("--chain", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--nodes", type=int, default=10)
+    parser.add_argument("--parked", type=int, default=1000)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="mayfly-bench-worker-", dir=os.environ.get("MAYFLY_BENCH_DIR")))
+    url = args.journal or f"file://{scratch}/store"
+
+    runtime = WorkflowRuntime(url, registry())
+    started = time.perf_counter()
+    runtime.execute(chain("chain", args.chain))
+    serial = args.chain / (time.perf_counter() - started)
+
+    spec = chain("fan", args.nodes)
+    for _ in range(args.runs):
+        runtime.start(spec)
+    seconds = drive_all(url, args.runs)
+    concurrent = args.runs * args.nodes / seconds
+
+    print(f"journal: {url}")
+    print(f"serial chain of {args.chain} nodes:          {serial:10,.0f} nodes/s")
+    print(
+        f"worker, {args.runs} runs x {args.nodes} nodes at once: {concurrent:10,.0f} nodes/s  "
+        f"ratio {concurrent / serial:.2f}x the serial chain (target >= 3x)"
+    )
+    if url.startswith("file://"):
+        print(f"raw floor (write + fdatasync, serial):     {raw_floor(scratch):10,.0f} commits/s")
+
+    if args.parked:
+        parked_url = f"{url}-parked" if url.startswith("file://") else url
+        parked_runtime = WorkflowRuntime(parked_url, registry())
+        spec = chain("park", 1, "park@1")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        started = time.perf_counter()
+        for _ in range(args.parked):
+            parked_runtime.start(spec)
+        submitted = time.perf_counter() - started
+        seconds = drive_all(parked_url, args.parked, until="parked")
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(
+            f"{args.parked} runs parked on a signal: submit {submitted / args.parked * 1000:.2f} ms/run, "
+            f"claim-drive-park {seconds / args.parked * 1000:.2f} ms/run, peak RSS growth "
+            f"{(after - before) / args.parked:.1f} KB/run (a parked run is detached: it holds no memory)"
+        )
+
+
+if __name__ == "__main__":
+    main()
