@@ -115,6 +115,8 @@ class Worker:
         self._refused: set[str] = set()
         self._done: Channel[Any] = Channel()
         self._stops = 0
+        self._hogs: set[str] = set()
+        self.hog_ms = max(50, self.runtime.lease_ttl_ms // 10)
         self._stop_pipe: tuple[int, int] | None = None
         self.claimed = 0
         self.ended = 0
@@ -131,7 +133,27 @@ class Worker:
         clock = self.runtime._clock
         # Blocking handlers and journal flushes cross the offload pool: size it for the runs driven at once.
         workers = min(_MAX_OFFLOAD_WORKERS, self.concurrency + 4)
-        Hub(clock() if clock is not None else None, offload_workers=workers).run(self._main)
+        hub = Hub(
+            clock() if clock is not None else None,
+            offload_workers=workers,
+            hog_ms=self.hog_ms,
+            on_hog=self._hogged,
+        )
+        hub.run(self._main)
+
+    def _hogged(self, task: str, ms: int) -> None:
+        if task in self._hogs:
+            return
+        self._hogs.add(task)
+        self._emit(
+            "hog",
+            task=task,
+            ms=ms,
+            error=(
+                f"task {task!r} ran {ms} ms without yielding: every other run, timer and lease renewal "
+                "waited for it; run blocking work in a non-cooperative handler (offloaded) or yield"
+            ),
+        )
 
     def serve(self) -> int:
         """:meth:`run`, with SIGTERM and SIGINT stopping the worker; returns 0, or 130 when aborted."""

@@ -402,7 +402,8 @@ class RunDriver:
 
     def _launch(self, index: int, attempt_id: str) -> None:
         node = self.state.node(index)
-        name = f"{node.node_id}#{node.attempt}"
+        # Named for the handler too, so a hub diagnostic (a cooperative handler hogging it) says whose.
+        name = f"{node.node_id}#{node.attempt} handler {node.spec.handler}"
         # The task's own cancellation handle is the one the handler sees.
         holder: dict[str, HandlerRequest] = {}
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, final
 
-from mayfly.commit import keeps_run_index
-from mayfly.model.errors import HubNotRunning, WaitTimeout
-from mayfly.runindex import IndexStatus
+from mayfly.model.errors import HubNotRunning, RunNotFound, WaitTimeout
+from mayfly.model.state import RunState
 from mayfly.substrate import current_hub, sleep
 
 if TYPE_CHECKING:
@@ -38,18 +37,25 @@ class RunHandle:
         return self._read()[1]
 
     def _read(self) -> tuple[RunResult, str]:
-        result = self._runtime.summary(self.run_id)
+        state = self._runtime.inspect(self.run_id).state
+        result = self._runtime.summary_of(state)
         if result.status.is_terminal:
             return result, result.status.value
-        if result.waiting:
+        if result.waiting or self._child_waits(state):
             return result, "waiting"
-        # Parked on a child run's wait: its worker recorded it waiting, with only a wake to end that.
-        journal = self._runtime.journal
-        if keeps_run_index(journal):
-            entry = journal.index_get(self.run_id)
-            if entry is not None and entry.status is IndexStatus.WAITING and entry.ready_at_ms is None:
-                return result, "waiting"
         return result, "running"
+
+    def _child_waits(self, state: RunState) -> bool:
+        """Whether a child run this run is calling now is parked on a signal (at any depth)."""
+        for attempt_id, _ in state.active_attempts():
+            record = state.attempt(attempt_id)
+            if record is not None and record.child_run_id is not None:
+                try:
+                    if RunHandle(self._runtime, record.child_run_id).status() == "waiting":
+                        return True
+                except RunNotFound:
+                    continue  # started but not created yet: it runs when its parent is driven
+        return False
 
     def result(self, timeout: float | None = None) -> RunResult:
         """Wait until the run ends or parks on a signal, and return its result.

@@ -338,6 +338,11 @@ class WorkflowRuntime:
         """The run's current :class:`RunResult` (status, nodes, outputs, waits), read from the journal."""
         return RunResult.of(self.inspect(run_id).state)
 
+    @staticmethod
+    def summary_of(state: RunState) -> RunResult:
+        """The :class:`RunResult` of ``state``."""
+        return RunResult.of(state)
+
     def replay(self, run_id: str) -> RecoveredRun:
         """Reduce a run's complete history, ignoring snapshots, through the plugins' upcasters."""
         return replay_run(self.journal, run_id, upcasters=self.upcasters)

@@ -30,6 +30,7 @@ import math
 import selectors
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, Protocol, TypeVar, final
@@ -350,6 +351,11 @@ class Hub:
     task is parked and no offloaded call or fd wait is in flight; while one is,
     the hub waits for it in real time, so the timeout of an offload or fd wait
     cannot fire before the call or fd itself completes.
+
+    ``on_hog(task_name, ms)`` is told whenever one task runs for more than
+    ``hog_ms`` without parking: nothing else runs meanwhile — no timer, no
+    lease renewal, no other run — so a cooperative handler that computes for
+    seconds is diagnosed by name instead of silently starving the hub.
     """
 
     def __init__(
@@ -358,6 +364,8 @@ class Hub:
         *,
         offload_workers: int = 8,
         shutdown_timeout: float = 5.0,
+        hog_ms: int | None = None,
+        on_hog: Callable[[str, int], None] | None = None,
     ) -> None:
         if offload_workers < 1:
             raise ValueError(f"offload_workers must be at least 1, got {offload_workers}")
@@ -367,6 +375,8 @@ class Hub:
         self._virtual = isinstance(self._clock, VirtualClock)
         self._offload_workers = offload_workers
         self._shutdown_timeout = shutdown_timeout
+        self._hog_ns = None if hog_ms is None or on_hog is None else hog_ms * 1_000_000
+        self._on_hog = on_hog
         self._running = False
         self._reset()
 
@@ -601,10 +611,16 @@ class Hub:
                 value = task
             self._current = task
             self._switches += 1
+            hog_ns = self._hog_ns
+            started = time.monotonic_ns() if hog_ns is not None else 0
             try:
                 glet.switch(value)
             finally:
                 self._current = None
+            if hog_ns is not None:
+                held = time.monotonic_ns() - started
+                if held > hog_ns and self._on_hog is not None:
+                    self._on_hog(task.name, held // 1_000_000)
             if self._fatal is not None and not closing:
                 raise self._fatal
 

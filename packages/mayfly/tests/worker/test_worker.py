@@ -1,0 +1,172 @@
+"""The worker in one process: what it claims, what it leaves alone, how it parks runs and what it tells."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mayfly import HandlerRegistry, Node, RetryableFailure, Succeeded, WorkflowSpec
+from mayfly.model.spec import ChildCall, ChildDefinition, FixedBackoff, RetryPolicy
+from mayfly.runindex import IndexStatus
+from mayfly.runtime import WaitForSignal, WorkflowRuntime, new_signal_token
+from mayfly.substrate import sleep, spawn
+from mayfly.worker import Worker, WorkerUnsupported
+
+
+def chain(name: str, *handlers: str) -> WorkflowSpec:
+    nodes = tuple(
+        Node(f"n{i}", handler=h, depends_on=(f"n{i - 1}",) if i else ()) for i, h in enumerate(handlers)
+    )
+    return WorkflowSpec(workflow_id=f"worker.{name}", version=1, nodes=nodes)
+
+
+def serve_until(worker: Worker, done: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Run ``worker`` on this thread until ``done(log)`` holds; return its log."""
+    log: list[dict[str, Any]] = []
+    worker._log = log.append
+    original = worker._main
+
+    def main() -> None:
+        def watch() -> None:
+            deadline = time.monotonic() + timeout
+            while not done(log) and time.monotonic() < deadline:
+                sleep(0.01)
+            worker.stop()
+
+        spawn(watch)
+        original()
+
+    worker._main = main  # type: ignore[method-assign]
+    worker.run()
+    return log
+
+
+def events(log: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in log if e["event"] == kind]
+
+
+def test_a_run_whose_handlers_the_worker_lacks_is_left_untouched_and_reported_once(tmp_path: Path) -> None:
+    """A worker without a run's handler refuses it once, writes nothing, and keeps serving other runs."""
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+    reg.register("known", 1, lambda req: Succeeded())
+    runtime = WorkflowRuntime(url, reg)
+    alien = runtime.start(chain("alien", "missing@1"))
+    served = runtime.start(chain("known", "known@1"))
+    before = runtime.journal.next_sequence(alien.run_id)
+    log = serve_until(Worker(url, reg, poll_interval_ms=20), lambda log: len(events(log, "ended")) == 1)
+    refused = events(log, "refused")
+    assert [e["run_id"] for e in refused] == [alien.run_id]  # said once, however often it polled
+    assert "missing@1" in refused[0]["error"]
+    assert runtime.journal.next_sequence(alien.run_id) == before
+    assert served.status() == "succeeded"
+    # Its lease was released at once: another process (with the handler) takes it without waiting.
+    runtime.leases.acquire(alien.run_id, "another", 1_000).release()
+
+
+def test_a_cooperative_handler_that_hogs_the_hub_is_named(tmp_path: Path) -> None:
+    """A cooperative handler computing without yielding is diagnosed with its name and how long it held the hub."""
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+
+    def busy(req: Any) -> Any:
+        time.sleep(0.3)  # blocks the hub: the mistake being diagnosed
+        return Succeeded()
+
+    reg.register("busy", 1, busy, cooperative=True)
+    runtime = WorkflowRuntime(url, reg, lease_ttl_ms=1_000)
+    runtime.start(chain("busy", "busy@1"))
+    log = serve_until(Worker(url, reg, lease_ttl_ms=1_000), lambda log: len(events(log, "ended")) == 1)
+    (hog,) = events(log, "hog")
+    assert "busy@1" in hog["task"] and hog["ms"] >= 250
+    assert "lease renewal" in hog["error"]
+
+
+def test_a_run_waiting_on_a_long_backoff_is_parked_and_woken_by_the_index(tmp_path: Path) -> None:
+    """A retry backoff longer than the poll interval frees the slot: the run is waiting in the index until due."""
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+    calls: list[int] = []
+
+    def flaky(req: Any) -> Any:
+        calls.append(req.attempt)
+        return RetryableFailure(reason="again") if req.attempt == 1 else Succeeded()
+
+    reg.register("flaky", 1, flaky)
+    retry = RetryPolicy(max_attempts=2, backoff=FixedBackoff(delay_ms=600))
+    spec = WorkflowSpec(
+        workflow_id="worker.backoff", version=1, nodes=(Node("f", handler="flaky@1", retry=retry),)
+    )
+    runtime = WorkflowRuntime(url, reg)
+    handle = runtime.start(spec)
+    seen: list[Any] = []
+
+    def parked_then_ended(log: list[dict[str, Any]]) -> bool:
+        if events(log, "parked") and not seen:
+            seen.append(runtime.journal.index_get(handle.run_id))
+        return bool(events(log, "ended"))
+
+    log = serve_until(Worker(url, reg, poll_interval_ms=50), parked_then_ended)
+    assert calls == [1, 2]
+    assert seen and seen[0].status is IndexStatus.WAITING and seen[0].ready_at_ms is not None
+    assert [e["event"] for e in log if e.get("run_id") == handle.run_id][:2] == ["claimed", "parked"]
+
+
+def test_a_parent_parked_on_its_child_is_waiting_until_the_child_is_signalled(tmp_path: Path) -> None:
+    """A run whose only work is a parked child waits until the child's deadline; the child's signal wakes it."""
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+    tokens: dict[str, str] = {}
+
+    def approve(req: Any) -> Any:
+        if req.signal is None:
+            token = new_signal_token()
+            tokens["token"] = token.reveal()
+            tokens["run"] = req.run_id
+            return WaitForSignal("ok", token, timeout_ms=3_600_000)
+        return Succeeded()
+
+    reg.register("approve", 1, approve)
+    child = ChildDefinition(workflow_id="worker.child", version=1, nodes=(Node("a", handler="approve@1"),))
+    spec = WorkflowSpec(
+        workflow_id="worker.parent",
+        version=1,
+        nodes=(Node("call", child=ChildCall(workflow_id="worker.child", version=1, mode="require_success")),),
+        catalog=(child,),
+    )
+    runtime = WorkflowRuntime(url, reg)
+    handle = runtime.start(spec)
+    serve_until(Worker(url, reg, poll_interval_ms=20), lambda log: bool(events(log, "parked")))
+    entry = runtime.journal.index_get(handle.run_id)
+    child_entry = runtime.journal.index_get(tokens["run"])
+    assert entry is not None and child_entry is not None and child_entry.parent == handle.run_id
+    # It wakes when its child's wait would expire (an hour from now), or when the child is signalled.
+    assert entry.status is IndexStatus.WAITING and entry.ready_at_ms == child_entry.ready_at_ms
+    assert handle.status() == "waiting"
+    runtime.signal(tokens["run"], "a", tokens["token"], {"ok": True})
+    assert runtime.journal.index_get(handle.run_id).wake  # type: ignore[union-attr]
+    log = serve_until(Worker(url, reg, poll_interval_ms=20), lambda log: bool(events(log, "ended")))
+    assert events(log, "ended")[0]["run_id"] == handle.run_id
+    assert handle.status() == "succeeded"
+
+
+def test_a_journal_without_a_run_index_is_refused_by_name(tmp_path: Path) -> None:
+    """A worker on a store that keeps no run index refuses to start and says which backends can."""
+    from mayfly.journal import JournalCapabilities
+
+    url = f"file://{tmp_path}/store"
+    runtime = WorkflowRuntime(url)
+
+    class Plain:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(runtime.journal, name)
+
+        @property
+        def capabilities(self) -> JournalCapabilities:
+            return JournalCapabilities.declare(runtime.journal.durability, "cross_process fencing")
+
+    with pytest.raises(WorkerUnsupported, match="keeps no run index"):
+        Worker(Plain(), HandlerRegistry(), leases=runtime.leases)  # type: ignore[arg-type]
