@@ -30,7 +30,6 @@ from typing import Any
 
 from mayfly import HandlerRegistry, Node, Succeeded, WorkflowSpec
 from mayfly.runtime import WaitForSignal, WorkflowRuntime, new_signal_token
-from mayfly.substrate import sleep, spawn
 from mayfly.worker import Worker
 
 
@@ -79,20 +78,8 @@ def drive_all(url: str, runs: int, *, until: str = "ended", log: list[dict[str, 
             log.append(event)
 
     worker = Worker(url, registry(), concurrency=max(1, min(runs, 1000)), poll_interval_ms=50, log=record)
-    original = worker._main
-
-    def main() -> None:
-        def stop_when_done() -> None:
-            while seen[until] < runs:
-                sleep(0.005)
-            worker.stop()
-
-        spawn(stop_when_done)
-        original()
-
-    worker._main = main  # type: ignore[method-assign]
     started = time.perf_counter()
-    worker.run()
+    worker.run(until=lambda: seen[until] >= runs)
     return time.perf_counter() - started
 
 

@@ -116,6 +116,7 @@ class Worker:
         self._done: Channel[Any] = Channel()
         self._stops = 0
         self._hogs: set[str] = set()
+        self._until: Callable[[], bool] | None = None
         self.hog_ms = max(50, self.runtime.lease_ttl_ms // 10)
         self._stop_pipe: tuple[int, int] | None = None
         self.claimed = 0
@@ -128,8 +129,14 @@ class Worker:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def run(self) -> None:
-        """Serve until stopped: claim, drive, detach, repeat (on a new hub on this thread)."""
+    def run(self, *, until: Callable[[], bool] | None = None) -> None:
+        """Serve until stopped: claim, drive, detach, repeat (on a new hub on this thread).
+
+        ``until`` (checked whenever the worker wakes: a run ended or parked,
+        or a poll) stops the worker gracefully once it returns true, which is
+        how a test or a batch job serves "until these runs are done".
+        """
+        self._until = until
         clock = self.runtime._clock
         # Blocking handlers and journal flushes cross the offload pool: size it for the runs driven at once.
         workers = min(_MAX_OFFLOAD_WORKERS, self.concurrency + 4)
@@ -190,6 +197,9 @@ class Worker:
         self._emit("started", concurrency=self.concurrency, queues=list(self.queues or ["*"]))
         failures = 0
         while not self._stops:
+            if self._until is not None and self._until():
+                self.stop()
+                break
             free = self.concurrency - len(self._active)
             wake_in_ms = self.poll_interval_ms
             if free > 0:

@@ -12,7 +12,6 @@ from mayfly import HandlerRegistry, Node, RetryableFailure, Succeeded, WorkflowS
 from mayfly.model.spec import ChildCall, ChildDefinition, FixedBackoff, RetryPolicy
 from mayfly.runindex import IndexStatus
 from mayfly.runtime import WaitForSignal, WorkflowRuntime, new_signal_token
-from mayfly.substrate import sleep, spawn
 from mayfly.worker import Worker, WorkerUnsupported
 
 
@@ -27,20 +26,8 @@ def serve_until(worker: Worker, done: Any, timeout: float = 30.0) -> list[dict[s
     """Run ``worker`` on this thread until ``done(log)`` holds; return its log."""
     log: list[dict[str, Any]] = []
     worker._log = log.append
-    original = worker._main
-
-    def main() -> None:
-        def watch() -> None:
-            deadline = time.monotonic() + timeout
-            while not done(log) and time.monotonic() < deadline:
-                sleep(0.01)
-            worker.stop()
-
-        spawn(watch)
-        original()
-
-    worker._main = main  # type: ignore[method-assign]
-    worker.run()
+    deadline = time.monotonic() + timeout
+    worker.run(until=lambda: done(log) or time.monotonic() > deadline)
     return log
 
 
