@@ -406,7 +406,9 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     check that those waits never block the hub. ``run_index``: the journal
     keeps the run index workers claim runs from
     (:class:`mayfly.runindex.RunIndexJournal`, feature
-    :data:`mayfly.runindex.RUN_INDEX`).
+    :data:`mayfly.runindex.RUN_INDEX`). ``run_wakeups``: idle workers can wait
+    for a run to become claimable instead of polling
+    (:class:`mayfly.runindex.RunWakeups`, feature :data:`mayfly.runindex.RUN_WAKEUPS`).
     """
 
     durability: Durability
@@ -421,6 +423,7 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     run_purge: bool = False
     network: bool = False
     run_index: bool = False
+    run_wakeups: bool = False
 
     @classmethod
     def declare(cls, durability: Durability, *flags: str) -> JournalCapabilities:

@@ -42,9 +42,12 @@ from mayfly.reducer.deadlines import next_deadline
 __all__ = [
     "MAX_CLAIM",
     "RUN_INDEX",
+    "RUN_WAKEUPS",
     "IndexEntry",
     "IndexStatus",
     "RunIndexJournal",
+    "RunWakeups",
+    "WakeupListener",
     "check_claim",
     "index_entry",
     "more_claimable",
@@ -236,3 +239,41 @@ class RunIndexJournal(Protocol):
 
 RUN_INDEX: Final[Feature[RunIndexJournal]] = Feature("run_index", RunIndexJournal)
 """The run index as a declared journal feature: ``RUN_INDEX.of(journal)`` is the journal or ``None``."""
+
+
+@runtime_checkable
+class WakeupListener(Protocol):
+    """One worker's wake-up channel: readable when a run became claimable now."""
+
+    def fileno(self) -> int:
+        """The descriptor to wait on for readability (on the hub)."""
+        ...
+
+    def drain(self) -> None:
+        """Consume the pending wake-ups."""
+        ...
+
+    def close(self) -> None:
+        """Stop listening."""
+        ...
+
+
+@runtime_checkable
+class RunWakeups(Protocol):
+    """Prompt wake-ups for idle workers (the declared ``run_wakeups`` feature).
+
+    Not needed for correctness, only for latency: a worker that misses one
+    finds the run at its next poll.
+    """
+
+    def listen_wakeups(self) -> WakeupListener:
+        """Open this worker's wake-up channel."""
+        ...
+
+    def notify_wakeups(self) -> None:
+        """Tell every listening worker that some run became claimable now (after its lease was released)."""
+        ...
+
+
+RUN_WAKEUPS: Final[Feature[RunWakeups]] = Feature("run_wakeups", RunWakeups)
+"""Prompt wake-ups as a declared journal feature."""

@@ -50,7 +50,7 @@ from mayfly.model.errors import (
 )
 from mayfly.model.state import RunState
 from mayfly.recovery import resume_claimed
-from mayfly.runindex import RunIndexJournal, index_entry
+from mayfly.runindex import RUN_WAKEUPS, RunIndexJournal, WakeupListener, index_entry
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime
 from mayfly.runtime._driver import RunDriver
 from mayfly.substrate import Channel, Hub, Task, WaitTimeout, current_hub, spawn, wait_readable
@@ -194,6 +194,23 @@ class Worker:
     def _main(self) -> None:
         if self._stop_pipe is not None:
             spawn(self._watch_signals, self._stop_pipe[0], name="worker signal watch")
+        wakeups = RUN_WAKEUPS.of(self.runtime.journal)
+        listener = None if wakeups is None else wakeups.listen_wakeups()
+        try:
+            if listener is not None:
+                spawn(self._watch_wakeups, listener, name="worker wake-ups")
+            self._serve()
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def _watch_wakeups(self, listener: WakeupListener) -> None:
+        while True:
+            wait_readable(listener.fileno())
+            listener.drain()
+            self._done.send(None)
+
+    def _serve(self) -> None:
         self._emit("started", concurrency=self.concurrency, queues=list(self.queues or ["*"]))
         failures = 0
         while not self._stops:
@@ -282,6 +299,9 @@ class Worker:
         for task in list(self._active.values()):
             with contextlib.suppress(MayflyError):
                 task.join()
+        wakeups = RUN_WAKEUPS.of(self.runtime.journal)
+        if wakeups is not None:
+            wakeups.notify_wakeups()  # what this worker let go is claimable by the others now
         self._emit("stopped", claimed=self.claimed, ended=self.ended)
 
     # -- one claimed run ---------------------------------------------------------------

@@ -216,12 +216,17 @@ def test_forty_runs_finish_while_a_killed_worker_is_replaced(env: Env) -> None:
     """40 submitted runs succeed though their worker is SIGKILLed mid-way; in-flight attempts finish under their ids."""
     runs = env.start(CHAIN, 40)
     first = env.worker("--concurrency", "8", TEST_STEP_S="0.2")
-    time.sleep(1.5)
+    runtime = WorkflowRuntime(env.url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+        runtime.inspect(run_id).state.active_count for run_id in runs[:8]
+    ):
+        time.sleep(0.05)
+    time.sleep(0.5)  # a few nodes in: some runs are half done, with attempts in flight
     first.kill()  # SIGKILL: attempts in flight stay in flight in the journal
     first.wait()
     for marker in (env.root / "active").iterdir():
         marker.unlink()  # the killed handlers' markers
-    runtime = WorkflowRuntime(env.url)
     in_flight = {
         (run_id, runtime.inspect(run_id).state.node(index).node_id): attempt_id
         for run_id in runs
@@ -283,13 +288,17 @@ def test_a_worker_exits_zero_within_its_grace_period_on_sigterm(env: Env) -> Non
     """SIGTERM: no new claims, the attempt in flight finishes, leases are released, exit 0 within the grace."""
     runs = env.start(CHAIN, 3)
     worker = env.worker("--grace", "10", TEST_STEP_S="1.0")
-    time.sleep(1.5)
+    assert worker.stderr is not None
+    seen = [json.loads(worker.stderr.readline())["event"]]  # "started": its signal handlers are in place
+    while "claimed" not in seen:
+        seen.append(json.loads(worker.stderr.readline())["event"])
+    time.sleep(0.3)  # an attempt is in flight (each step takes a second)
     sent = time.monotonic()
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
     assert time.monotonic() - sent < 10
     _, stderr = worker.communicate()
-    events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+    events = seen + [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
     assert "stopping" in events and events[-1] == "stopped"
     # Handed over at once: a new worker finishes every run without waiting for a lease to expire.
     env.worker()
@@ -312,3 +321,51 @@ def test_four_workers_never_drive_one_run_twice_at_once(env: Env) -> None:
         assert set(outcomes.values()) == {1}
         assert sum(1 for e in events if type(e).__name__ == "NodeStarted") == 4
     assert not list((env.root / "active").glob("overlap-*")), "a run's handlers ran in two workers at once"
+
+
+def test_an_idle_worker_starts_a_submitted_run_without_waiting_for_its_poll(env: Env) -> None:
+    """With a one-minute poll interval, a submitted run still completes at once: the submit wakes the worker."""
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mayfly",
+            "--journal",
+            env.url,
+            "worker",
+            "--json",
+            "--handlers",
+            str(env.handlers),
+            "--poll-interval",
+            "60000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env.env,
+    )
+    env.workers.append(worker)
+    assert worker.stderr is not None
+    assert json.loads(worker.stderr.readline())["event"] == "started"
+    time.sleep(0.5)  # the worker has polled once and sleeps for a minute now
+    (run_id,) = env.start(CHAIN, 1)
+    env.wait_all([run_id], 20)  # well under the poll interval: only a wake-up explains it
+    assert env.status(run_id)["status"] == "succeeded"
+
+
+def test_a_rolling_restart_strands_nothing(env: Env) -> None:
+    """A new worker starts while the old one drains after SIGTERM: every run ends, every attempt once."""
+    runs = env.start(CHAIN, 20)
+    old = env.worker("--concurrency", "4", "--grace", "20", TEST_STEP_S="0.3")
+    assert old.stderr is not None
+    while json.loads(old.stderr.readline())["event"] != "claimed":
+        pass
+    env.worker("--concurrency", "4", TEST_STEP_S="0.3")
+    old.send_signal(signal.SIGTERM)
+    assert old.wait(timeout=60) == 0
+    env.wait_all(runs, 120)
+    for run_id in runs:
+        assert env.status(run_id)["status"] == "succeeded"
+        _, outcomes = attempts(history(env, run_id))
+        assert set(outcomes.values()) == {1}
+    assert not list((env.root / "active").glob("overlap-*"))

@@ -181,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--signal-id", help="idempotency id of this delivery (default: a new UUIDv7)")
     p.add_argument("--name", help="the signal name the node must be waiting for")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="while another process (a worker) owns the run, retry for up to S seconds (default 0: fail)",
+    )
 
     p = command("cancel", cmd_cancel, "cancel a run that no live process owns")
     p.add_argument("run", help="run id")
@@ -238,7 +245,12 @@ def main(
     except RunNotFound as exc:
         return _fail(err, "not_found", str(exc))
     except LeaseHeld as exc:
-        return _fail(err, "owned", f"{exc}; another process owns it until it releases or its lease expires")
+        return _fail(
+            err,
+            "owned",
+            f"{exc}; another process owns it until it releases or its lease expires "
+            "(a worker lets a run go once only waits are left; signal with --wait SECONDS to retry)",
+        )
     except CommandRejected as exc:
         rejection = exc.rejection
         message = str(rejection) if isinstance(rejection, Rejection) else str(exc)

@@ -27,7 +27,7 @@ from mayfly.cli._support import (
 from mayfly.identity import Uuid7IdSource
 from mayfly.inspect import list_runs, load_inspection, render_mermaid, render_table, to_json
 from mayfly.journal import RUN_VERIFICATION
-from mayfly.model.errors import InvalidJSONValue, LimitExceeded, ResumeRefused
+from mayfly.model.errors import InvalidJSONValue, LeaseHeld, LimitExceeded, ResumeRefused
 from mayfly.model.signals import SignalToken
 from mayfly.model.state import RunState
 from mayfly.recovery import RecoveryEffect, inspect_run, replay_run
@@ -218,7 +218,22 @@ def cmd_signal(ctx: Context) -> int:
         token = SignalToken(args.token)
     except ValueError as exc:
         raise UsageError(f"--token: {exc}") from None
-    disposition = runtime.signal(run_id, args.node, token, decision, signal_id=args.signal_id, name=args.name)
+    signal_id = args.signal_id if args.signal_id is not None else runtime.ids.new_id()
+    deadline = time.monotonic() + args.wait
+    pause = 0.05
+    while True:
+        try:
+            disposition = runtime.signal(
+                run_id, args.node, token, decision, signal_id=signal_id, name=args.name
+            )
+            break
+        except LeaseHeld:
+            # A worker drives the run (other nodes are still running): it parks the run, and
+            # releases it, once only waits are left. The same signal id keeps retries idempotent.
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
     if args.json:
         ctx.emit_json(disposition)
     else:

@@ -161,8 +161,8 @@ class LocalRunIndex:
 
     # -- writes around an append (caller holds the run's exclusive flock) -----------------
 
-    def before_append(self, entry: IndexEntry) -> None:
-        """Write ``entry`` now if it makes the run claimable no later than the stored entry does.
+    def before_append(self, entry: IndexEntry) -> bool:
+        """Write ``entry`` now if it makes the run claimable sooner than the stored entry does; say if it did.
 
         The entry this process last wrote for the run stands in for the stored
         one: while a process appends to a run it holds the run's lease, and no
@@ -172,12 +172,15 @@ class LocalRunIndex:
         """
         known = self._written.get(entry.run_id)
         if known is not None and not more_claimable(entry, known):
-            return
+            return False
+        wrote = False
         with self._transaction(synced=self._durable) as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (entry.run_id,)).fetchone()
             if more_claimable(entry, None if row is None else _entry(row)):
                 db.execute(_UPSERT, _row(entry))
+                wrote = True
         self._remember(entry)
+        return wrote
 
     def after_append(self, entry: IndexEntry) -> None:
         """Record the exact entry the committed batch produced.

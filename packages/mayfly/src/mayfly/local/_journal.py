@@ -89,6 +89,7 @@ from mayfly.local._store import (
     sync_data,
     sync_directory,
 )
+from mayfly.local._wakeups import WakeupListener, notify_wakeups
 from mayfly.model.errors import (
     CorruptionError,
     HistoryLost,
@@ -105,7 +106,8 @@ _INDEX_CACHE_LIMIT: Final = 1024
 _SCAN_WINDOW: Final = 4 << 20
 # Leases never expire here: a local lease lasts until release or process death.
 _FEATURES: Final = (
-    "cross_process fencing crash_durable fault_injection snapshots run_verification run_purge run_index"
+    "cross_process fencing crash_durable fault_injection snapshots run_verification run_purge run_index "
+    "run_wakeups"
 )
 _LISTING_SETTLE_NS: Final = 2_000_000_000
 
@@ -831,6 +833,14 @@ class LocalWorkflowJournal(JournalBase):
     def index_wake(self, run_id: str) -> bool:
         """Ask for the run to be claimed although it waits; ``False`` if it has no entry or ended."""
         return self._run_index().wake(parse_run_id(run_id))
+
+    def listen_wakeups(self) -> WakeupListener:
+        """A FIFO in ``DIR/wakeups`` that is readable when a run became claimable now (see ``_wakeups``)."""
+        return WakeupListener(self._layout.root / "wakeups")
+
+    def notify_wakeups(self) -> None:
+        """Write a wake-up into every listening worker's FIFO."""
+        notify_wakeups(self._layout.root / "wakeups")
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.plugins import PluginManager, Upcasters, plugin_manager
 from mayfly.recovery import RecoveredRun, RecoveryEffect, inspect_run, replay_run, require_run, resume_run
 from mayfly.reducer import check_input, decide
+from mayfly.runindex import RUN_WAKEUPS
 from mayfly.runtime._context import DriveContext, Observer
 from mayfly.runtime._driver import RunDriver, SignalRequest
 from mayfly.runtime._time import catch_up, run_time_at
@@ -285,6 +286,7 @@ class WorkflowRuntime:
                 self.observer(commit.state, commit.events)
         finally:
             lease.release()
+        self._notify_workers()
         return handle
 
     def handle(self, run_id: str) -> RunHandle:
@@ -415,7 +417,15 @@ class WorkflowRuntime:
             if self.observer is not None:
                 self.observer(commit.state, commit.events)
             self._wake_ancestors(commit.state)
-            return SignalDisposition.of(signal_id, list(commit.events))
+            disposition = SignalDisposition.of(signal_id, list(commit.events))
+        self._notify_workers()  # the run's lease is released: a worker can claim it now
+        return disposition
+
+    def _notify_workers(self) -> None:
+        """Tell idle workers that a run became claimable now, where the journal offers wake-ups."""
+        wakeups = RUN_WAKEUPS.of(self.journal)
+        if wakeups is not None:
+            wakeups.notify_wakeups()
 
     def _wake_ancestors(self, state: RunState) -> None:
         """A child run took a signal: wake the runs above it, which a worker parked on it (run index)."""
