@@ -12,7 +12,10 @@ Prints, for the journal URL given (default: a fresh ``file://`` store in fsync m
    same run: ``os.write`` + ``fdatasync`` of one small record, serially
    (commits/s), so a figure can be read against the disk it ran on;
 4. parking: ``--parked`` runs that each park on a signal under the worker;
-   the submit-and-park time per run and the resident memory per parked run.
+   the submit-and-park time per run and the resident memory per parked run;
+5. wake-up latency: an idle ``mayfly worker`` process (poll interval one
+   minute) and the time from ``start()`` returning to the run's first handler
+   starting, over ``--latency`` submissions (median and worst).
 
 Timings are printed, never asserted. Run:
 ``python packages/mayfly/benchmarks/bench_worker.py [--journal URL] [--runs 100] [--nodes 10]``.
@@ -23,6 +26,8 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -90,6 +95,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--parked", type=int, default=1000)
+    parser.add_argument("--latency", type=int, default=20)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="mayfly-bench-worker-", dir=os.environ.get("MAYFLY_BENCH_DIR")))
     url = args.journal or f"file://{scratch}/store"
@@ -130,6 +136,74 @@ def main() -> None:
             f"claim-drive-park {seconds / args.parked * 1000:.2f} ms/run, peak RSS growth "
             f"{(after - before) / args.parked:.1f} KB/run (a parked run is detached: it holds no memory)"
         )
+
+    if args.latency:
+        latencies = sorted(wake_latency(url, scratch, args.latency))
+        print(
+            f"submit -> first handler with an idle worker (poll interval 60 s), {len(latencies)} runs: "
+            f"median {latencies[len(latencies) // 2] * 1000:.1f} ms, worst {latencies[-1] * 1000:.1f} ms "
+            "(target: within 50 ms)"
+        )
+
+
+LATENCY_HANDLERS = """
+import time
+from mayfly import HandlerRegistry, Succeeded
+
+registry = HandlerRegistry()
+
+
+@registry.handler("stamp", version=1)
+def stamp(req):
+    with open(req.run_input["file"], "w") as f:
+        f.write(repr(time.time()))
+    return Succeeded()
+"""
+
+
+def wake_latency(url: str, scratch: Path, count: int) -> list[float]:
+    """Seconds from start() returning to the run's first handler starting, with an idle worker process."""
+    handlers = scratch / "latency_handlers.py"
+    handlers.write_text(LATENCY_HANDLERS)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mayfly",
+            "--journal",
+            url,
+            "worker",
+            "--json",
+            "--handlers",
+            str(handlers),
+            "--poll-interval",
+            "60000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stderr is not None
+        worker.stderr.readline()  # started
+        runtime = WorkflowRuntime(url)
+        spec = WorkflowSpec(workflow_id="bench.latency", version=1, nodes=(Node("s", handler="stamp@1"),))
+        latencies = []
+        for i in range(count):
+            time.sleep(0.2)  # idle again
+            stamp = scratch / f"stamp-{i}"
+            runtime.start(spec, {"file": str(stamp)})
+            returned = time.time()
+            deadline = time.monotonic() + 70
+            while not stamp.exists() or not stamp.read_text():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the worker never started the run")
+                time.sleep(0.001)
+            latencies.append(float(stamp.read_text()) - returned)
+        return latencies
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
 
 
 if __name__ == "__main__":
