@@ -33,7 +33,14 @@ import msgspec
 
 from mayfly.journal import JournalRecord, WorkflowJournal
 from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
-from mayfly.model.errors import CorruptionError, HistoryLost, ResumeRefused, RunNotFound, SnapshotCorrupt
+from mayfly.model.errors import (
+    CompatibilityError,
+    CorruptionError,
+    HistoryLost,
+    ResumeRefused,
+    RunNotFound,
+    SnapshotCorrupt,
+)
 from mayfly.model.ids import idempotency_key
 from mayfly.model.json import content_hash
 from mayfly.model.signals import AcceptedSignal
@@ -41,6 +48,7 @@ from mayfly.model.spec import Node, WorkflowSpec
 from mayfly.model.state import RunState
 from mayfly.reducer import Upcaster, decode_event, reduce
 from mayfly.reducer.children import catalog_entry
+from mayfly.runindex import RUN_INDEX, IndexEntry, index_entry
 from mayfly.snapshot import restore_snapshot
 
 __all__ = [
@@ -55,6 +63,7 @@ __all__ = [
     "check_unfinished_handlers",
     "inspect_run",
     "load_run",
+    "rebuild_run_index",
     "recovery_effects",
     "replay_run",
     "require_run",
@@ -253,6 +262,63 @@ def require_run(journal: WorkflowJournal, run_id: str) -> None:
     """
     if journal.next_sequence(run_id) == 1:
         raise RunNotFound(run_id)
+
+
+_REBUILD_PAGE = 500
+
+
+def rebuild_run_index(
+    journal: WorkflowJournal,
+    *,
+    progress: Callable[[int], None] | None = None,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
+) -> int:
+    """Recompute every run's index entry from its history and store it; return how many runs were indexed.
+
+    The run index is derived data (:mod:`mayfly.runindex`): this is how a
+    store written before it existed gets one, and how a damaged or stale
+    index is repaired. Each run's state is rebuilt as :func:`inspect_run` does
+    (through a valid snapshot), and its entry stored with ``index_put``, which
+    never replaces an entry of a later sequence and keeps a stored wake. A run
+    whose only work is in parked children is indexed as runnable: the worker
+    that claims it finds that and parks it again. Rebuilding while workers run
+    is safe.
+
+    ``progress`` is called with the number of runs indexed so far after each
+    page. A run whose history cannot be read does not stop the others; once
+    every readable run is indexed, :class:`CorruptionError` names the ones that
+    failed. A journal without the ``run_index`` feature raises
+    :class:`CompatibilityError`.
+    """
+    index = RUN_INDEX.of(journal)
+    if index is None:
+        raise CompatibilityError(f"journal {journal.url} keeps no run index (it does not declare run_index)")
+    indexed = 0
+    failures: list[str] = []
+    after: str | None = None
+    while True:
+        page = journal.list_runs(after=after, limit=_REBUILD_PAGE)
+        if not page:
+            break
+        entries: list[IndexEntry] = []
+        for run_id in page:
+            try:
+                entries.append(index_entry(load_run(journal, run_id, upcasters=upcasters).state))
+            except (CorruptionError, CompatibilityError, RunNotFound) as exc:
+                failures.append(f"{run_id} ({exc})")
+        if entries:
+            index.index_put(entries)
+        indexed += len(entries)
+        after = page[-1]
+        if progress is not None:
+            progress(indexed)
+    if failures:
+        shown = "; ".join(failures[:3]) + (f"; and {len(failures) - 3} more" if len(failures) > 3 else "")
+        raise CorruptionError(
+            f"run index of {journal.url}: {indexed} run(s) indexed, {len(failures)} could not be read: "
+            f"{shown}; check each with `mayfly replay RUN`"
+        )
+    return indexed
 
 
 def inspect_run(

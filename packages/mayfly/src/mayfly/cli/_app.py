@@ -35,7 +35,7 @@ from mayfly.cli._commands import (
     cmd_runs,
     cmd_signal,
 )
-from mayfly.cli._service import cmd_result, cmd_submit, cmd_worker
+from mayfly.cli._service import cmd_index, cmd_result, cmd_submit, cmd_worker
 from mayfly.cli._support import DEFAULT_JOURNAL, EXIT, Context, Interrupted, UsageError
 from mayfly.inspect import RUN_STATES
 from mayfly.model.commands import Rejection
@@ -148,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait until the run ends or parks on a signal")
     p.add_argument(
         "--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 124)"
+    )
+
+    p = command("index", cmd_index, "maintain the run index workers claim from: `mayfly index rebuild`")
+    p.add_argument(
+        "action",
+        choices=["rebuild"],
+        help="rebuild: recompute every run's entry from its history (an old or damaged index)",
     )
 
     p = command("runs", cmd_runs, "list runs in the journal")

@@ -1,6 +1,8 @@
-"""``mayfly submit``, ``mayfly worker`` and ``mayfly result``: runs driven by workers, not by the caller."""
+"""``mayfly submit``, ``worker``, ``result`` and ``index rebuild``: runs that workers drive."""
 
 from __future__ import annotations
+
+import time
 
 from mayfly.cli._support import (
     EXIT,
@@ -15,10 +17,11 @@ from mayfly.cli._support import (
 )
 from mayfly.model.errors import InvalidJSONValue, LimitExceeded, WaitTimeout
 from mayfly.model.ids import QUEUE_NAME, is_uuid
+from mayfly.recovery import rebuild_run_index
 from mayfly.reducer import check_input
 from mayfly.worker import Worker, json_log
 
-__all__ = ["cmd_result", "cmd_submit", "cmd_worker"]
+__all__ = ["cmd_index", "cmd_result", "cmd_submit", "cmd_worker"]
 
 
 def _queue(name: str) -> str:
@@ -88,3 +91,27 @@ def cmd_result(ctx: Context) -> int:
         result = runtime.summary(run_id)
     print_result(ctx, result)
     return result_code(result)
+
+
+def cmd_index(ctx: Context) -> int:
+    """``mayfly index rebuild``: recompute the run index from the journals (progress on stderr)."""
+    journal = ctx.plugins.open_journal(ctx.journal_url)
+    started = time.monotonic()
+    shown = [started]
+
+    def progress(count: int) -> None:
+        now = time.monotonic()
+        if now - shown[0] >= 1.0 and not ctx.args.json:
+            ctx.err.write(f"indexed {count} runs...\n")
+            shown[0] = now
+
+    try:
+        count = rebuild_run_index(journal, progress=progress, upcasters=ctx.plugins.event_upcasters())
+    finally:
+        journal.close()
+    seconds = time.monotonic() - started
+    if ctx.args.json:
+        ctx.emit_json({"runs_indexed": count, "seconds": round(seconds, 3)})
+    else:
+        ctx.out.write(f"run index rebuilt: {count} runs in {seconds:.1f} s\n")
+    return EXIT["ok"]
