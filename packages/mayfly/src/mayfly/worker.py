@@ -212,6 +212,7 @@ class Worker:
 
     def _serve(self) -> None:
         self._emit("started", concurrency=self.concurrency, queues=list(self.queues or ["*"]))
+        self._check_index()
         failures = 0
         while not self._stops:
             if self._until is not None and self._until():
@@ -391,6 +392,23 @@ class Worker:
             if entry is not None:
                 entries.append(entry)
         return entries
+
+    def _check_index(self) -> None:
+        """Warn if the store's oldest run has no index entry: runs from before the index are unfindable."""
+        try:
+            oldest = self.runtime.journal.list_runs(limit=1)
+            missing = bool(oldest) and self.index.index_get(oldest[0]) is None
+        except (JournalUnavailable, OSError):
+            return  # the claim loop reports an unreachable store
+        if missing:
+            self._emit(
+                "index_incomplete",
+                run_id=oldest[0],
+                error=(
+                    f"run {oldest[0]} has no run index entry: this store holds runs written before its "
+                    "index, which no worker can find; run `mayfly index rebuild` on this journal"
+                ),
+            )
 
     def _emit(self, event: str, **fields: Any) -> None:
         self._log({"event": event, "worker": self.owner, **fields})

@@ -63,6 +63,10 @@ def test_a_store_whose_index_was_lost_gets_every_entry_back(tmp_path: Path) -> N
     assert index is not None
     assert all(index.index_get(run_id) is None for run_id in runs)
     assert index.claim("w", limit=10, ttl_ms=1_000, now_ms=2**50) == []  # nothing found before the rebuild
+    log: list[dict[str, object]] = []
+    Worker(url, registry(), poll_interval_ms=20, log=log.append).run(until=lambda: bool(log))
+    [warning] = [e for e in log if e["event"] == "index_incomplete"]
+    assert "mayfly index rebuild" in str(warning["error"])
 
     seen: list[int] = []
     assert rebuild_run_index(runtime.journal, progress=seen.append) == 3
