@@ -51,6 +51,15 @@ def step(req):
         os.unlink(marker)
     return Succeeded(output={"node": req.node_id})
 
+@registry.handler("count", version=1)
+def count(req):
+    # Every invocation is recorded, so a test can tell a re-invocation from a re-run.
+    with open(os.path.join(os.environ["TEST_CALLS"], req.run_id), "a") as f:
+        f.write(f"{req.node_id} {req.attempt_id}\\n")
+    if req.node_id == "n1" and os.environ.get("TEST_HANG"):
+        time.sleep(120)  # this worker is killed here
+    return Succeeded()
+
 @registry.handler("flaky", version=1)
 def flaky(req):
     if req.attempt == 1:
@@ -104,12 +113,14 @@ class Env:
         self.url = f"file://{root}/store"
         (root / "tokens").mkdir()
         (root / "active").mkdir()
+        (root / "calls").mkdir()
         self.handlers = root / "handlers.py"
         self.handlers.write_text(HANDLERS)
         self.env = {
             **os.environ,
             "TEST_TOKENS": str(root / "tokens"),
             "TEST_ACTIVE": str(root / "active"),
+            "TEST_CALLS": str(root / "calls"),
             "PYTHONUNBUFFERED": "1",
         }
         self.workers: list[subprocess.Popen[str]] = []
@@ -127,11 +138,11 @@ class Env:
             assert done.returncode == 0, done.stderr
         return done
 
-    def start(self, document: dict[str, Any], count: int) -> list[str]:
+    def start(self, document: dict[str, Any], count: int, queue: str = "default") -> list[str]:
         """Submit ``count`` runs through the API (one process), as an application would."""
         runtime = WorkflowRuntime(self.url)
         spec = WorkflowSpec.from_json(json.dumps(document))
-        return [runtime.start(spec).run_id for _ in range(count)]
+        return [runtime.start(spec, queue=queue).run_id for _ in range(count)]
 
     def submit(self, document: dict[str, Any], **kwargs: str) -> str:
         """Submit one run with `mayfly submit`, as a user would."""
@@ -369,3 +380,46 @@ def test_a_rolling_restart_strands_nothing(env: Env) -> None:
         _, outcomes = attempts(history(env, run_id))
         assert set(outcomes.values()) == {1}
     assert not list((env.root / "active").glob("overlap-*"))
+
+
+COUNTED = spec(
+    "counted",
+    [{"id": f"n{i}", "handler": "count@1", **({"depends_on": [f"n{i - 1}"]} if i else {})} for i in range(3)],
+)
+
+
+def test_a_recovered_run_continues_with_its_next_step_on_a_queue_of_one(env: Env) -> None:
+    """A worker serving one run at a time dies after a run's first step; the next one carries on from step two.
+
+    The queue holds more runs behind the recovered one; a worker limited to
+    that queue and to one run at a time finishes them all, re-invokes the
+    interrupted step under its attempt id, and never re-runs the committed
+    step. A run on another queue is left alone.
+    """
+    (crashed,) = env.start(COUNTED, 1, queue="solo")
+    first = env.worker("--concurrency", "1", "--queue", "solo", TEST_HANG="1")
+    calls = env.root / "calls" / crashed
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "n1" not in (calls.read_text() if calls.exists() else ""):
+        time.sleep(0.05)
+    first.kill()  # n0 committed, n1 in flight
+    first.wait()
+    state = WorkflowRuntime(env.url).inspect(crashed).state
+    assert state.node(0).status.value == "succeeded" and state.active_count == 1
+    behind = env.start(COUNTED, 2, queue="solo")
+    (elsewhere,) = env.start(COUNTED, 1, queue="other")
+    env.worker("--concurrency", "1", "--queue", "solo")
+    env.wait_all([crashed, *behind], 60)
+    for run_id in (crashed, *behind):
+        assert env.status(run_id)["status"] == "succeeded"
+    lines = [line.split() for line in calls.read_text().splitlines()]
+    assert [node for node, _ in lines] == ["n0", "n1", "n1", "n2"]  # n0 ran once; n1 was re-invoked
+    assert lines[1][1] == lines[2][1]  # under its original attempt id
+    for run_id in behind:
+        assert [line.split()[0] for line in (env.root / "calls" / run_id).read_text().splitlines()] == [
+            "n0",
+            "n1",
+            "n2",
+        ]
+    assert env.status(elsewhere)["status"] == "running"
+    assert not (env.root / "calls" / elsewhere).exists()
