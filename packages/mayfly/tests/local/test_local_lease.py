@@ -52,6 +52,24 @@ def test_tokens_increase_across_store_instances(tmp_path: Path) -> None:
     assert tokens == [1, 2, 3]
 
 
+def test_a_fence_counter_is_overwritten_in_place_with_one_fixed_width_record(tmp_path: Path) -> None:
+    """Grants after the first rewrite one 21-byte record in place; a counter in the old free form reads on."""
+    run = IDS.new_id()
+    with LocalLeaseStore(str(tmp_path)) as leases:
+        leases.acquire(run, "w", 10).release()
+        [counter] = [p for p in tmp_path.rglob(run) if p.parent.name == "fences"]
+        inode = counter.stat().st_ino
+        assert counter.read_bytes() == b"1".rjust(20) + b"\n"
+        leases.acquire(run, "w", 10).release()
+        assert counter.stat().st_ino == inode  # no new file, no rename: one write and one sync
+        assert counter.read_bytes() == b"2".rjust(20) + b"\n"
+        counter.write_bytes(b"99")  # as an earlier Mayfly wrote it
+        with leases.acquire(run, "w", 10) as guard:
+            assert guard.fencing_token == 100
+        assert counter.read_bytes() == b"100".rjust(20) + b"\n"
+        assert leases.current_fence(run) == 100
+
+
 def test_journal_enforces_the_current_token(tmp_path: Path) -> None:
     """Appends must carry the newest token; older, absent or never-granted tokens are rejected."""
     run = IDS.new_id()

@@ -157,3 +157,30 @@ def test_a_journal_without_a_run_index_is_refused_by_name(tmp_path: Path) -> Non
 
     with pytest.raises(WorkerUnsupported, match="keeps no run index"):
         Worker(Plain(), HandlerRegistry(), leases=runtime.leases)  # type: ignore[arg-type]
+
+
+def test_start_with_a_chosen_run_id_creates_the_run_once(tmp_path: Path) -> None:
+    """Starting an existing run id returns its handle and writes nothing; the run is created with its queue."""
+    url = f"file://{tmp_path}/store?durability=write"
+    runtime = WorkflowRuntime(url, HandlerRegistry())
+    spec = chain("once", "x@1")
+    run_id = runtime.ids.new_id()
+    first = runtime.start(spec, {"n": 1}, run_id=run_id, queue="billing")
+    assert first.run_id == run_id and first.status() == "running"
+    before = runtime.journal.next_sequence(run_id)
+    again = runtime.start(spec, {"n": 2}, run_id=run_id, queue="other")
+    assert again.run_id == run_id
+    assert runtime.journal.next_sequence(run_id) == before == 2
+    state = runtime.inspect(run_id).state
+    assert state.queue == "billing" and state.input == {"n": 1}
+
+
+def test_start_creates_nothing_for_a_run_id_another_process_leased_first(tmp_path: Path) -> None:
+    """A start racing a process that took the id's lease to create and drive it leaves the id to that process."""
+    url = f"file://{tmp_path}/store?durability=write"
+    runtime = WorkflowRuntime(url, HandlerRegistry())
+    run_id = runtime.ids.new_id()
+    with runtime.leases.acquire(run_id, "creator", 10_000):
+        handle = runtime.start(chain("raced", "x@1"), run_id=run_id)
+    assert handle.run_id == run_id
+    assert runtime.journal.next_sequence(run_id) == 1  # nothing written: the lease holder creates it

@@ -64,7 +64,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Final, final
+from typing import Any, Final, final
 
 from mayfly.backend import JournalBase
 from mayfly.journal import (
@@ -132,7 +132,9 @@ class LocalWorkflowJournal(JournalBase):
         self._layout = Layout(target.root)
         self._layout.prepare()
         self._guard = threading.Lock()
-        self._run_locks: dict[str, threading.Lock] = {}
+        # Per-run thread locks, counted so a run's entry goes once no thread holds or waits for it:
+        # a worker serving millions of runs keeps only the locks in use.
+        self._run_locks: dict[str, list[Any]] = {}
         self._indexes: dict[str, _frames.RunIndex] = {}
         self._listing: tuple[tuple[int, int], list[str]] | None = None
         self._index_db: LocalRunIndex | None = None
@@ -149,13 +151,31 @@ class LocalWorkflowJournal(JournalBase):
     # -- locking and the index ------------------------------------------------------------
 
     def _run_lock(self, run_id: str) -> threading.Lock:
+        """The run's thread lock, counted as in use until :meth:`_run_unlock` (lock it after this)."""
         with self._guard:
-            return self._run_locks.setdefault(run_id, threading.Lock())
+            entry = self._run_locks.get(run_id)
+            if entry is None:
+                entry = self._run_locks[run_id] = [threading.Lock(), 0]
+            entry[1] += 1
+            lock: threading.Lock = entry[0]
+            return lock
+
+    def _run_unlock(self, run_id: str) -> None:
+        """Done with the run's lock (released): forget it if no other thread uses it."""
+        with self._guard:
+            entry = self._run_locks[run_id]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._run_locks[run_id]
 
     @contextmanager
     def _run(self, run_id: str) -> Iterator[None]:
-        with self._run_lock(run_id):
-            yield
+        lock = self._run_lock(run_id)
+        try:
+            with lock:
+                yield
+        finally:
+            self._run_unlock(run_id)
 
     def _index(self, run_id: str, fd: int, *, exclusive: bool, hint: bool = True) -> _frames.RunIndex:
         """Return the run's index, brought up to date with the file (caller holds its flock).
@@ -382,7 +402,8 @@ class LocalWorkflowJournal(JournalBase):
     ) -> AppendResult:
         # Explicit lock/try blocks instead of context managers: this is the hot path.
         lock = self._run_lock(run_id)
-        with lock:
+        lock.acquire()
+        try:
             fd = open_run_file(self._layout, run_id, create=True)
             assert fd is not None  # created when absent
             try:
@@ -416,6 +437,9 @@ class LocalWorkflowJournal(JournalBase):
                 # Unlock explicitly: a child forked meanwhile may share the descriptor.
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
+        finally:
+            lock.release()
+            self._run_unlock(run_id)
         return self.acknowledged(run_id, batch)
 
     @staticmethod

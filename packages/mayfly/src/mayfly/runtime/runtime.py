@@ -52,9 +52,9 @@ from mayfly.model.commands import AdvanceTime, CreateRun, DeliverSignal, Rejecti
 from mayfly.model.errors import (
     AppendConflict,
     CommandRejected,
+    FencingRejected,
     HubNotRunning,
     InvalidSignalToken,
-    LeaseHeld,
     MayflyError,
     ValidationIssue,
 )
@@ -272,20 +272,16 @@ class WorkflowRuntime:
         handle = RunHandle(self, run_id)
         if self.journal.next_sequence(run_id) > 1:
             return handle
+        # No lease: creating is a compare-and-append at sequence 1 with no fence, which only a run that
+        # nobody ever leased accepts. So of racing starts of one run id exactly one creates it, and a
+        # start racing a process that leased the id first (to create and drive it) creates nothing.
+        command = CreateRun(run_id=run_id, spec=spec, input=input, epoch_ms=self._wall_ms(), queue=queue)
         try:
-            lease = self.leases.acquire(run_id, self.owner, self.lease_ttl_ms)
-        except LeaseHeld:
-            return handle  # someone else is creating (or driving) this very run
-        try:
-            command = CreateRun(run_id=run_id, spec=spec, input=input, epoch_ms=self._wall_ms(), queue=queue)
-            try:
-                commit = commit_command(self.journal, None, command, ids=self.ids, fence=lease.fencing_token)
-            except AppendConflict:
-                return handle  # created meanwhile by another process
-            if self.observer is not None:
-                self.observer(commit.state, commit.events)
-        finally:
-            lease.release()
+            commit = commit_command(self.journal, None, command, ids=self.ids, fence=None)
+        except (AppendConflict, FencingRejected):
+            return handle  # created meanwhile, or being created, by another process
+        if self.observer is not None:
+            self.observer(commit.state, commit.events)
         self._notify_workers()
         return handle
 
