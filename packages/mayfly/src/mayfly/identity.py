@@ -30,6 +30,42 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_POOL_BYTES: Final = 4096
+
+
+class _RandomPool:
+    """``os.urandom`` bytes drawn 4 KiB at a time, dropped in a forked child.
+
+    A ``getrandom`` call per id cost more than the rest of the id (a system
+    call, and the GIL handed over and back while many threads run); one call
+    per 400 ids does not. A child process must never hand out its parent's
+    bytes, so a fork empties the pool.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes = b""
+        self._at = 0
+
+    def take(self, count: int) -> bytes:
+        with self._lock:
+            if self._at + count > len(self._bytes):
+                self._bytes = os.urandom(max(_POOL_BYTES, count))
+                self._at = 0
+            start = self._at
+            self._at = start + count
+            return self._bytes[start : start + count]
+
+    def forget(self) -> None:
+        self._bytes = b""
+        self._at = 0
+        self._lock = threading.Lock()  # a lock held in the parent at the fork stays held in the child
+
+
+_POOL: Final = _RandomPool()
+os.register_at_fork(after_in_child=_POOL.forget)
+
+
 @final
 class Uuid7IdSource:
     """An :class:`~mayfly.model.ids.IdSource` of RFC 9562 UUIDv7 ids, monotonic within a process.
@@ -50,7 +86,8 @@ class Uuid7IdSource:
         random_bytes: Callable[[int], bytes] = os.urandom,
     ) -> None:
         self._clock_ms = clock_ms
-        self._random_bytes = random_bytes
+        # The system's randomness, drawn in blocks (see _RandomPool); an injected source is called as given.
+        self._random_bytes = _POOL.take if random_bytes is os.urandom else random_bytes
         self._lock = threading.Lock()
         self._last_ms = -1
         self._counter = 0
