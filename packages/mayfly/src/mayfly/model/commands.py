@@ -75,11 +75,21 @@ class StartNodes(_Command, frozen=True):
 
 
 class CompleteAttempt(_Command, frozen=True):
-    """Report the outcome an attempt returned."""
+    """Report the outcome an attempt returned.
+
+    ``start_next`` offers fresh attempt ids for the nodes the outcome makes
+    ready: each handler node that becomes ready (and has no attempt deadline,
+    which is measured from a recorded start time) is started in the same
+    batch as the outcome, under the next unused id, in specification order.
+    So a chain costs one commit per node: the start is still recorded before
+    the handler runs, and the outcome before any dependent sees it. Ids left
+    over are simply not used.
+    """
 
     node_id: str
     attempt_id: str
     outcome: NodeOutcome
+    start_next: tuple[str, ...] = ()
 
 
 class CompleteChild(_Command, frozen=True):

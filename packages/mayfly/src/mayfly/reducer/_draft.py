@@ -90,6 +90,10 @@ class Draft:
         node = self._nodes.get(index)
         return node if node is not None else self.base.nodes[index]
 
+    def changed_nodes(self) -> Iterator[tuple[int, NodeState]]:
+        """The nodes the draft changed, with their indexes."""
+        return iter(self._nodes.items())
+
     def node_mut(self, index: int) -> NodeState:
         """A private copy of the node that the draft may change."""
         node = self._nodes.get(index)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from mayfly.model.commands import (
     AdvanceTime,
+    AttemptStart,
     CancelRun,
     Command,
     CompleteAttempt,
@@ -218,7 +219,14 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
     if len(set(children)) != len(children):
         return Rejection(RejectionCode.INVALID_INPUT, "the same child run id is used twice")
     draft = Draft(state)
-    for start in command.starts:
+    _emit_starts(draft, state, command.starts)
+    finish(draft)
+    return draft.events
+
+
+def _emit_starts(draft: Draft, state: RunState, starts: tuple[AttemptStart, ...]) -> None:
+    """Emit the start of each of ``starts`` (validated) on ``draft``, budgets permitting."""
+    for start in starts:
         if draft.status is not RunStatus.RUNNING:
             break
         i = state.index[start.node_id]
@@ -259,8 +267,6 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
                 deadline=deadline,
             )
         )
-    finish(draft)
-    return draft.events
 
 
 def _child_start_problem(state: RunState, node: NodeState, child_run_id: str | None) -> Rejection | None:
@@ -314,10 +320,52 @@ def _complete_attempt(state: RunState, command: CompleteAttempt) -> Decision:
         return _redelivery(command.node_id, command.attempt_id, record.outcome, command.outcome)
     if state.status is not RunStatus.RUNNING:
         return _terminal(state)
+    offered = command.start_next
+    if offered:
+        problem = _offered_ids_problem(state, command.attempt_id, offered)
+        if problem is not None:
+            return problem
     draft = Draft(state)
     commit_outcome(draft, state.index[command.node_id], command.outcome, command.attempt_id)
+    if offered and draft.status is RunStatus.RUNNING:
+        _start_newly_ready(draft, state, offered)
     finish(draft)
     return draft.events
+
+
+def _offered_ids_problem(state: RunState, attempt_id: str, offered: tuple[str, ...]) -> Rejection | None:
+    if len(offered) > len(state.nodes):
+        return Rejection(
+            RejectionCode.INVALID_INPUT, f"{len(offered)} attempt ids offered for {len(state.nodes)} nodes"
+        )
+    for candidate in offered:
+        if not is_uuid(candidate):
+            return Rejection(
+                RejectionCode.INVALID_INPUT, f"invalid attempt id {candidate!r}: expected a UUID"
+            )
+        if candidate == attempt_id or state.attempt(candidate) is not None:
+            return Rejection(
+                RejectionCode.ATTEMPT_ID_USED,
+                f"attempt id {candidate} was already consumed in run {state.run_id}",
+            )
+    if len(set(offered)) != len(offered):
+        return Rejection(RejectionCode.ATTEMPT_ID_USED, "the same attempt id is offered twice")
+    return None
+
+
+def _start_newly_ready(draft: Draft, state: RunState, offered: tuple[str, ...]) -> None:
+    """Start, under the offered ids, the handler nodes the draft's outcome made ready (spec order)."""
+    ready = sorted(
+        i
+        for i, node in draft.changed_nodes()
+        if node.status is NodeStatus.READY
+        and node.spec.child is None
+        and node.spec.retry.attempt_deadline_ms is None
+    )
+    pairs = zip(ready, offered, strict=False)
+    starts = tuple(AttemptStart(state.nodes[i].spec.id, attempt_id) for i, attempt_id in pairs)
+    if starts:
+        _emit_starts(draft, state, starts)
 
 
 def _redelivery(node_id: str, attempt_id: str, committed: NodeOutcome, outcome: NodeOutcome) -> Decision:

@@ -41,7 +41,7 @@ from mayfly.model.commands import (
     StartNodes,
 )
 from mayfly.model.errors import CommandRejected, MayflyError
-from mayfly.model.events import ChildStarted, Event, NodeOutcomeCommitted, SignalAccepted
+from mayfly.model.events import ChildStarted, Event, NodeOutcomeCommitted, NodeStarted, SignalAccepted
 from mayfly.model.outcomes import PermanentFailure, RetryableFailure
 from mayfly.model.signals import SignalToken
 from mayfly.model.state import NodeState, RunState
@@ -528,12 +528,26 @@ class RunDriver:
         if isinstance(outcome, WaitForSignal):
             self._open_wait(index, attempt_id, outcome)
             return
-        result = self.commit(CompleteAttempt(node.node_id, attempt_id, outcome))
+        # One commit per node: the dependents this outcome makes ready are started in the same batch,
+        # under ids offered here (see CompleteAttempt.start_next). Not while a cancel or a signal
+        # waits to be recorded first, nor while draining, nor in current-task mode (which runs each
+        # started handler inline, in order, from the loop).
+        offered: tuple[str, ...] = ()
+        if self.concurrent and not (self.draining or self._cancel_requests or self._signal_requests):
+            new_id = self.context.ids.new_id
+            offered = tuple(new_id() for _ in range(max(1, len(node.dependents))))
+        result = self.commit(CompleteAttempt(node.node_id, attempt_id, outcome, offered))
         if isinstance(result, Rejection):
             if result.code in (RejectionCode.ATTEMPT_NOT_ACTIVE, RejectionCode.RUN_TERMINAL):
                 self.rejected_results += 1  # a late result for an attempt the run already closed
                 return
             raise CommandRejected(result, f"result of attempt {attempt_id} rejected: {result}")
+        if offered:
+            for event in result.events:
+                if isinstance(event, NodeStarted) and event.attempt_id in offered:
+                    started = self.state.index[event.node_id]
+                    if self.state.node(started).attempt_id == event.attempt_id:
+                        self._launch(started, event.attempt_id)
 
     def _open_wait(self, index: int, attempt_id: str, wait: WaitForSignal) -> None:
         if wait.timeout_ms is not None:
