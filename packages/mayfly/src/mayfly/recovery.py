@@ -25,7 +25,7 @@ result to the parent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Literal, Self, TypeAlias, final
 
@@ -270,6 +270,7 @@ _REBUILD_PAGE = 500
 def rebuild_run_index(
     journal: WorkflowJournal,
     *,
+    runs: Iterable[str] | None = None,
     progress: Callable[[int], None] | None = None,
     upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
 ) -> int:
@@ -284,8 +285,9 @@ def rebuild_run_index(
     that claims it finds that and parks it again. Rebuilding while workers run
     is safe.
 
-    ``progress`` is called with the number of runs indexed so far after each
-    page. A run whose history cannot be read does not stop the others; once
+    ``runs`` limits the rebuild to those runs (default: every run the journal
+    lists). ``progress`` is called with the number of runs indexed so far after
+    each page. A run whose history cannot be read does not stop the others; once
     every readable run is indexed, :class:`CorruptionError` names the ones that
     failed. A journal without the ``run_index`` feature raises
     :class:`CompatibilityError`.
@@ -296,8 +298,12 @@ def rebuild_run_index(
     indexed = 0
     failures: list[str] = []
     after: str | None = None
+    chosen = None if runs is None else iter(list(runs))
     while True:
-        page = journal.list_runs(after=after, limit=_REBUILD_PAGE)
+        if chosen is None:
+            page = journal.list_runs(after=after, limit=_REBUILD_PAGE)
+        else:
+            page = [run_id for _, run_id in zip(range(_REBUILD_PAGE), chosen, strict=False)]
         if not page:
             break
         entries: list[IndexEntry] = []

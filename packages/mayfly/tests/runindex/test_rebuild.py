@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import msgspec
@@ -144,3 +145,48 @@ def test_mayfly_index_rebuild(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["--journal", url, "--json", "index", "rebuild"]) == 0
     assert json.loads(capsys.readouterr().out)["runs_indexed"] == 3
     assert main(["--journal", url, "index", "drop"]) == 2
+
+
+def test_an_entry_ahead_of_the_journal_is_repaired(tmp_path: Path) -> None:
+    """An entry written before frames a crash lost (a later sequence than the journal holds) is replaced.
+
+    Otherwise the sequence rule would keep it for good, and a run parked on a
+    signal would be claimed on every poll.
+    """
+    url = f"file://{tmp_path}/store?durability=write"
+    runtime, runs = populate(url)
+    parked = runs[1]
+    index = RUN_INDEX.of(runtime.journal)
+    assert index is not None
+    true = truth(runtime, parked)
+    ahead = IndexEntry(run_id=parked, status=IndexStatus.RUNNING, ready_at_ms=0, sequence=true.sequence + 3)
+    index.index_put([ahead])
+    assert index.index_get(parked) == ahead
+    claimed = index.claim("w", limit=10, ttl_ms=1_000, now_ms=0)
+    for guard in claimed:
+        guard.release()
+    assert sorted(g.run_id for g in claimed) == sorted([runs[2], parked])
+    assert rebuild_run_index(runtime.journal, runs=[parked]) == 1
+    assert index.index_get(parked) == true
+    # An entry of a later sequence that the journal does hold is never replaced by an older one.
+    index.index_put([IndexEntry(run_id=parked, status=IndexStatus.TERMINAL, ready_at_ms=None, sequence=1)])
+    assert index.index_get(parked) == true
+
+
+def test_a_purged_run_has_no_entry_and_is_never_claimed(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store?durability=write"
+    runtime, runs = populate(url)
+    index = RUN_INDEX.of(runtime.journal)
+    assert index is not None
+    new = runs[2]
+    assert runtime.journal.purge_run(new)  # type: ignore[attr-defined]
+    assert index.index_get(new) is None
+    assert index.claim("w", limit=10, ttl_ms=1_000, now_ms=int(time.time() * 1000)) == []
+
+
+def test_a_rebuild_of_chosen_runs_names_an_unknown_one(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store?durability=write"
+    runtime, runs = populate(url)
+    unknown = runtime.ids.new_id()
+    with pytest.raises(CorruptionError, match=rf"1 run\(s\) indexed, 1 could not be read: {unknown}"):
+        rebuild_run_index(runtime.journal, runs=[runs[0], unknown])

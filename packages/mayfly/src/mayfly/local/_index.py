@@ -235,6 +235,34 @@ class LocalRunIndex:
         for entry in entries:
             self._remember(entry)
 
+    def delete(self, run_id: str) -> None:
+        """Remove the run's entry (a purge), durably when the journal is durable."""
+        with self._lock:
+            self._dirty.pop(run_id, None)
+            self._written.pop(run_id, None)
+        with self._transaction(synced=self._durable) as db:
+            db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+
+    def replace(self, entry: IndexEntry) -> None:
+        """Store ``entry`` whatever the stored sequence (keeping a stored wake); caller holds the run's flock.
+
+        Only for an entry left *ahead of the journal*: written before frames a
+        crash then lost (see the module docstring), which the sequence rule
+        would otherwise keep forever, making the run claimable on every poll.
+        """
+        with self._lock:
+            self._dirty.pop(entry.run_id, None)
+        with self._transaction() as db:
+            db.execute(
+                f"INSERT INTO runs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id) DO UPDATE SET queue = excluded.queue, status = excluded.status, "
+                "ready_at = excluded.ready_at, sequence = excluded.sequence, "
+                "wake = max(runs.wake, excluded.wake), parent = excluded.parent, "
+                "priority = excluded.priority",
+                _row(entry),
+            )
+        self._remember(entry)
+
     def get(self, run_id: str) -> IndexEntry | None:
         """The run's entry, or ``None``."""
         self.flush()

@@ -691,6 +691,9 @@ class LocalWorkflowJournal(JournalBase):
                 with locked(fd, fcntl.LOCK_EX):
                     lease = self._free_lease(run)
                     try:
+                        # The index entry first: a crash after it leaves history no worker claims, which
+                        # is what a purge is for; the other order would leave a claimable empty run.
+                        self._run_index().delete(run)
                         self._forget(run)
                         # The hint first: one naming this inode past its size would read as lost history.
                         self._layout.hint_file(run).unlink(missing_ok=True)
@@ -847,12 +850,39 @@ class LocalWorkflowJournal(JournalBase):
         return self._run_index().get(parse_run_id(run_id))
 
     def index_put(self, entries: Sequence[IndexEntry]) -> None:
-        """Store index entries (rebuild, repair, a detaching driver); see ``RunIndexJournal.index_put``."""
+        """Store index entries (rebuild, repair, a detaching driver); see ``RunIndexJournal.index_put``.
+
+        One more rule than the SPI's, for this store alone: a stored entry of a
+        later sequence than the run's journal holds (written before frames a
+        crash lost) is replaced, under the run's exclusive lock, so that
+        a rebuild or a parking driver repairs it.
+        """
         for entry in entries:
             if not isinstance(entry, IndexEntry):
                 raise InvalidRecord(f"index entries must be IndexEntry values, got {type(entry).__name__}")
             parse_run_id(entry.run_id)
-        self._run_index().put(entries)
+        db = self._run_index()
+        db.put(entries)
+        for entry in entries:
+            stored = db.get(entry.run_id)
+            if stored is not None and stored.sequence > entry.sequence:
+                self._repair_ahead(db, entry)
+
+    def _repair_ahead(self, db: LocalRunIndex, entry: IndexEntry) -> None:
+        """Replace the run's entry with ``entry`` if the stored one is ahead of the run's journal."""
+        run = entry.run_id
+        with self._run(run):
+            fd = open_run_file(self._layout, run, create=False)
+            if fd is None:
+                return
+            try:
+                with locked(fd, fcntl.LOCK_EX):
+                    last = self._index(run, fd, exclusive=True).next_sequence - 1
+                    stored = db.get(run)
+                    if stored is not None and stored.sequence > last >= entry.sequence:
+                        db.replace(entry)
+            finally:
+                os.close(fd)
 
     def index_wake(self, run_id: str) -> bool:
         """Ask for the run to be claimed although it waits; ``False`` if it has no entry or ended."""
