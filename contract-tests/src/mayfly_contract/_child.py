@@ -92,26 +92,35 @@ def claim_race(url: str, queue: str, ttl_ms: int, seed: int) -> None:
     """On "go", claim from ``queue`` in small random batches until nothing is left; hold until "release".
 
     Prints one JSON list of ``[run_id, fencing_token]`` pairs, every run this
-    process was granted. A claim that comes back empty is retried twice after
-    a short pause, so a run another claimant had locked for a moment is not
-    taken for a run that was never claimable.
+    process was granted. Between claims it pauses a few milliseconds, as a
+    worker starting its runs would. A claim that comes back empty is retried
+    twice after a short pause, so a run another claimant had locked for a
+    moment is not taken for a run that was never claimable.
     """
     journal = open_journal(url)
     index = RUN_INDEX.of(journal)
     assert index is not None
     chooser = random.Random(seed)
     owner = f"contract-claimant-{seed}"
+    # Warm up (connections, lazily opened lease stores) on a queue nobody uses, so that the race
+    # starts at "go" and not when the slowest process has finished opening its store.
+    assert (
+        index.claim(
+            owner, limit=1, ttl_ms=ttl_ms, now_ms=time.time_ns() // 1_000_000, queues=[f"{queue}-warm-up"]
+        )
+        == []
+    )
     _say("ready")
     sys.stdin.readline()
     held: list[RecoveryLeaseGuard] = []
     empty = 0
     while empty < 3:
         now_ms = time.time_ns() // 1_000_000
-        got = index.claim(owner, limit=chooser.randint(1, 7), ttl_ms=ttl_ms, now_ms=now_ms, queues=[queue])
+        got = index.claim(owner, limit=chooser.randint(1, 4), ttl_ms=ttl_ms, now_ms=now_ms, queues=[queue])
         held.extend(got)
         empty = 0 if got else empty + 1
-        if not got:
-            time.sleep(0.02)
+        # Like a worker, start what was claimed before claiming more: the others get their turn.
+        time.sleep(chooser.uniform(0.001, 0.004) if got else 0.02)
     _say(json.dumps([[guard.run_id, guard.fencing_token] for guard in held]))
     if sys.stdin.readline().strip() == "release":
         for guard in held:
