@@ -53,8 +53,8 @@ pytestmark = pytest.mark.capability("run_index")
 
 CLAIMANTS = 4
 RACED_RUNS = 100
-CRASH_ROUNDS = 4
-CRASH_RUNS = 12
+CRASH_ROUNDS = 12
+CRASH_RUNS = 5
 TTL_MS = 60_000
 # Steps of a ScriptedRun's history (the number of commits made).
 CREATED, STARTED, RETRY_WAIT, RELEASED, SIGNAL_WAIT, SIGNALLED, FINISHED = 1, 2, 4, 5, 7, 8, 9
@@ -586,9 +586,16 @@ def test_a_writer_killed_between_append_and_index_loses_no_wakeup(
             seed=chooser.randrange(1 << 30),
         )
         try:
-            for _ in range(chooser.randrange(1, CRASH_RUNS * ScriptedRun.STEPS)):
+            acks = chooser.randrange(2, CRASH_RUNS * ScriptedRun.STEPS)
+            assert child.readline().startswith("ack "), f"round {round_}"
+            started = time.monotonic()
+            for _ in range(acks - 1):
                 assert child.readline().startswith("ack "), f"round {round_}"
-            child.kill()  # most likely between an append and its index write
+            # Kill at a uniformly random point of the next append (one append takes about `mean`),
+            # so that rounds land between its records and its index write as often as anywhere else.
+            mean = (time.monotonic() - started) / (acks - 1)
+            time.sleep(chooser.uniform(0, 1.5 * mean))
+            child.kill()
         finally:
             child.close()
     claimable_truth: set[str] = set()
