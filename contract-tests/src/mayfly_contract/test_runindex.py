@@ -34,7 +34,7 @@ import pytest
 
 import mayfly.recovery
 from mayfly.journal import WorkflowJournal
-from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
+from mayfly.lease import MAX_LEASE_TTL_MS, RecoveryLeaseGuard, RecoveryLeaseStore
 from mayfly.model.errors import FencingRejected, InvalidRecord, LeaseHeld, LeaseLost
 from mayfly.recovery import replay_run
 from mayfly.runindex import (
@@ -121,9 +121,13 @@ def _claim(
     *,
     now_ms: int | None = None,
     limit: int = 50,
-    ttl_ms: int = TTL_MS,
+    ttl_ms: int = MAX_LEASE_TTL_MS,
 ) -> list[str]:
-    """Claim, keep the guards for release, and return the claimed run ids in the order given."""
+    """Claim, keep the guards for release, and return the claimed run ids in the order given.
+
+    The leases last a day by default: claims at ``now_ms`` hours ahead stay live for the rest of
+    the test whether the backend judges lease expiry by ``now_ms`` or by its own clock.
+    """
     guards = index.claim(
         "contract-claimer",
         limit=limit,
