@@ -15,7 +15,7 @@ from collections.abc import Callable
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.model.errors import AppendConflict, LeaseHeld
 from mayfly.plugins import open_journal, open_leases
-from mayfly.runindex import RUN_INDEX
+from mayfly.runindex import RUN_INDEX, RUN_WAKEUPS
 from mayfly_contract.support import Records, ScriptedRun
 
 
@@ -153,6 +153,16 @@ def script_until_killed(url: str, queue: str, runs: list[str], epoch_ms: int, se
     journal.close()
 
 
+def notify_wakeups(url: str) -> None:
+    """Tell every worker listening on the store that a run became claimable, then exit."""
+    journal = open_journal(url)
+    wakeups = RUN_WAKEUPS.of(journal)
+    assert wakeups is not None
+    wakeups.notify_wakeups()
+    _say("notified")
+    journal.close()
+
+
 def main() -> None:
     """Dispatch to the mode named on the command line."""
     mode, arguments = sys.argv[1], json.loads(sys.argv[2])
@@ -163,6 +173,7 @@ def main() -> None:
         "try-lease": try_lease,
         "claim-race": claim_race,
         "script-until-killed": script_until_killed,
+        "notify-wakeups": notify_wakeups,
     }
     modes[mode](**arguments)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import random
+import select
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -557,6 +558,39 @@ def test_an_expired_claim_makes_the_run_claimable_again(
         with pytest.raises(FencingRejected):
             run.advance(mayfly_journal, fence=old.fencing_token)
         run.advance(mayfly_journal, fence=granted[-1].fencing_token)
+
+
+# -- wake-ups -----------------------------------------------------------------------------------------------
+
+
+def _readable(fileno: int, timeout: float) -> bool:
+    return bool(select.select([fileno], [], [], timeout)[0])
+
+
+@pytest.mark.clause("runindex.wakeups.notified")
+@pytest.mark.capability("run_wakeups")
+@pytest.mark.capability("cross_process")
+def test_a_listener_is_woken_by_another_process(
+    mayfly_journal: WorkflowJournal, mayfly_journal_url: str
+) -> None:
+    """notify_wakeups from another process makes a listener readable; drain consumes it; close is final."""
+    wakeups = RUN_WAKEUPS.of(mayfly_journal)
+    assert wakeups is not None
+    listener = wakeups.listen_wakeups()
+    try:
+        listener.drain()
+        child = Child("notify-wakeups", url=mayfly_journal_url)
+        try:
+            assert child.readline() == "notified"
+            child.finish()
+        finally:
+            child.close()
+        assert _readable(listener.fileno(), 10), "the listener was not woken"
+        listener.drain()
+        assert not _readable(listener.fileno(), 0.05), "drain left the wake-up pending"
+    finally:
+        listener.close()
+    wakeups.notify_wakeups()  # nobody listening (any more) is not an error
 
 
 # -- crashes -----------------------------------------------------------------------------------------------
