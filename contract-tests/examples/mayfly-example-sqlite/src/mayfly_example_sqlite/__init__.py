@@ -17,7 +17,10 @@ Everything a backend needs is here, in one module:
    :mod:`mayfly.runindex`): one row per run in ``mayfly_run_index``, written
    in the same transaction as the records it derives from, so no crash can
    separate them and a wake-up is never lost; ``claim`` selects and leases in
-   one ``BEGIN IMMEDIATE`` transaction, so no run is handed out twice.
+   one ``BEGIN IMMEDIATE`` transaction, so no run is handed out twice;
+6. prompt wake-ups for idle workers (feature ``run_wakeups``): one FIFO per
+   listening worker in ``PATH.wakeups/``, written into by whoever makes a run
+   claimable now. Only latency depends on them, never correctness.
 
 Durability: WAL mode with ``synchronous=FULL`` syncs the WAL on every commit,
 so an acknowledged append survives a process or host crash: ``durable``.
@@ -31,11 +34,16 @@ timeout); a backend whose waits can be long should cross
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import secrets
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -62,7 +70,14 @@ from mayfly.lease import RecoveryLeaseGuard, validate_acquire
 from mayfly.model.ids import parse_run_id
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 
-__all__ = ["MAYFLY_PLUGIN_API", "SqliteJournal", "SqliteLeaseGuard", "SqliteLeaseStore", "parse_url"]
+__all__ = [
+    "MAYFLY_PLUGIN_API",
+    "SqliteJournal",
+    "SqliteLeaseGuard",
+    "SqliteLeaseStore",
+    "SqliteWakeupListener",
+    "parse_url",
+]
 
 MAYFLY_PLUGIN_API = 1
 """The Mayfly plugin API this backend was written for (checked when the plugin loads)."""
@@ -71,7 +86,8 @@ DISTRIBUTION: Final = "mayfly-example-sqlite"
 
 CAPABILITIES: Final = JournalCapabilities.declare(
     Durability.DURABLE,
-    "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge run_index",
+    "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge",
+    "run_index run_wakeups",
 )
 
 _SCHEMA: Final = """
@@ -144,6 +160,7 @@ class _Database:
     def __init__(self, url: str) -> None:
         parsed = parse_url(url)
         self.url = parsed.url
+        self.path = Path(parsed.location)
         try:
             self._connection = sqlite3.connect(
                 parsed.location, isolation_level=None, check_same_thread=False, timeout=60
@@ -253,6 +270,7 @@ class SqliteJournal(JournalBase):
     def __init__(self, url: str) -> None:
         self._db = _Database(url)
         self._leases: SqliteLeaseStore | None = None
+        self._wakeups = self._db.path.with_name(self._db.path.name + ".wakeups")
         self._leases_lock = threading.Lock()
         super().__init__(url=self._db.url, capabilities=CAPABILITIES)
 
@@ -459,6 +477,35 @@ class SqliteJournal(JournalBase):
             )
         return woken.rowcount > 0
 
+    # Prompt wake-ups (capabilities.run_wakeups; mayfly.runindex.RunWakeups).
+
+    def listen_wakeups(self) -> SqliteWakeupListener:
+        """This worker's wake-up channel: a FIFO of its own in ``PATH.wakeups/``."""
+        self.ensure_open("listening for wake-ups")
+        return SqliteWakeupListener(self._wakeups)
+
+    def notify_wakeups(self) -> None:
+        """Write one byte into every listening worker's FIFO; drop the FIFOs of workers that are gone."""
+        try:
+            names = os.listdir(self._wakeups)
+        except FileNotFoundError:
+            return  # nobody ever listened
+        for name in names:
+            path = self._wakeups / name
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as error:
+                if error.errno == errno.ENXIO:  # no reader: its worker is gone
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                continue
+            try:
+                os.write(fd, b"\0")
+            except OSError:
+                pass  # full of unread wake-ups already: that worker will look anyway
+            finally:
+                os.close(fd)
+
     # Fault injection for the contract suite (capabilities.fault_injection).
 
     def corrupt_record(self, run_id: str, sequence: int) -> None:
@@ -484,6 +531,35 @@ class SqliteJournal(JournalBase):
                 "UPDATE mayfly_snapshots SET body = CAST('{\"run_id\": 7' AS BLOB) WHERE run_id = ?",
                 (run_id,),
             )
+
+
+class SqliteWakeupListener:
+    """One idle worker's wake-up channel (``mayfly.runindex.WakeupListener``): readable once woken."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._path = directory / f"{os.getpid()}-{secrets.token_hex(4)}.fifo"
+        os.mkfifo(self._path, 0o600)
+        self._read = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # A write end of our own keeps the FIFO from reading as end-of-file (always readable).
+        self._keep = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def fileno(self) -> int:
+        """The descriptor a worker waits on for readability (on its hub)."""
+        return self._read
+
+    def drain(self) -> None:
+        """Consume the pending wake-ups."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read, 4096):
+                pass
+
+    def close(self) -> None:
+        """Stop listening: close the FIFO and remove it."""
+        for fd in (self._read, self._keep):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._path.unlink(missing_ok=True)
 
 
 class SqliteLeaseGuard(LeaseGuardBase[None]):
