@@ -7,13 +7,16 @@ and talks to the parent through stdout lines (flushed at once) and stdin.
 from __future__ import annotations
 
 import json
+import random
 import sys
+import time
 from collections.abc import Callable
 
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.model.errors import AppendConflict, LeaseHeld
 from mayfly.plugins import open_journal, open_leases
-from mayfly_contract.support import Records
+from mayfly.runindex import RUN_INDEX, RUN_WAKEUPS
+from mayfly_contract.support import Records, ScriptedRun
 
 
 def _say(line: str) -> None:
@@ -85,6 +88,81 @@ def race(url: str, run_id: str, wins: int, batch: int) -> None:
     journal.close()
 
 
+def claim_race(url: str, queue: str, ttl_ms: int, seed: int) -> None:
+    """On "go", claim from ``queue`` in small random batches until nothing is left; hold until "release".
+
+    Prints one JSON list of ``[run_id, fencing_token]`` pairs, every run this
+    process was granted. Between claims it pauses a few milliseconds, as a
+    worker starting its runs would. A claim that comes back empty is retried
+    twice after a short pause, so a run another claimant had locked for a
+    moment is not taken for a run that was never claimable.
+    """
+    journal = open_journal(url)
+    index = RUN_INDEX.of(journal)
+    assert index is not None
+    chooser = random.Random(seed)
+    owner = f"contract-claimant-{seed}"
+    # Warm up (connections, lazily opened lease stores) on a queue nobody uses, so that the race
+    # starts at "go" and not when the slowest process has finished opening its store.
+    assert (
+        index.claim(
+            owner, limit=1, ttl_ms=ttl_ms, now_ms=time.time_ns() // 1_000_000, queues=[f"{queue}-warm-up"]
+        )
+        == []
+    )
+    _say("ready")
+    sys.stdin.readline()
+    held: list[RecoveryLeaseGuard] = []
+    empty = 0
+    while empty < 3:
+        now_ms = time.time_ns() // 1_000_000
+        got = index.claim(owner, limit=chooser.randint(1, 4), ttl_ms=ttl_ms, now_ms=now_ms, queues=[queue])
+        held.extend(got)
+        empty = 0 if got else empty + 1
+        # Like a worker, start what was claimed before claiming more: the others get their turn.
+        time.sleep(chooser.uniform(0.001, 0.004) if got else 0.02)
+    _say(json.dumps([[guard.run_id, guard.fencing_token] for guard in held]))
+    if sys.stdin.readline().strip() == "release":
+        for guard in held:
+            guard.release()
+        _say("released")
+    journal.close()
+
+
+def script_until_killed(url: str, queue: str, runs: list[str], epoch_ms: int, seed: int) -> None:
+    """Move every run in ``runs`` through its :class:`ScriptedRun` history, in a random interleaving.
+
+    Each step is one ``append_indexed`` (through ``commit_command``); its
+    acknowledgement is printed right after it as ``ack RUN SEQUENCE``. The
+    parent SIGKILLs this process at a random point, most likely between an
+    append and the index write that goes with it.
+    """
+    journal = open_journal(url)
+    chooser = random.Random(seed)
+    scripted = [
+        ScriptedRun(run_id, queue=queue, epoch_ms=epoch_ms, delay_ms=chooser.randrange(1_000))
+        for run_id in runs
+    ]
+    while scripted:
+        run = chooser.choice(scripted)
+        state = run.advance(journal)
+        _say(f"ack {run.run_id} {state.sequence}")
+        if run.done:
+            scripted.remove(run)
+    _say("done")
+    journal.close()
+
+
+def notify_wakeups(url: str) -> None:
+    """Tell every worker listening on the store that a run became claimable, then exit."""
+    journal = open_journal(url)
+    wakeups = RUN_WAKEUPS.of(journal)
+    assert wakeups is not None
+    wakeups.notify_wakeups()
+    _say("notified")
+    journal.close()
+
+
 def main() -> None:
     """Dispatch to the mode named on the command line."""
     mode, arguments = sys.argv[1], json.loads(sys.argv[2])
@@ -93,6 +171,9 @@ def main() -> None:
         "append-until-killed": append_until_killed,
         "race": race,
         "try-lease": try_lease,
+        "claim-race": claim_race,
+        "script-until-killed": script_until_killed,
+        "notify-wakeups": notify_wakeups,
     }
     modes[mode](**arguments)
 

@@ -45,6 +45,7 @@ _KEEP_PROBES = "--mayfly-keep-probe-runs"
 # What a capability declared absent means for its clauses, where the name alone does not say.
 _ABSENT = {
     "network": ": it waits on no socket, so no network wait of it can block the hub (its calls run inline)",
+    "run_index": " (feature mayfly.runindex.RUN_INDEX): it keeps no run index, no worker can claim from it",
 }
 _FLAGS = (
     "cross_process",
@@ -57,6 +58,8 @@ _FLAGS = (
     "run_verification",
     "run_purge",
     "network",
+    "run_index",
+    "run_wakeups",
 )
 
 

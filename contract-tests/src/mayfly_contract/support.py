@@ -7,12 +7,30 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Self
+from typing import Final, Self
 
+from mayfly.commit import commit_command, seal_events
 from mayfly.identity import Uuid7IdSource
-from mayfly.journal import JournalRecord, SnapshotRecord
+from mayfly.journal import JournalRecord, SnapshotRecord, WorkflowJournal
+from mayfly.model.commands import (
+    AdvanceTime,
+    AttemptStart,
+    Command,
+    CompleteAttempt,
+    CreateRun,
+    DeliverSignal,
+    OpenSignalWait,
+    Rejection,
+    StartNodes,
+)
+from mayfly.model.events import ParentLink
+from mayfly.model.outcomes import RetryableFailure, Succeeded
+from mayfly.model.signals import SignalToken
+from mayfly.model.spec import FixedBackoff, Node, RetryPolicy, WorkflowSpec
+from mayfly.model.state import RunState
+from mayfly.reducer import decide, reduce
 
-__all__ = ["Child", "Records", "SlowRelay", "snapshot_of"]
+__all__ = ["RETRY_DELAY_MS", "Child", "Records", "ScriptedRun", "SlowRelay", "snapshot_of"]
 
 
 class Records:
@@ -78,6 +96,116 @@ def snapshot_of(record: JournalRecord, state: bytes = b'{"state":"probe"}') -> S
         state_checksum="sha256:" + "b" * 64,
         state=state,
     )
+
+
+RETRY_DELAY_MS = 3_600_000
+"""The retry backoff of a :class:`ScriptedRun`'s node: it waits an hour after its first failure."""
+
+_SPEC = WorkflowSpec(
+    workflow_id="contract.runindex",
+    version=1,
+    nodes=(
+        Node(
+            "a",
+            handler="contract-ok@1",
+            retry=RetryPolicy(max_attempts=3, backoff=FixedBackoff(delay_ms=RETRY_DELAY_MS)),
+        ),
+    ),
+)
+_TOKEN = SignalToken("contract-signal-token-0001")
+
+
+class ScriptedRun:
+    """One real run (valid events, a pinned spec) moved through a fixed history, one command at a time.
+
+    The history visits every index status and both ways of leaving a wait:
+    ``new`` (created), ``running`` (attempt started), ``waiting`` until
+    :attr:`retry_at` (a retryable failure after ``delay_ms + 1`` ms of
+    virtual time), ``running`` again (time advanced past the
+    backoff releases the retry; a second attempt starts), ``waiting`` with no
+    wake time (a signal wait), ``running`` (the signal accepted) and
+    ``terminal`` (succeeded). Each step is one commit through
+    :func:`mayfly.commit.commit_command`, so a journal that keeps the run
+    index receives every batch through ``append_indexed``; ``indexed=False``
+    appends the same records with plain ``append``.
+    """
+
+    STEPS: Final = 9
+    """The number of commits the whole history takes."""
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        queue: str,
+        epoch_ms: int,
+        delay_ms: int = 0,
+        parent: str | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.queue = queue
+        self.epoch_ms = epoch_ms
+        self.delay_ms = delay_ms
+        self.parent = parent
+        self.state: RunState | None = None
+        self.step = 0
+        self._ids = Uuid7IdSource()
+        self._attempts = (self._ids.new_id(), self._ids.new_id())
+
+    @property
+    def retry_at(self) -> int:
+        """The wall time (ms) the run waits for after its first failure (step 4)."""
+        return self.epoch_ms + self.delay_ms + 1 + RETRY_DELAY_MS
+
+    @property
+    def done(self) -> bool:
+        """Whether the whole history is committed."""
+        return self.step >= self.STEPS
+
+    def _command(self) -> Command:
+        first, second = self._attempts
+        link = None
+        if self.parent is not None:
+            link = ParentLink(run_id=self.parent, node_id="a", attempt_id=first, depth=1)
+        commands: tuple[Command, ...] = (
+            CreateRun(run_id=self.run_id, spec=_SPEC, epoch_ms=self.epoch_ms, queue=self.queue, parent=link),
+            StartNodes((AttemptStart("a", first),)),
+            AdvanceTime(self.delay_ms + 1),
+            CompleteAttempt("a", first, RetryableFailure(reason="contract probe")),
+            AdvanceTime(self.delay_ms + 1 + RETRY_DELAY_MS),
+            StartNodes((AttemptStart("a", second),)),
+            OpenSignalWait(node_id="a", attempt_id=second, name="go", token_sha256=_TOKEN.digest),
+            DeliverSignal(node_id="a", signal_id=self._ids.new_id(), token=_TOKEN, name="go"),
+            CompleteAttempt("a", second, Succeeded()),
+        )
+        return commands[self.step]
+
+    def advance(
+        self, journal: WorkflowJournal, *, fence: int | None = None, indexed: bool = True
+    ) -> RunState:
+        """Commit the next step of the history and return the run's new state."""
+        command = self._command()
+        if indexed:
+            self.state = commit_command(journal, self.state, command, ids=self._ids, fence=fence).state
+        else:
+            events = decide(self.state, command)
+            assert not isinstance(events, Rejection), events
+            first = 1 if self.state is None else self.state.sequence + 1
+            journal.append(self.run_id, first, seal_events(self.run_id, first, events, self._ids), fence)
+            state = self.state
+            for offset, event in enumerate(events):
+                state = reduce(state, event, first + offset)
+            assert state is not None
+            self.state = state
+        self.step += 1
+        return self.state
+
+    def advance_to(self, step: int, journal: WorkflowJournal, *, indexed: bool = True) -> RunState:
+        """Commit steps until ``step`` of them are (``1``: created, ``2``: running, ``4``: waiting...)."""
+        while self.step < step:
+            self.advance(journal, indexed=indexed)
+        assert self.state is not None
+        return self.state
 
 
 class Child:

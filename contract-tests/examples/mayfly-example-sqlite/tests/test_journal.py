@@ -11,7 +11,14 @@ from mayfly_example_sqlite import SqliteJournal, SqliteLeaseStore
 
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import JournalRecord
-from mayfly.model.errors import ChecksumMismatch, CorruptionError, InvalidBackendURL, JournalGap
+from mayfly.model.errors import (
+    AppendConflict,
+    ChecksumMismatch,
+    CorruptionError,
+    InvalidBackendURL,
+    JournalGap,
+)
+from mayfly.runindex import IndexEntry, IndexStatus
 
 IDS = Uuid7IdSource()
 
@@ -149,3 +156,57 @@ def test_a_path_with_raw_control_characters_is_refused_not_stripped(tmp_path: Pa
     with pytest.raises(InvalidBackendURL, match="control character"):
         opener(f"sqlite://{tmp_path}/jour\nnal.db")
     assert list(tmp_path.iterdir()) == []
+
+
+def entry_of(run_id: str, sequence: int, status: IndexStatus = IndexStatus.NEW) -> IndexEntry:
+    """A runnable (by default) index entry of ``run_id`` at ``sequence``."""
+    return IndexEntry(run_id=run_id, queue="example", status=status, ready_at_ms=1_000, sequence=sequence)
+
+
+def never_asked() -> IndexEntry:
+    """An entry callable for appends that must be refused before they ask for it."""
+    raise AssertionError("a refused append asked for its index entry")
+
+
+def test_a_refused_indexed_append_stores_neither_records_nor_entry(journal: SqliteJournal) -> None:
+    """A compare-and-append conflict refuses the batch before asking for its entry; the stored entry stays."""
+    run_id = IDS.new_id()
+    journal.append_indexed(run_id, 1, batch(run_id, 1, 2), None, lambda: entry_of(run_id, 2))
+    with pytest.raises(AppendConflict):
+        journal.append_indexed(run_id, 1, batch(run_id, 1, 1), None, never_asked)
+    assert journal.index_get(run_id) == entry_of(run_id, 2)
+    assert journal.next_sequence(run_id) == 3
+
+
+def test_a_failed_entry_rolls_the_records_back(journal: SqliteJournal) -> None:
+    """An entry callable that raises aborts the whole transaction: the records are not stored either."""
+    run_id = IDS.new_id()
+
+    def broken() -> IndexEntry:
+        raise RuntimeError("the driver died while deciding")
+
+    with pytest.raises(RuntimeError):
+        journal.append_indexed(run_id, 1, batch(run_id, 1, 2), None, broken)
+    assert journal.next_sequence(run_id) == 1
+    assert journal.index_get(run_id) is None
+
+
+def test_purge_drops_the_index_row(journal: SqliteJournal) -> None:
+    """A purged run is no longer in the index, so no worker claims a run that is gone."""
+    run_id = IDS.new_id()
+    journal.append_indexed(run_id, 1, batch(run_id, 1, 1), None, lambda: entry_of(run_id, 1))
+    assert journal.purge_run(run_id) is True
+    assert journal.index_get(run_id) is None
+    assert journal.claim("w", limit=5, ttl_ms=60_000, now_ms=2_000, queues=["example"]) == []
+
+
+def test_closing_the_journal_releases_what_its_claims_hold(database: Path) -> None:
+    """Leases granted by claim belong to the journal's lease store: close() releases them."""
+    run_id = IDS.new_id()
+    with SqliteJournal(f"sqlite://{database}") as first:
+        first.append_indexed(run_id, 1, batch(run_id, 1, 1), None, lambda: entry_of(run_id, 1))
+        (guard,) = first.claim("w", limit=5, ttl_ms=3_600_000, now_ms=2_000, queues=["example"])
+    with SqliteJournal(f"sqlite://{database}") as second:
+        (again,) = second.claim("w", limit=5, ttl_ms=60_000, now_ms=2_000, queues=["example"])
+        assert (again.run_id, again.fencing_token) == (run_id, guard.fencing_token + 1)
+        again.release()

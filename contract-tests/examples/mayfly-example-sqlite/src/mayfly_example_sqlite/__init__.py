@@ -12,7 +12,15 @@ Everything a backend needs is here, in one module:
    windows, plus snapshots, run purging and the fault-injection hooks;
 4. :class:`SqliteLeaseStore` and :class:`SqliteLeaseGuard`, on the kit's lease
    bases: expiring leases and a fencing counter stored in the same database,
-   so the journal checks tokens in the same transaction that appends.
+   so the journal checks tokens in the same transaction that appends;
+5. the run index workers claim runs from (feature ``run_index``, see
+   :mod:`mayfly.runindex`): one row per run in ``mayfly_run_index``, written
+   in the same transaction as the records it derives from, so no crash can
+   separate them and a wake-up is never lost; ``claim`` selects and leases in
+   one ``BEGIN IMMEDIATE`` transaction, so no run is handed out twice;
+6. prompt wake-ups for idle workers (feature ``run_wakeups``): one FIFO per
+   listening worker in ``PATH.wakeups/``, written into by whoever makes a run
+   claimable now. Only latency depends on them, never correctness.
 
 Durability: WAL mode with ``synchronous=FULL`` syncs the WAL on every commit,
 so an acknowledged append survives a process or host crash: ``durable``.
@@ -26,11 +34,16 @@ timeout); a backend whose waits can be long should cross
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -45,7 +58,7 @@ from mayfly.backend import (
     encode_snapshot,
     parse_backend_url,
 )
-from mayfly.errors import DurabilityUnavailable, JournalUnavailable, LeaseHeld
+from mayfly.errors import DurabilityUnavailable, InvalidRecord, JournalUnavailable, LeaseHeld
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -53,8 +66,18 @@ from mayfly.journal import (
     JournalRecord,
     SnapshotRecord,
 )
+from mayfly.lease import RecoveryLeaseGuard, validate_acquire
+from mayfly.model.ids import parse_run_id
+from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 
-__all__ = ["MAYFLY_PLUGIN_API", "SqliteJournal", "SqliteLeaseGuard", "SqliteLeaseStore", "parse_url"]
+__all__ = [
+    "MAYFLY_PLUGIN_API",
+    "SqliteJournal",
+    "SqliteLeaseGuard",
+    "SqliteLeaseStore",
+    "SqliteWakeupListener",
+    "parse_url",
+]
 
 MAYFLY_PLUGIN_API = 1
 """The Mayfly plugin API this backend was written for (checked when the plugin loads)."""
@@ -62,7 +85,9 @@ MAYFLY_PLUGIN_API = 1
 DISTRIBUTION: Final = "mayfly-example-sqlite"
 
 CAPABILITIES: Final = JournalCapabilities.declare(
-    Durability.DURABLE, "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge"
+    Durability.DURABLE,
+    "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge",
+    "run_index run_wakeups",
 )
 
 _SCHEMA: Final = """
@@ -87,6 +112,31 @@ CREATE TABLE IF NOT EXISTS mayfly_leases (
 CREATE TABLE IF NOT EXISTS mayfly_snapshots (
     run_id TEXT PRIMARY KEY, body BLOB NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS mayfly_run_index (
+    run_id TEXT PRIMARY KEY, queue TEXT NOT NULL, status TEXT NOT NULL, ready_at INTEGER,
+    sequence INTEGER NOT NULL, wake INTEGER NOT NULL, parent TEXT, priority INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS mayfly_run_index_claim
+    ON mayfly_run_index (queue, status, ready_at) WHERE parent IS NULL;
+"""
+_ENTRY: Final = "run_id, queue, status, ready_at, sequence, wake, parent, priority"
+# Store an entry unless the stored one reflects a later sequence; a stored wake is kept (a claim clears it).
+_PUT_ENTRY: Final = f"""
+INSERT INTO mayfly_run_index ({_ENTRY}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run_id) DO UPDATE SET
+    queue = excluded.queue, status = excluded.status, ready_at = excluded.ready_at,
+    sequence = excluded.sequence, wake = max(wake, excluded.wake), parent = excluded.parent,
+    priority = excluded.priority
+WHERE excluded.sequence >= mayfly_run_index.sequence
+"""
+# Claimable at ? (now): a root run with work now, due, or woken. Higher priority first, then first come.
+_CLAIMABLE: Final = """
+SELECT i.run_id FROM mayfly_run_index AS i LEFT JOIN mayfly_leases AS l ON l.run_id = i.run_id
+WHERE i.parent IS NULL {queues}
+  AND (i.status IN ('new', 'running') OR (i.status = 'waiting' AND (i.ready_at <= ? OR i.wake = 1)))
+  AND (l.run_id IS NULL OR l.expires_ms <= ?)
+ORDER BY i.priority DESC, i.ready_at IS NULL, i.ready_at, i.run_id
+LIMIT ?
 """
 
 
@@ -110,6 +160,7 @@ class _Database:
     def __init__(self, url: str) -> None:
         parsed = parse_url(url)
         self.url = parsed.url
+        self.path = Path(parsed.location)
         try:
             self._connection = sqlite3.connect(
                 parsed.location, isolation_level=None, check_same_thread=False, timeout=60
@@ -173,6 +224,40 @@ def _holder(connection: sqlite3.Connection, run_id: str, now: int) -> str | None
     return str(row[0]) if row is not None and int(row[1]) > now else None
 
 
+def _queue_filter(queues: tuple[str, ...] | None) -> tuple[str, tuple[str, ...]]:
+    """The ``AND i.queue IN (...)`` clause and its parameters (nothing for every queue)."""
+    if queues is None:
+        return "", ()
+    return f"AND i.queue IN ({', '.join('?' * len(queues))})", queues
+
+
+def _entry_row(entry: IndexEntry) -> tuple[object, ...]:
+    return (
+        entry.run_id,
+        entry.queue,
+        entry.status.value,
+        entry.ready_at_ms,
+        entry.sequence,
+        int(entry.wake),
+        entry.parent,
+        entry.priority,
+    )
+
+
+def _entry_of(row: tuple[Any, ...]) -> IndexEntry:
+    run_id, queue, status, ready_at, sequence, wake, parent, priority = row
+    return IndexEntry(
+        run_id=run_id,
+        queue=queue,
+        status=IndexStatus(status),
+        ready_at_ms=ready_at,
+        sequence=sequence,
+        wake=bool(wake),
+        parent=parent,
+        priority=priority,
+    )
+
+
 _FIELDS: Final = ("sequence", "event_id", "event_type", "schema_version", "payload", "checksum")
 _COLUMNS: Final = ", ".join(_FIELDS)
 
@@ -184,6 +269,9 @@ class SqliteJournal(JournalBase):
 
     def __init__(self, url: str) -> None:
         self._db = _Database(url)
+        self._leases: SqliteLeaseStore | None = None
+        self._wakeups = self._db.path.with_name(self._db.path.name + ".wakeups")
+        self._leases_lock = threading.Lock()
         super().__init__(url=self._db.url, capabilities=CAPABILITIES)
 
     def _record(self, run_id: str, row: tuple[Any, ...]) -> JournalRecord:
@@ -198,6 +286,27 @@ class SqliteJournal(JournalBase):
     def _append(
         self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
+        return self._append_rows(run_id, expected_next, batch, fence, None)
+
+    def _append_indexed(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry],
+    ) -> AppendResult:
+        return self._append_rows(run_id, expected_next, batch, fence, entry)
+
+    def _append_rows(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry] | None,
+    ) -> AppendResult:
+        """Compare, fence and insert the batch, and store its index entry, all in one transaction."""
         with self._db.transaction() as connection:
             self.check_fence(run_id, fence, _fence(connection, run_id))
             (last,) = connection.execute(
@@ -234,6 +343,10 @@ class SqliteJournal(JournalBase):
                     for r in batch
                 ],
             )
+            if entry is not None:
+                # The batch can no longer be refused: ask for its entry now (never earlier), and store
+                # it in the same transaction, so the records and the entry commit or vanish together.
+                connection.execute(_PUT_ENTRY, _entry_row(entry()))
         return self.acknowledged(run_id, batch)
 
     def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
@@ -276,7 +389,11 @@ class SqliteJournal(JournalBase):
         return None if row is None else decode_snapshot(run_id, bytes(row[0]))
 
     def _close(self) -> None:
-        self._db.close()
+        try:
+            if self._leases is not None:
+                self._leases.close()  # releases the leases its claims still hold
+        finally:
+            self._db.close()
 
     # Run purging (capabilities.run_purge).
 
@@ -288,9 +405,106 @@ class SqliteJournal(JournalBase):
             if holder is not None:
                 raise LeaseHeld(run, holder)
             removed = 0
-            for table in ("mayfly_records", "mayfly_snapshots", "mayfly_leases"):
+            for table in ("mayfly_records", "mayfly_snapshots", "mayfly_leases", "mayfly_run_index"):
                 removed += connection.execute(f"DELETE FROM {table} WHERE run_id = ?", (run,)).rowcount
         return removed > 0
+
+    # The run index (capabilities.run_index; mayfly.runindex.RunIndexJournal).
+
+    def _lease_store(self) -> SqliteLeaseStore:
+        """The lease store of this database, opened on the first claim: claims grant its leases."""
+        self.ensure_open("claim")
+        with self._leases_lock:
+            if self._leases is None:
+                self._leases = SqliteLeaseStore(self.url)
+            return self._leases
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: Sequence[str] | None = None,
+    ) -> list[RecoveryLeaseGuard]:
+        """Lease up to ``limit`` claimable root runs to ``owner``, selected and granted in one transaction.
+
+        ``now_ms`` decides which waiting runs are due; whether a lease is
+        still live is decided by this host's clock, as ``acquire`` does.
+        """
+        limit, names = check_claim(limit, queues)
+        return list(self._lease_store().grant_claimable(owner, limit, ttl_ms, now_ms, names))
+
+    def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
+        """The earliest ``ready_at`` after ``now_ms`` of a waiting root run in ``queues``."""
+        _, names = check_claim(1, queues)
+        self.ensure_open("next wake")
+        where, params = _queue_filter(names)
+        with self._db.reading() as connection:
+            (earliest,) = connection.execute(
+                "SELECT min(i.ready_at) FROM mayfly_run_index AS i WHERE i.parent IS NULL "
+                f"AND i.status = 'waiting' AND i.ready_at > ? {where}",
+                (now_ms, *params),
+            ).fetchone()
+        return None if earliest is None else int(earliest)
+
+    def index_get(self, run_id: str) -> IndexEntry | None:
+        """The run's index entry, or ``None``."""
+        run = self.open_run(run_id, "index read")
+        with self._db.reading() as connection:
+            row = connection.execute(
+                f"SELECT {_ENTRY} FROM mayfly_run_index WHERE run_id = ?", (run,)
+            ).fetchone()
+        return None if row is None else _entry_of(row)
+
+    def index_put(self, entries: Sequence[IndexEntry]) -> None:
+        """Store entries (a rebuild, a repair); a lower sequence never replaces one, a stored wake stays."""
+        for entry in entries:
+            if not isinstance(entry, IndexEntry):
+                raise InvalidRecord(f"index entries must be IndexEntry values, got {type(entry).__name__}")
+            parse_run_id(entry.run_id)
+        self.ensure_open("index write")
+        with self._db.transaction() as connection:
+            connection.executemany(_PUT_ENTRY, [_entry_row(entry) for entry in entries])
+
+    def index_wake(self, run_id: str) -> bool:
+        """Ask for a waiting run to be claimed; ``False`` if it has no entry or has ended."""
+        run = self.open_run(run_id, "index wake")
+        with self._db.transaction() as connection:
+            woken = connection.execute(
+                "UPDATE mayfly_run_index SET wake = 1 WHERE run_id = ? AND status != 'terminal'", (run,)
+            )
+        return woken.rowcount > 0
+
+    # Prompt wake-ups (capabilities.run_wakeups; mayfly.runindex.RunWakeups).
+
+    def listen_wakeups(self) -> SqliteWakeupListener:
+        """This worker's wake-up channel: a FIFO of its own in ``PATH.wakeups/``."""
+        self.ensure_open("listening for wake-ups")
+        return SqliteWakeupListener(self._wakeups)
+
+    def notify_wakeups(self) -> None:
+        """Write one byte into every listening worker's FIFO; drop the FIFOs of workers that are gone."""
+        try:
+            names = os.listdir(self._wakeups)
+        except FileNotFoundError:
+            return  # nobody ever listened
+        for name in names:
+            path = self._wakeups / name
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as error:
+                if error.errno == errno.ENXIO:  # no reader: its worker is gone
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                continue
+            try:
+                os.write(fd, b"\0")
+            except OSError:
+                pass  # full of unread wake-ups already: that worker will look anyway
+            finally:
+                os.close(fd)
 
     # Fault injection for the contract suite (capabilities.fault_injection).
 
@@ -317,6 +531,35 @@ class SqliteJournal(JournalBase):
                 "UPDATE mayfly_snapshots SET body = CAST('{\"run_id\": 7' AS BLOB) WHERE run_id = ?",
                 (run_id,),
             )
+
+
+class SqliteWakeupListener:
+    """One idle worker's wake-up channel (``mayfly.runindex.WakeupListener``): readable once woken."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._path = directory / f"{os.getpid()}-{secrets.token_hex(4)}.fifo"
+        os.mkfifo(self._path, 0o600)
+        self._read = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # A write end of our own keeps the FIFO from reading as end-of-file (always readable).
+        self._keep = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def fileno(self) -> int:
+        """The descriptor a worker waits on for readability (on its hub)."""
+        return self._read
+
+    def drain(self) -> None:
+        """Consume the pending wake-ups."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read, 4096):
+                pass
+
+    def close(self) -> None:
+        """Stop listening: close the FIFO and remove it."""
+        for fd in (self._read, self._keep):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._path.unlink(missing_ok=True)
 
 
 class SqliteLeaseGuard(LeaseGuardBase[None]):
@@ -362,6 +605,39 @@ class SqliteLeaseStore(LeaseStoreBase[SqliteLeaseGuard]):
                 (run_id, owner, token, now + ttl_ms),
             )
         return SqliteLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=None)
+
+    def grant_claimable(
+        self, owner: str, limit: int, ttl_ms: int, now_ms: int, queues: tuple[str, ...] | None
+    ) -> list[SqliteLeaseGuard]:
+        """Select up to ``limit`` claimable runs and lease them to ``owner``: one transaction (a claim).
+
+        ``BEGIN IMMEDIATE`` makes the transaction the database's only writer
+        from its first statement, so two claimants (threads or processes)
+        never select the same unleased run: the second one's selection sees
+        the first one's leases. Each grant bumps the run's fencing counter
+        and clears its ``wake``.
+        """
+        self.ensure_open("claim")
+        where, params = _queue_filter(queues)
+        guards = []
+        with self.db.transaction() as connection:
+            lease_now = _now_ms()
+            rows = connection.execute(
+                _CLAIMABLE.format(queues=where), (*params, now_ms, lease_now, limit)
+            ).fetchall()
+            for (run_id,) in rows:
+                run, owner, ttl = validate_acquire(run_id, owner, ttl_ms)
+                token = _fence(connection, run) + 1
+                connection.execute("INSERT OR REPLACE INTO mayfly_fences VALUES (?, ?)", (run, token))
+                connection.execute(
+                    "INSERT OR REPLACE INTO mayfly_leases VALUES (?, ?, ?, ?)",
+                    (run, owner, token, lease_now + ttl),
+                )
+                connection.execute("UPDATE mayfly_run_index SET wake = 0 WHERE run_id = ?", (run,))
+                guards.append(SqliteLeaseGuard(self, run, owner, token=token, ttl_ms=ttl, grant=None))
+        with self._held_lock:  # the kit's bookkeeping: close() releases what is still held
+            self._held.update(guards)
+        return guards
 
     def _current_fence(self, run_id: str) -> int:
         with self.db.reading() as connection:
