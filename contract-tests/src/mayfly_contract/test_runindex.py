@@ -34,9 +34,9 @@ import msgspec
 import pytest
 
 import mayfly.recovery
-from mayfly.journal import WorkflowJournal
+from mayfly.journal import RUN_PURGE, WorkflowJournal
 from mayfly.lease import MAX_LEASE_TTL_MS, RecoveryLeaseGuard, RecoveryLeaseStore
-from mayfly.model.errors import FencingRejected, InvalidRecord, LeaseHeld, LeaseLost
+from mayfly.model.errors import CorruptionError, FencingRejected, InvalidRecord, LeaseHeld, LeaseLost
 from mayfly.recovery import replay_run
 from mayfly.runindex import (
     MAX_CLAIM,
@@ -660,11 +660,21 @@ def test_a_writer_killed_between_append_and_index_loses_no_wakeup(
 # -- rebuilding -----------------------------------------------------------------------------------------
 
 
-def _rebuild() -> Callable[[WorkflowJournal], int]:
+def _rebuild() -> Callable[..., int]:
     rebuild = getattr(mayfly.recovery, "rebuild_run_index", None)
     if rebuild is None:
         pytest.skip("needs mayfly.recovery.rebuild_run_index")
     return rebuild  # type: ignore[no-any-return]
+
+
+def _rebuild_all(rebuild: Callable[..., int], journal: WorkflowJournal, mine: Sequence[str]) -> None:
+    """Rebuild the whole store, which also holds other clauses' probe runs (records that are no workflow
+    events): those are named as unreadable after every other run is indexed, never one of ``mine``."""
+    try:
+        rebuild(journal)
+    except CorruptionError as exc:
+        named = [run_id for run_id in mine if run_id in str(exc)]
+        assert not named, f"rebuild could not read runs of this clause: {named}: {exc}"
 
 
 @pytest.mark.clause("runindex.rebuild.from-journal")
@@ -680,9 +690,15 @@ def test_rebuild_indexes_runs_appended_without_an_index(
     ]
     child = ScriptedRun(records.new_id(), queue=queue, epoch_ms=_now_ms(), parent=parent.run_id)
     child.advance_to(RETRY_WAIT, mayfly_journal, indexed=False)
-    indexed = rebuild(mayfly_journal)
-    assert isinstance(indexed, int) and indexed >= len(runs) + 2
+    mine = [run.run_id for run in (parent, *runs, child)]
+    indexed = rebuild(mayfly_journal, runs=mine)
+    assert indexed == len(mine)
     for run in (parent, *runs, child):
+        assert index.index_get(run.run_id) == _truth(mayfly_journal, run.run_id), f"step {run.step}"
+    # The same from the journal's own listing of every run.
+    later = _run(mayfly_journal, records, queue, RETRY_WAIT, indexed=False)
+    _rebuild_all(rebuild, mayfly_journal, [*mine, later.run_id])
+    for run in (parent, *runs, child, later):
         assert index.index_get(run.run_id) == _truth(mayfly_journal, run.run_id), f"step {run.step}"
 
 
@@ -700,6 +716,25 @@ def test_rebuild_keeps_correct_entries_and_repairs_a_stale_one(
     # A stale entry as a lost write would leave it: the run looks finished, so no worker would claim it.
     index.index_put([msgspec.structs.replace(truth, status=IndexStatus.TERMINAL, ready_at_ms=None)])
     before = {run.run_id: index.index_get(run.run_id) for run in (*correct, woken)}
-    rebuild(mayfly_journal)
+    _rebuild_all(rebuild, mayfly_journal, [run.run_id for run in (*correct, woken, stale)])
     assert {run.run_id: index.index_get(run.run_id) for run in (*correct, woken)} == before
     assert index.index_get(stale.run_id) == truth
+
+
+@pytest.mark.clause("runindex.purge")
+def test_a_purged_run_has_no_entry_and_is_never_claimed(
+    mayfly_journal: WorkflowJournal,
+    index: RunIndexJournal,
+    records: Records,
+    queue: str,
+    granted: list[RecoveryLeaseGuard],
+) -> None:
+    """Purging a run (the run_purge feature) removes its index entry with its history."""
+    purger = RUN_PURGE.of(mayfly_journal)
+    if purger is None:
+        pytest.skip(f"backend {mayfly_journal.url} declares capability run_purge absent")
+    run = _run(mayfly_journal, records, queue, CREATED)
+    assert index.index_get(run.run_id) is not None
+    assert purger.purge_run(run.run_id)
+    assert index.index_get(run.run_id) is None
+    assert run.run_id not in _claim(index, granted, [queue], now_ms=_now_ms() + 100 * RETRY_DELAY_MS)
