@@ -129,6 +129,7 @@ class LocalWorkflowJournal(JournalBase):
         target = parse_url(url)
         check_durability(target)
         self._durability = target.durability
+        self._durable_files = target.durability is Durability.DURABLE
         self._layout = Layout(target.root)
         self._layout.prepare()
         self._guard = threading.Lock()
@@ -404,7 +405,7 @@ class LocalWorkflowJournal(JournalBase):
         lock = self._run_lock(run_id)
         lock.acquire()
         try:
-            fd = open_run_file(self._layout, run_id, create=True)
+            fd = open_run_file(self._layout, run_id, create=True, durable=self._durable_files)
             assert fd is not None  # created when absent
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)

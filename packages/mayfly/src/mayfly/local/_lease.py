@@ -22,6 +22,7 @@ import os
 from typing import final
 
 from mayfly.backend import LeaseGuardBase, LeaseStoreBase
+from mayfly.journal import Durability
 from mayfly.local._store import (
     Layout,
     locked,
@@ -64,13 +65,17 @@ class LocalLeaseStore(LeaseStoreBase[LocalLeaseGuard]):
         target = parse_url(url)
         self._layout = Layout(target.root)
         self._layout.prepare()
+        self._durable = target.durability is Durability.DURABLE
         super().__init__(url=target.url)
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> LocalLeaseGuard:
         """Take the run's lease now with a new, higher fencing token, or raise ``LeaseHeld``.
 
-        The token is written durably (fsync), so from a hub task this runs on an offload thread.
+        In ``fsync`` mode the token is written durably, so from a hub task this
+        runs on an offload thread; otherwise it takes no sync and runs inline.
         """
+        if not self._durable:
+            return self._take(run_id, owner, ttl_ms)
         return off_hub(self._take, run_id, owner, ttl_ms)
 
     def _take(self, run_id: str, owner: str, ttl_ms: int) -> LocalLeaseGuard:
@@ -97,12 +102,12 @@ class LocalLeaseStore(LeaseStoreBase[LocalLeaseGuard]):
 
     def _grant(self, run_id: str) -> int:
         """Bump the run's fencing counter under the run file's exclusive lock."""
-        run_fd = open_run_file(self._layout, run_id, create=True)
+        run_fd = open_run_file(self._layout, run_id, create=True, durable=self._durable)
         assert run_fd is not None  # created when absent
         try:
             with locked(run_fd, fcntl.LOCK_EX):
                 token = read_fence(self._layout, run_id) + 1
-                write_fence(self._layout, run_id, token)
+                write_fence(self._layout, run_id, token, durable=self._durable)
                 return token
         finally:
             os.close(run_fd)

@@ -237,11 +237,12 @@ class Layout:
         sync_directory(self.root)
 
 
-def open_run_file(layout: Layout, run_id: str, *, create: bool) -> int | None:
+def open_run_file(layout: Layout, run_id: str, *, create: bool, durable: bool = True) -> int | None:
     """Open a run's journal file for appending; ``None`` if absent and ``create`` is false.
 
-    A newly created file has its directory fsynced before this returns, so
-    the file itself cannot vanish after an acknowledged append.
+    A newly created file has its directory fsynced before this returns (when
+    ``durable``: a store in ``fsync`` mode), so the file itself cannot vanish
+    after an acknowledged append.
     """
     path = layout.run_path(run_id)
     flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
@@ -251,7 +252,8 @@ def open_run_file(layout: Layout, run_id: str, *, create: bool) -> int | None:
         if not create:
             return None
     fd = os.open(path, flags | os.O_CREAT, 0o644)
-    sync_directory(layout.runs)
+    if durable:
+        sync_directory(layout.runs)
     return fd
 
 
@@ -283,13 +285,18 @@ def read_fence(layout: Layout, run_id: str) -> int:
         ) from None
 
 
-def write_fence(layout: Layout, run_id: str, token: int) -> None:
-    """Persist the run's fencing token durably, whatever the journal's mode.
+def write_fence(layout: Layout, run_id: str, token: int, *, durable: bool = True) -> None:
+    """Persist the run's fencing token, durably unless ``durable`` is false.
 
-    A token that went backwards after a host crash could be granted twice,
-    defeating fencing. The first grant creates the counter atomically (tmp,
-    fsync, rename, directory fsync). Later grants overwrite it in place with
-    one ``pwrite`` of a fixed-width record and one ``fdatasync``: the record
+    A store in ``fsync`` mode keeps its tokens durable: one that went backwards
+    after a host crash could be granted twice while the runs' history survived.
+    In ``flush`` and ``write`` mode nothing the journal acknowledges survives a
+    host crash either, and every process that held a token died with the host,
+    so the counter is written without a sync (issue 18: a lease grant there
+    cost two disk flushes for a promise the journal does not make). The first
+    grant creates the counter atomically (tmp, fsync, rename, directory fsync).
+    Later grants overwrite it in place with one ``pwrite`` of a fixed-width
+    record and one ``fdatasync``: the record
     (21 bytes at offset 0) lies in one disk sector, which a disk writes whole
     (the assumption PostgreSQL's ``pg_control`` rests on too), so a crash
     leaves the old token or the new one, and a grant costs one sync, not two.
@@ -304,7 +311,8 @@ def write_fence(layout: Layout, run_id: str, token: int) -> None:
         try:
             if os.pwrite(fd, text, 0) != len(text):
                 raise OSError(f"short write of the fencing counter of run {run_id}")
-            _fdatasync(fd)
+            if durable:
+                _fdatasync(fd)
         finally:
             os.close(fd)
         return
@@ -313,8 +321,10 @@ def write_fence(layout: Layout, run_id: str, token: int) -> None:
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, text)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(temporary, path)
-    sync_directory(layout.fences)
+    if durable:
+        sync_directory(layout.fences)
