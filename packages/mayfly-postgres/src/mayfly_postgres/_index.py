@@ -206,7 +206,11 @@ class IndexStatements:
         # The claim (see the module doc). The lease upsert is the lease store's acquire, row by row:
         # a lease granted after this statement's snapshot is seen by its WHERE, under the row lock.
         self.claim = sql.SQL(
-            "WITH picked AS (SELECT i.run_id FROM {index} i WHERE " + _CLAIMABLE + " AND " + _QUEUES + " "
+            "WITH picked AS (SELECT i.run_id, i.priority, i.ready_at FROM {index} i WHERE "
+            + _CLAIMABLE
+            + " AND "
+            + _QUEUES
+            + " "
             "AND NOT EXISTS (SELECT FROM {leases} l WHERE l.run_id = i.run_id "
             "AND l.expires_at > clock_timestamp()) "
             "ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT %(limit)s::bigint "
@@ -219,11 +223,10 @@ class IndexStatements:
             "WHERE l.expires_at <= clock_timestamp() RETURNING l.run_id, l.token, l.grant_id), "
             "fenced AS (INSERT INTO {runs} AS r (run_id, fence) SELECT run_id, token FROM granted "
             "ON CONFLICT (run_id) DO UPDATE SET fence = GREATEST(r.fence, EXCLUDED.fence) RETURNING 1), "
-            "answered AS (UPDATE {index} i SET wake = false FROM granted g "
-            "WHERE i.run_id = g.run_id AND i.wake RETURNING 1) "
-            "SELECT g.run_id::text, g.token, g.grant_id::text, i.priority, i.ready_at "
-            "FROM granted g JOIN {index} i USING (run_id) "
-            "ORDER BY i.priority DESC, i.ready_at NULLS LAST, g.run_id"
+            "answered AS (UPDATE {index} i SET wake = false "
+            "WHERE i.wake AND i.run_id IN (SELECT run_id FROM granted) RETURNING 1) "
+            "SELECT g.run_id::text, g.token, g.grant_id::text FROM granted g JOIN picked p USING (run_id) "
+            "ORDER BY p.priority DESC, p.ready_at NULLS LAST, g.run_id"
         ).format(index=index, leases=leases, runs=runs)
         self.notify = sql.SQL("SELECT pg_notify({channel}, '')").format(channel=channel)
 

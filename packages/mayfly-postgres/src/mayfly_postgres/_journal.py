@@ -723,7 +723,7 @@ class PostgresJournal(JournalBase):
             raise unavailable(self.url, f"claiming runs for {owner}", error) from None
         return [
             leases.adopt(str(run), owner, token=int(token), ttl_ms=ttl, grant=str(grant))
-            for run, token, grant, *_ in rows
+            for run, token, grant in rows
         ]
 
     def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:

@@ -101,6 +101,8 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
                     OR (status = 'waiting' AND (ready_at IS NOT NULL OR wake)))""",
             """CREATE INDEX run_index_wake ON {schema}.run_index (ready_at)
                 WHERE parent IS NULL AND status = 'waiting'""",
+            # The few woken runs, so a claim clears their wake without scanning the table.
+            "CREATE INDEX run_index_woken ON {schema}.run_index (run_id) WHERE wake",
         ),
     ),
 )
