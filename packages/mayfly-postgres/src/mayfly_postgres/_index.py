@@ -122,16 +122,16 @@ def _woken(entry: IndexEntry) -> IndexEntry:
 
 
 def entry_parameters(entry: IndexEntry) -> dict[str, Any]:
-    """The upsert's parameters for one entry."""
+    """The one-entry upsert's parameters (scalars: cheaper to send than one-element arrays)."""
     return {
-        "runs": [entry.run_id],
-        "queues": [entry.queue],
-        "statuses": [entry.status.value],
-        "ready": [entry.ready_at_ms],
-        "sequences": [entry.sequence],
-        "wakes": [entry.wake],
-        "parents": [entry.parent],
-        "priorities": [entry.priority],
+        "run": entry.run_id,
+        "queue": entry.queue,
+        "status": entry.status.value,
+        "ready": entry.ready_at_ms,
+        "sequence": entry.sequence,
+        "wake": entry.wake,
+        "parent": entry.parent,
+        "priority": entry.priority,
     }
 
 
@@ -177,19 +177,27 @@ class IndexStatements:
         self.channel = wakeup_channel(store.settings.schema)
         channel = sql.Literal(self.channel)
         # Insert, or replace a stored entry unless it reflects a later sequence; a stored wake is kept.
-        upsert = sql.SQL(
+        insert = (
             "INSERT INTO {index} AS i (run_id, queue, status, ready_at, sequence, wake, parent, priority) "
-            "SELECT * FROM unnest(%(runs)s::uuid[], %(queues)s::text[], %(statuses)s::text[], "
-            "%(ready)s::bigint[], %(sequences)s::bigint[], %(wakes)s::boolean[], %(parents)s::uuid[], "
-            "%(priorities)s::bigint[]) "
-            "ON CONFLICT (run_id) DO UPDATE SET queue = EXCLUDED.queue, status = EXCLUDED.status, "
+        )
+        conflict = (
+            " ON CONFLICT (run_id) DO UPDATE SET queue = EXCLUDED.queue, status = EXCLUDED.status, "
             "ready_at = EXCLUDED.ready_at, sequence = EXCLUDED.sequence, wake = i.wake OR EXCLUDED.wake, "
             "parent = EXCLUDED.parent, priority = EXCLUDED.priority WHERE EXCLUDED.sequence >= i.sequence"
-        ).format(index=index)
-        self.put = upsert
-        self.put_notify = sql.SQL("WITH put AS ({upsert}) SELECT pg_notify({channel}, '')").format(
-            upsert=upsert, channel=channel
         )
+        many = sql.SQL(
+            insert + "SELECT * FROM unnest(%(runs)s::uuid[], %(queues)s::text[], %(statuses)s::text[], "
+            "%(ready)s::bigint[], %(sequences)s::bigint[], %(wakes)s::boolean[], %(parents)s::uuid[], "
+            "%(priorities)s::bigint[])" + conflict
+        ).format(index=index)
+        one = sql.SQL(
+            insert + "VALUES (%(run)s::uuid, %(queue)s::text, %(status)s::text, %(ready)s::bigint, "
+            "%(sequence)s::bigint, %(wake)s::boolean, %(parent)s::uuid, %(priority)s::bigint)" + conflict
+        ).format(index=index)
+        notify = "WITH put AS ({upsert}) SELECT pg_notify({channel}, '')"
+        self.put, self.put_one = many, one
+        self.put_notify = sql.SQL(notify).format(upsert=many, channel=channel)
+        self.put_one_notify = sql.SQL(notify).format(upsert=one, channel=channel)
         self.get = sql.SQL("SELECT " + _COLUMNS + " FROM {index} WHERE run_id = %s::uuid").format(index=index)
         self.next_wake = sql.SQL(
             "SELECT min(i.ready_at) FROM {index} i WHERE i.parent IS NULL AND i.status = 'waiting' "

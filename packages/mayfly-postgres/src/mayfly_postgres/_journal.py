@@ -412,7 +412,7 @@ class PostgresJournal(JournalBase):
                 return inserted
             value = entry.get()
             announce = fence is None and claimable_now(value, int(time.time() * 1000))
-            index = self._index_sql.put_notify if announce else self._index_sql.put
+            index = self._index_sql.put_one_notify if announce else self._index_sql.put_one
             connection.execute(index, entry_parameters(value))
             connection.execute(_COMMIT)
         return inserted
