@@ -17,6 +17,11 @@ journal does not guess: it reads the batch's event ids back on a fresh
 connection. All present and identical means committed (success, proven);
 none present means not committed, and the append is retried through the same
 compare-and-append, which can never write the batch twice.
+
+An indexed append (``append_indexed``) is the same statement inside a
+transaction, pipelined with its BEGIN; once it inserted the batch the run's
+index entry is computed and upserted, pipelined with the COMMIT: two round
+trips, one transaction, and the entry is never asked for on a refused batch.
 """
 
 from __future__ import annotations
@@ -263,8 +268,9 @@ class PostgresJournal(JournalBase):
     for the options). Appends are acknowledged after the commit is durable
     under the URL's ``durability``; every driver error is mapped to a Mayfly
     error; the network waits of a hub task park on the hub. Declares
-    everything, plus the run index (``run_summaries``), run purging and
-    ``network``.
+    everything, plus run summaries (``run_summaries``), run purging,
+    ``network``, and the run index workers claim from (``run_index``,
+    ``run_wakeups``; see :mod:`mayfly_postgres._index`).
     """
 
     remedy = "restore the run's rows from a backup"
