@@ -17,9 +17,9 @@ schema that is dropped at the end.
 3. The cost of an idle claim (nothing claimable) over the parked runs.
 
 Round trips are counted from libpq's protocol trace of the journal's
-connections: one ``ReadyForQuery`` per synchronisation point, which the
-client waits for (a pipeline sends several statements before one). Numbers
-are printed, never asserted.
+connections: each turn from messages the client sent to messages the server
+answered is one round trip (a pipeline sends several statements, and a Sync
+or a flush request, before it reads). Numbers are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ IDS = Uuid7IdSource()
 
 
 class RoundTrips:
-    """Counts ReadyForQuery messages on the journal's pooled connections through libpq's trace."""
+    """Counts round trips on the journal's pooled connections from libpq's protocol trace."""
 
     def __init__(self, journal: PostgresJournal) -> None:
         self._journal = journal
@@ -62,9 +62,16 @@ class RoundTrips:
         self._file.close()
 
     def count(self) -> int:
-        """ReadyForQuery messages traced so far."""
+        """Turns from frontend to backend messages so far: the times the client waited for the server."""
+        turns, last = 0, ""
         with open(self._path) as trace:
-            return sum("ReadyForQuery" in line for line in trace)
+            for line in trace:
+                fields = line.split("\t")
+                if len(fields) < 2:
+                    continue
+                turns += last == "F" and fields[1] == "B"
+                last = fields[1]
+        return turns
 
 
 def traced(journal: PostgresJournal, operation: Any, times: int) -> float:

@@ -374,3 +374,30 @@ def test_a_store_at_migration_1_is_upgraded_in_place_and_keeps_working(index_url
         assert claimed(journal) == [old]
         with psycopg.connect(settings_url, autocommit=True) as admin:
             assert applied_version(admin, schema) == MIGRATIONS[-1][0]
+
+
+def test_a_connection_lost_between_the_records_and_the_entry_commits_neither(
+    index_url: str, server: str
+) -> None:
+    """The appending backend is killed while the entry is computed: nothing was committed, the retry writes both."""
+    run = IDS.new_id()
+    asked: list[int] = []
+    with PostgresJournal(index_url) as journal, psycopg.connect(server, autocommit=True) as admin:
+
+        def kill_then_entry() -> IndexEntry:
+            asked.append(1)
+            # The batch is inserted, uncommitted, in the appending backend's open transaction.
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND backend_xid IS NOT NULL AND query LIKE %s",
+                (f"%{journal.schema}%records%",),
+            ).fetchall()
+            assert killed == [(True,)]
+            time.sleep(0.2)
+            assert journal.next_sequence(run) == 1, "the records were visible before the entry was written"
+            return entry(run, IndexStatus.RUNNING, NOW, sequence=3)
+
+        journal.append_indexed(run, 1, batch(run, 1), None, kill_then_entry)
+        assert asked == [1]  # asked once; the retry after the lost connection reused it
+        assert [r.sequence for r in journal.read(run)] == [1, 2, 3]
+        assert journal.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=3)

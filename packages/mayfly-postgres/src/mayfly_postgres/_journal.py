@@ -18,10 +18,11 @@ connection. All present and identical means committed (success, proven);
 none present means not committed, and the append is retried through the same
 compare-and-append, which can never write the batch twice.
 
-An indexed append (``append_indexed``) is the same statement inside a
-transaction, pipelined with its BEGIN; once it inserted the batch the run's
-index entry is computed and upserted, pipelined with the COMMIT: two round
-trips, one transaction, and the entry is never asked for on a refused batch.
+An indexed append (``append_indexed``) sends the same statement and the
+run's index entry in one pipeline, one implicit transaction: the entry is
+computed only once the statement inserted the batch, and the Sync that ends
+the pipeline commits both. Two round trips, and the entry is never asked for
+on a refused batch.
 """
 
 from __future__ import annotations
@@ -76,9 +77,6 @@ _MAX_UNEXPLAINED: Final = 5
 # update of the run row, so a busy run does not rewrite the inspection indexes on every append.
 _TOUCH: Final = "CASE WHEN {0} > now() - interval '1 second' AND {0} <= now() THEN {0} ELSE now() END"
 _COLUMNS: Final = "sequence, event_id::text, event_type, schema_version, payload, checksum"
-_BEGIN: Final = sql.SQL("BEGIN")
-_COMMIT: Final = sql.SQL("COMMIT")
-_ROLLBACK: Final = sql.SQL("ROLLBACK")
 _NIL_RUN: Final = "00000000-0000-0000-0000-000000000000"
 
 
@@ -188,6 +186,9 @@ class _Statements:
             ).format(runs=runs)
             + insert
         )
+        # The same, answering with the rows inserted: an indexed append fetches them mid-transaction.
+        self.append_first_indexed = self.append_first + sql.SQL(" RETURNING 1")
+        self.append_next_indexed = self.append_next + sql.SQL(" RETURNING 1")
         # One statement, one snapshot: the run row and every stored record the batch names,
         # by event id or by sequence, whole, so a re-append is compared with verified records.
         self.diagnose = sql.SQL(
@@ -355,7 +356,7 @@ class PostgresJournal(JournalBase):
                         inserted = connection.execute(statement, parameters).rowcount
                     else:
                         inserted = self._append_with_entry(
-                            connection, statement, parameters, len(batch), entry=entry, fence=fence
+                            connection, parameters, len(batch), entry=entry, fence=fence
                         )
             except psycopg.IntegrityError:
                 inserted = 0  # an event id already used in the run: classified below
@@ -394,33 +395,35 @@ class PostgresJournal(JournalBase):
     def _append_with_entry(
         self,
         connection: HubConnection,
-        statement: sql.Composed,
         parameters: dict[str, Any],
         count: int,
         *,
         entry: _OnceEntry,
         fence: int | None,
     ) -> int:
-        """Two round trips in one transaction: BEGIN and the append; then the entry and COMMIT.
+        """The append and the entry in one implicit transaction of one pipeline: two round trips.
 
-        The entry is asked for only once the append inserted the batch (the
-        compare and fence checks passed under the run row's lock, held until
-        COMMIT). A run made claimable at once by an append without a lease
-        (none to release first) is announced to listening workers.
+        Statements sent between two Syncs of the extended protocol run in one
+        implicit transaction, committed by the Sync. The append is sent and
+        its inserted rows fetched with a flush request (no Sync: the run row
+        stays locked, nothing is committed); only if it inserted the batch
+        (the compare and fence checks passed) is the entry asked for and its
+        upsert sent; the pipeline's closing Sync then commits both, or, when
+        the append inserted nothing, ends a transaction that wrote nothing.
+        A run made claimable at once by an append without a lease (none to
+        release first) is announced to listening workers.
         """
-        with connection.pipeline() as pipeline:
-            connection.execute(_BEGIN)
-            cursor = connection.execute(statement, parameters)
-            pipeline.sync()
-            inserted = cursor.rowcount
+        statement = (
+            self._sql.append_first_indexed if parameters["expected"] == 1 else self._sql.append_next_indexed
+        )
+        with connection.pipeline():
+            inserted = len(connection.execute(statement, parameters).fetchall())
             if inserted != count:
-                connection.execute(_ROLLBACK)
                 return inserted
             value = entry.get()
             announce = fence is None and claimable_now(value, int(time.time() * 1000))
             index = self._index_sql.put_one_notify if announce else self._index_sql.put_one
             connection.execute(index, entry_parameters(value))
-            connection.execute(_COMMIT)
         return inserted
 
     def _committed(
