@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import select
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import psycopg
 import pytest
 from pgserver import IDS, batch, drop_schema, with_options
 
-from mayfly.errors import FencingRejected, InvalidIdentifier, InvalidRecord, LeaseLost
+from mayfly.errors import FencingRejected, InvalidIdentifier, InvalidRecord, JournalUnavailable, LeaseLost
 from mayfly.journal import JournalCapabilities
 from mayfly.runindex import RUN_INDEX, RUN_WAKEUPS, IndexEntry, IndexStatus
 from mayfly_postgres import PostgresJournal, PostgresLeaseStore
@@ -401,3 +402,68 @@ def test_a_connection_lost_between_the_records_and_the_entry_commits_neither(
         assert asked == [1]  # asked once; the retry after the lost connection reused it
         assert [r.sequence for r in journal.read(run)] == [1, 2, 3]
         assert journal.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=3)
+
+
+def test_a_claim_cut_off_mid_statement_grants_nothing(index_url: str, server: str) -> None:
+    """A claim whose backend is killed after it wrote some grants, before the statement ended, leaves no lease."""
+    runs = sorted(IDS.new_id() for _ in range(5))
+    outcome: list[BaseException | list[Any]] = []
+    with PostgresJournal(index_url) as journal, psycopg.connect(server) as blocker:
+        journal.index_put([entry(run, IndexStatus.WAITING, None, wake=True) for run in runs])
+        schema = psycopg.sql.Identifier(journal.schema)
+        # An uncommitted row for the last run: the claim's fence upsert waits on it, its leases written.
+        blocker.execute(
+            psycopg.sql.SQL("INSERT INTO {}.runs (run_id) VALUES (%s)").format(schema), (runs[-1],)
+        )
+
+        def claim() -> None:
+            try:
+                outcome.append(journal.claim("w1", limit=10, ttl_ms=60_000, now_ms=NOW))
+            except BaseException as exc:  # reported to the test thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=claim)
+        thread.start()
+        with psycopg.connect(server, autocommit=True) as admin:
+            deadline = time.monotonic() + 10
+            while True:
+                waiting = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                    (f"%{journal.schema}%leases%",),
+                ).fetchall()
+                if waiting:
+                    break
+                assert time.monotonic() < deadline, "the claim never blocked on the uncommitted row"
+                time.sleep(0.02)
+            admin.execute("SELECT pg_terminate_backend(%s)", (waiting[0][0],))
+        thread.join(timeout=30)
+        blocker.rollback()
+        assert len(outcome) == 1 and isinstance(outcome[0], JournalUnavailable)
+        count = psycopg.sql.SQL("SELECT count(*) FROM {}.leases").format(schema)
+        with psycopg.connect(server, autocommit=True) as admin:
+            assert admin.execute(count).fetchone() == (0,)
+        assert all(stored is not None and stored.wake for stored in map(journal.index_get, runs))
+        guards = journal.claim("w2", limit=10, ttl_ms=60_000, now_ms=NOW)
+        assert [(g.run_id, g.fencing_token) for g in guards] == [(run, 1) for run in runs]
+        for guard in guards:
+            guard.release()
+
+
+def test_a_claim_on_a_lost_connection_raises_journal_unavailable_and_the_next_one_reconnects(
+    index_url: str, server: str
+) -> None:
+    """A claim whose pooled connection the server dropped fails with JournalUnavailable; the next claim works."""
+    run = IDS.new_id()
+    with PostgresJournal(index_url) as journal:
+        journal.index_put([entry(run)])
+        assert journal.index_get(run) == entry(run)  # a pooled connection the claim will reuse
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND query LIKE %s",
+                (f"%{journal.schema}%",),
+            )
+        time.sleep(0.2)
+        with pytest.raises(JournalUnavailable, match="claiming runs for w1"):
+            journal.claim("w1", limit=1, ttl_ms=60_000, now_ms=NOW)
+        assert claimed(journal) == [run]
