@@ -13,8 +13,15 @@ import psycopg
 import pytest
 from pgserver import IDS, batch, drop_schema, with_options
 
-from mayfly.errors import FencingRejected, InvalidIdentifier, InvalidRecord, JournalUnavailable, LeaseLost
-from mayfly.journal import JournalCapabilities
+from mayfly.errors import (
+    ConflictingRecord,
+    FencingRejected,
+    InvalidIdentifier,
+    InvalidRecord,
+    JournalUnavailable,
+    LeaseLost,
+)
+from mayfly.journal import JournalCapabilities, JournalRecord
 from mayfly.runindex import RUN_INDEX, RUN_WAKEUPS, IndexEntry, IndexStatus
 from mayfly_postgres import PostgresJournal, PostgresLeaseStore
 from mayfly_postgres._schema import MIGRATIONS, applied_version
@@ -467,3 +474,33 @@ def test_a_claim_on_a_lost_connection_raises_journal_unavailable_and_the_next_on
         with pytest.raises(JournalUnavailable, match="claiming runs for w1"):
             journal.claim("w1", limit=1, ttl_ms=60_000, now_ms=NOW)
         assert claimed(journal) == [run]
+
+
+def test_an_indexed_append_reusing_an_event_id_is_refused_without_asking_for_the_entry(
+    index: PostgresJournal,
+) -> None:
+    """An event id already in the run is a ConflictingRecord; no entry is asked for, the connection is reused."""
+    run = IDS.new_id()
+    first = batch(run, 1)
+    index.append_indexed(run, 1, first, None, lambda: entry(run, sequence=3))
+    reused = [
+        JournalRecord.seal(
+            run_id=run,
+            sequence=4,
+            event_id=first[0].event_id,
+            event_type="Probe",
+            schema_version=1,
+            payload=b"{}",
+        )
+    ]
+    asked: list[int] = []
+
+    def make() -> IndexEntry:
+        asked.append(1)
+        return entry(run, sequence=4)
+
+    with pytest.raises(ConflictingRecord):
+        index.append_indexed(run, 4, reused, None, make)
+    assert asked == [] and index.next_sequence(run) == 4 and index.index_get(run) == entry(run, sequence=3)
+    index.append_indexed(run, 4, batch(run, 4), None, lambda: entry(run, sequence=6))
+    assert index.index_get(run) == entry(run, sequence=6)
