@@ -307,3 +307,37 @@ def test_a_server_crash_while_a_worker_claims_a_dead_workers_runs_strands_nothin
         f"{len(orphans)} orphaned runs, {still_dead} not yet re-claimed at the crash; "
         f"survivor errors: {len(errors)} {errors[:1]}"
     )
+
+
+def test_a_role_with_the_documented_grants_and_run_index_drives_runs_through_a_worker(server: str) -> None:
+    """The docs page's GRANTs plus the README's run_index GRANT suffice for start() and a worker, no DDL."""
+    schema, role = f"mayfly_pgidx_{uuid.uuid4().hex[:12]}", f"mayfly_runtime_{uuid.uuid4().hex[:8]}"
+    admin_url = with_options(server, schema=schema)
+    PostgresJournal(admin_url).close()  # migrated by the owner
+    grants = [
+        f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE ON {schema}.runs, {schema}.records, {schema}.snapshots, "
+        f"{schema}.leases TO {role}",
+        f"GRANT SELECT ON {schema}.mayfly_migrations TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE ON {schema}.run_index TO {role}",  # the README's addition
+    ]
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(role)))
+        for grant in grants:
+            admin.execute(grant.encode())
+    host = server.split("://", 1)[1].split("@", 1)[-1]
+    role_url = with_options(f"postgresql://{role}@{host}", schema=schema, migrate="never")
+    try:
+        registry = HandlerRegistry()
+        registry.register("step", 1, lambda request: Succeeded())
+        handles = [WorkflowRuntime(role_url, registry).start(chain("grants", 2)) for _ in range(3)]
+        log: list[dict[str, Any]] = []
+        worker = Worker(role_url, registry, poll_interval_ms=50, log=log.append)
+        deadline = time.monotonic() + 60
+        worker.run(until=lambda: worker.ended >= 3 or time.monotonic() > deadline)
+        assert [handle.status() for handle in handles] == ["succeeded"] * 3
+    finally:
+        drop_schema(server, schema)
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(psycopg.sql.SQL("DROP OWNED BY {}").format(psycopg.sql.Identifier(role)))
+            admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(role)))
