@@ -504,3 +504,32 @@ def test_an_indexed_append_reusing_an_event_id_is_refused_without_asking_for_the
     assert asked == [] and index.next_sequence(run) == 4 and index.index_get(run) == entry(run, sequence=3)
     index.append_indexed(run, 4, batch(run, 4), None, lambda: entry(run, sequence=6))
     assert index.index_get(run) == entry(run, sequence=6)
+
+
+def test_a_claim_during_a_stale_owners_indexed_append_skips_the_run_instead_of_deadlocking(
+    index_url: str,
+) -> None:
+    """While an append whose lease just expired holds the run, a claim passes it by; once committed it is claimed."""
+    run = IDS.new_id()
+    with PostgresJournal(index_url) as journal, PostgresLeaseStore(index_url) as leases:
+        journal.append_indexed(
+            run, 1, batch(run, 1), None, lambda: entry(run, IndexStatus.RUNNING, NOW, sequence=3)
+        )
+        stale = leases.acquire(run, "slow", 50)
+        time.sleep(0.1)  # expired: claimable, though its owner is still appending
+        during: list[Any] = []
+
+        def claim_meanwhile() -> IndexEntry:
+            thread = threading.Thread(
+                target=lambda: during.append(journal.claim("w2", limit=5, ttl_ms=60_000, now_ms=NOW))
+            )
+            thread.start()
+            thread.join(timeout=30)  # a claim waiting on this append's locks would never return here
+            assert not thread.is_alive(), "the claim waited on the appending transaction"
+            return entry(run, IndexStatus.RUNNING, NOW, sequence=6)
+
+        journal.append_indexed(run, 4, batch(run, 4), stale.fencing_token, claim_meanwhile)
+        assert during == [[]]
+        (guard,) = journal.claim("w2", limit=5, ttl_ms=60_000, now_ms=NOW)
+        assert guard.fencing_token == stale.fencing_token + 1
+        guard.release()

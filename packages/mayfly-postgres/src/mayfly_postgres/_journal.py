@@ -410,6 +410,8 @@ class PostgresJournal(JournalBase):
         (the compare and fence checks passed) is the entry asked for and its
         upsert sent; the pipeline's closing Sync then commits both, or, when
         the append inserted nothing, ends a transaction that wrote nothing.
+        The run's entry is locked first, in the same round trip, so appends
+        and claims take their row locks in one order.
         A run made claimable at once by an append without a lease (none to
         release first) is announced to listening workers.
         """
@@ -417,6 +419,7 @@ class PostgresJournal(JournalBase):
             self._sql.append_first_indexed if parameters["expected"] == 1 else self._sql.append_next_indexed
         )
         with connection.pipeline():
+            connection.execute(self._index_sql.lock, parameters)  # see IndexStatements.lock
             inserted = len(connection.execute(statement, parameters).fetchall())
             if inserted != count:
                 return inserted
