@@ -198,10 +198,6 @@ class IndexStatements:
         self.put, self.put_one = many, one
         self.put_notify = sql.SQL(notify).format(upsert=many, channel=channel)
         self.put_one_notify = sql.SQL(notify).format(upsert=one, channel=channel)
-        # An indexed append locks the run's entry before the run row, the order a claim takes them in
-        # (entry, lease, run): a claim skips the entry then instead of waiting on the run row while
-        # holding the entry the append is about to write (a deadlock PostgreSQL would break after 1 s).
-        self.lock = sql.SQL("SELECT FROM {index} WHERE run_id = %(run)s::uuid FOR UPDATE").format(index=index)
         self.get = sql.SQL("SELECT " + _COLUMNS + " FROM {index} WHERE run_id = %s::uuid").format(index=index)
         self.next_wake = sql.SQL(
             "SELECT min(i.ready_at) FROM {index} i WHERE i.parent IS NULL AND i.status = 'waiting' "

@@ -151,6 +151,35 @@ def relayed_url(settings: Any, relay: Relay) -> str:
 class _Statements:
     """The journal's SQL, composed once per schema with quoted identifiers."""
 
+    @staticmethod
+    def _first_bump(runs: sql.Identifier, extra: str) -> sql.Composed:
+        """The ``bump`` CTE of a run's first batch (``extra``: one more condition on the row)."""
+        return sql.SQL(
+            "bump AS (INSERT INTO {runs} AS r (run_id, next_sequence, workflow_id, status) "
+            "SELECT %(run)s::uuid, %(next)s::bigint, %(workflow)s::text, %(status)s::text "
+            "WHERE (%(fence)s::bigint = 0 OR EXISTS (SELECT FROM {runs} WHERE run_id = %(run)s::uuid))"
+            + extra
+            + " ON CONFLICT (run_id) DO UPDATE SET next_sequence = EXCLUDED.next_sequence, "
+            "updated_at = "
+            + _TOUCH.format("r.updated_at")
+            + ", workflow_id = COALESCE(EXCLUDED.workflow_id, r.workflow_id), "
+            "status = COALESCE(EXCLUDED.status, r.status) "
+            "WHERE r.next_sequence = 1 AND r.fence = %(fence)s::bigint RETURNING 1)"
+        ).format(runs=runs)
+
+    @staticmethod
+    def _next_bump(runs: sql.Identifier, extra: str) -> sql.Composed:
+        """The ``bump`` CTE of a later batch (``extra``: one more condition on the row)."""
+        return sql.SQL(
+            "bump AS (UPDATE {runs} SET next_sequence = %(next)s::bigint, updated_at = "
+            + _TOUCH.format("updated_at")
+            + ", "
+            "workflow_id = COALESCE(%(workflow)s::text, workflow_id), "
+            "status = COALESCE(%(status)s::text, status) "
+            "WHERE run_id = %(run)s::uuid AND next_sequence = %(expected)s::bigint "
+            "AND fence = %(fence)s::bigint" + extra + " RETURNING 1)"
+        ).format(runs=runs)
+
     def __init__(self, store: Store) -> None:
         runs, records, snapshots = store.table("runs"), store.table("records"), store.table("snapshots")
         insert = sql.SQL(
@@ -160,35 +189,18 @@ class _Statements:
             "%(checksums)s::text[]) AS v WHERE EXISTS (SELECT FROM bump)"
         ).format(records=records)
         # A run row may exist before its first record (a lease grant creates it with its fence).
-        self.append_first = (
-            sql.SQL(
-                "WITH bump AS (INSERT INTO {runs} AS r (run_id, next_sequence, workflow_id, status) "
-                "SELECT %(run)s::uuid, %(next)s::bigint, %(workflow)s::text, %(status)s::text "
-                "WHERE %(fence)s::bigint = 0 OR EXISTS (SELECT FROM {runs} WHERE run_id = %(run)s::uuid) "
-                "ON CONFLICT (run_id) DO UPDATE SET next_sequence = EXCLUDED.next_sequence, "
-                "updated_at = "
-                + _TOUCH.format("r.updated_at")
-                + ", workflow_id = COALESCE(EXCLUDED.workflow_id, r.workflow_id), "
-                "status = COALESCE(EXCLUDED.status, r.status) "
-                "WHERE r.next_sequence = 1 AND r.fence = %(fence)s::bigint RETURNING 1)"
-            ).format(runs=runs)
-            + insert
-        )
-        self.append_next = (
-            sql.SQL(
-                "WITH bump AS (UPDATE {runs} SET next_sequence = %(next)s::bigint, updated_at = "
-                + _TOUCH.format("updated_at")
-                + ", "
-                "workflow_id = COALESCE(%(workflow)s::text, workflow_id), "
-                "status = COALESCE(%(status)s::text, status) "
-                "WHERE run_id = %(run)s::uuid AND next_sequence = %(expected)s::bigint "
-                "AND fence = %(fence)s::bigint RETURNING 1)"
-            ).format(runs=runs)
-            + insert
-        )
-        # The same, answering with the rows inserted: an indexed append fetches them mid-transaction.
-        self.append_first_indexed = self.append_first + sql.SQL(" RETURNING 1")
-        self.append_next_indexed = self.append_next + sql.SQL(" RETURNING 1")
+        self.append_first = sql.SQL("WITH ") + self._first_bump(runs, "") + insert
+        self.append_next = sql.SQL("WITH ") + self._next_bump(runs, "") + insert
+        # The same, answering with the rows inserted (an indexed append fetches them mid-transaction),
+        # after locking the run's index entry: the uncorrelated subquery is a one-time filter, run
+        # before the run row is locked, so appends and claims lock entry then run (no deadlock).
+        locked = sql.SQL(
+            "WITH locked AS (SELECT FROM {index} WHERE run_id = %(run)s::uuid FOR UPDATE), "
+        ).format(index=store.table("run_index"))
+        first_locked = self._first_bump(runs, " AND (SELECT count(*) FROM locked) >= 0")
+        next_locked = self._next_bump(runs, " AND (SELECT count(*) FROM locked) >= 0")
+        self.append_first_indexed = locked + first_locked + insert + sql.SQL(" RETURNING 1")
+        self.append_next_indexed = locked + next_locked + insert + sql.SQL(" RETURNING 1")
         # One statement, one snapshot: the run row and every stored record the batch names,
         # by event id or by sequence, whole, so a re-append is compared with verified records.
         self.diagnose = sql.SQL(
@@ -410,7 +422,7 @@ class PostgresJournal(JournalBase):
         (the compare and fence checks passed) is the entry asked for and its
         upsert sent; the pipeline's closing Sync then commits both, or, when
         the append inserted nothing, ends a transaction that wrote nothing.
-        The run's entry is locked first, in the same round trip, so appends
+        The statement locks the run's entry before the run row, so appends
         and claims take their row locks in one order.
         A run made claimable at once by an append without a lease (none to
         release first) is announced to listening workers.
@@ -419,7 +431,6 @@ class PostgresJournal(JournalBase):
             self._sql.append_first_indexed if parameters["expected"] == 1 else self._sql.append_next_indexed
         )
         with connection.pipeline():
-            connection.execute(self._index_sql.lock, parameters)  # see IndexStatements.lock
             inserted = len(connection.execute(statement, parameters).fetchall())
             if inserted != count:
                 return inserted
