@@ -17,14 +17,21 @@ journal does not guess: it reads the batch's event ids back on a fresh
 connection. All present and identical means committed (success, proven);
 none present means not committed, and the append is retried through the same
 compare-and-append, which can never write the batch twice.
+
+An indexed append (``append_indexed``) sends the same statement and the
+run's index entry in one pipeline, one implicit transaction: the entry is
+computed only once the statement inserted the batch, and the Sync that ends
+the pipeline commits both. Two round trips, and the entry is never asked for
+on a refused batch.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, final
 
 import psycopg
@@ -47,6 +54,18 @@ from mayfly.journal import (
     SnapshotRecord,
     WorkflowJournal,
 )
+from mayfly.lease import RecoveryLeaseGuard, validate_acquire
+from mayfly.runindex import IndexEntry, check_claim
+from mayfly_postgres._index import (
+    IndexStatements,
+    PostgresWakeupListener,
+    batch_parameters,
+    check_entries,
+    claimable_now,
+    entry_parameters,
+    row_entry,
+)
+from mayfly_postgres._lease import PostgresLeaseStore
 from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
 from mayfly_postgres._store import Store, open_store
 
@@ -58,6 +77,23 @@ _MAX_UNEXPLAINED: Final = 5
 # update of the run row, so a busy run does not rewrite the inspection indexes on every append.
 _TOUCH: Final = "CASE WHEN {0} > now() - interval '1 second' AND {0} <= now() THEN {0} ELSE now() END"
 _COLUMNS: Final = "sequence, event_id::text, event_type, schema_version, payload, checksum"
+_NIL_RUN: Final = "00000000-0000-0000-0000-000000000000"
+
+
+@final
+class _OnceEntry:
+    """The caller's ``index()``, called at most once (an append retried after a lost reply reuses it)."""
+
+    __slots__ = ("_entry", "_make")
+
+    def __init__(self, make: Callable[[], IndexEntry]) -> None:
+        self._make = make
+        self._entry: IndexEntry | None = None
+
+    def get(self) -> IndexEntry:
+        if self._entry is None:
+            self._entry = self._make()
+        return self._entry
 
 
 def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]:
@@ -115,6 +151,35 @@ def relayed_url(settings: Any, relay: Relay) -> str:
 class _Statements:
     """The journal's SQL, composed once per schema with quoted identifiers."""
 
+    @staticmethod
+    def _first_bump(runs: sql.Identifier, extra: str) -> sql.Composed:
+        """The ``bump`` CTE of a run's first batch (``extra``: one more condition on the row)."""
+        return sql.SQL(
+            "bump AS (INSERT INTO {runs} AS r (run_id, next_sequence, workflow_id, status) "
+            "SELECT %(run)s::uuid, %(next)s::bigint, %(workflow)s::text, %(status)s::text "
+            "WHERE (%(fence)s::bigint = 0 OR EXISTS (SELECT FROM {runs} WHERE run_id = %(run)s::uuid))"
+            + extra
+            + " ON CONFLICT (run_id) DO UPDATE SET next_sequence = EXCLUDED.next_sequence, "
+            "updated_at = "
+            + _TOUCH.format("r.updated_at")
+            + ", workflow_id = COALESCE(EXCLUDED.workflow_id, r.workflow_id), "
+            "status = COALESCE(EXCLUDED.status, r.status) "
+            "WHERE r.next_sequence = 1 AND r.fence = %(fence)s::bigint RETURNING 1)"
+        ).format(runs=runs)
+
+    @staticmethod
+    def _next_bump(runs: sql.Identifier, extra: str) -> sql.Composed:
+        """The ``bump`` CTE of a later batch (``extra``: one more condition on the row)."""
+        return sql.SQL(
+            "bump AS (UPDATE {runs} SET next_sequence = %(next)s::bigint, updated_at = "
+            + _TOUCH.format("updated_at")
+            + ", "
+            "workflow_id = COALESCE(%(workflow)s::text, workflow_id), "
+            "status = COALESCE(%(status)s::text, status) "
+            "WHERE run_id = %(run)s::uuid AND next_sequence = %(expected)s::bigint "
+            "AND fence = %(fence)s::bigint" + extra + " RETURNING 1)"
+        ).format(runs=runs)
+
     def __init__(self, store: Store) -> None:
         runs, records, snapshots = store.table("runs"), store.table("records"), store.table("snapshots")
         insert = sql.SQL(
@@ -124,32 +189,18 @@ class _Statements:
             "%(checksums)s::text[]) AS v WHERE EXISTS (SELECT FROM bump)"
         ).format(records=records)
         # A run row may exist before its first record (a lease grant creates it with its fence).
-        self.append_first = (
-            sql.SQL(
-                "WITH bump AS (INSERT INTO {runs} AS r (run_id, next_sequence, workflow_id, status) "
-                "SELECT %(run)s::uuid, %(next)s::bigint, %(workflow)s::text, %(status)s::text "
-                "WHERE %(fence)s::bigint = 0 OR EXISTS (SELECT FROM {runs} WHERE run_id = %(run)s::uuid) "
-                "ON CONFLICT (run_id) DO UPDATE SET next_sequence = EXCLUDED.next_sequence, "
-                "updated_at = "
-                + _TOUCH.format("r.updated_at")
-                + ", workflow_id = COALESCE(EXCLUDED.workflow_id, r.workflow_id), "
-                "status = COALESCE(EXCLUDED.status, r.status) "
-                "WHERE r.next_sequence = 1 AND r.fence = %(fence)s::bigint RETURNING 1)"
-            ).format(runs=runs)
-            + insert
-        )
-        self.append_next = (
-            sql.SQL(
-                "WITH bump AS (UPDATE {runs} SET next_sequence = %(next)s::bigint, updated_at = "
-                + _TOUCH.format("updated_at")
-                + ", "
-                "workflow_id = COALESCE(%(workflow)s::text, workflow_id), "
-                "status = COALESCE(%(status)s::text, status) "
-                "WHERE run_id = %(run)s::uuid AND next_sequence = %(expected)s::bigint "
-                "AND fence = %(fence)s::bigint RETURNING 1)"
-            ).format(runs=runs)
-            + insert
-        )
+        self.append_first = sql.SQL("WITH ") + self._first_bump(runs, "") + insert
+        self.append_next = sql.SQL("WITH ") + self._next_bump(runs, "") + insert
+        # The same, answering with the rows inserted (an indexed append fetches them mid-transaction),
+        # after locking the run's index entry: the uncorrelated subquery is a one-time filter, run
+        # before the run row is locked, so appends and claims lock entry then run (no deadlock).
+        locked = sql.SQL(
+            "WITH locked AS (SELECT FROM {index} WHERE run_id = %(run)s::uuid FOR UPDATE), "
+        ).format(index=store.table("run_index"))
+        first_locked = self._first_bump(runs, " AND (SELECT count(*) FROM locked) >= 0")
+        next_locked = self._next_bump(runs, " AND (SELECT count(*) FROM locked) >= 0")
+        self.append_first_indexed = locked + first_locked + insert + sql.SQL(" RETURNING 1")
+        self.append_next_indexed = locked + next_locked + insert + sql.SQL(" RETURNING 1")
         # One statement, one snapshot: the run row and every stored record the batch names,
         # by event id or by sequence, whole, so a re-append is compared with verified records.
         self.diagnose = sql.SQL(
@@ -230,8 +281,9 @@ class PostgresJournal(JournalBase):
     for the options). Appends are acknowledged after the commit is durable
     under the URL's ``durability``; every driver error is mapped to a Mayfly
     error; the network waits of a hub task park on the hub. Declares
-    everything, plus the run index (``run_summaries``), run purging and
-    ``network``.
+    everything, plus run summaries (``run_summaries``), run purging,
+    ``network``, and the run index workers claim from (``run_index``,
+    ``run_wakeups``; see :mod:`mayfly_postgres._index`).
     """
 
     remedy = "restore the run's rows from a backup"
@@ -239,12 +291,15 @@ class PostgresJournal(JournalBase):
     def __init__(self, url: str) -> None:
         self._store = open_store(url)
         self._sql = _Statements(self._store)
+        self._index_sql = IndexStatements(self._store)
+        self._leases: PostgresLeaseStore | None = None
+        self._leases_lock = threading.Lock()
         super().__init__(
             url=self._store.settings.url,
             capabilities=JournalCapabilities.declare(
                 self._store.settings.durability,
                 "cross_process fencing crash_durable fault_injection snapshots lease_expiry",
-                "run_summaries run_purge network",
+                "run_summaries run_purge network run_index run_wakeups",
             ),
         )
 
@@ -263,6 +318,27 @@ class PostgresJournal(JournalBase):
         self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
         """Compare-and-append an atomic batch under the run's fencing token (see the module doc)."""
+        return self._append_batch(run_id, expected_next, batch, fence, None)
+
+    def _append_indexed(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry],
+    ) -> AppendResult:
+        """The append, and the run's index entry in the same transaction (see the module doc)."""
+        return self._append_batch(run_id, expected_next, batch, fence, _OnceEntry(entry))
+
+    def _append_batch(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: _OnceEntry | None,
+    ) -> AppendResult:
         workflow, status = _inspection(batch)
         parameters: dict[str, Any] = {
             "run": run_id,
@@ -288,7 +364,12 @@ class PostgresJournal(JournalBase):
             inserted = 0
             try:
                 with pool.connection() as connection:
-                    inserted = connection.execute(statement, parameters).rowcount
+                    if entry is None:
+                        inserted = connection.execute(statement, parameters).rowcount
+                    else:
+                        inserted = self._append_with_entry(
+                            connection, parameters, len(batch), entry=entry, fence=fence
+                        )
             except psycopg.IntegrityError:
                 inserted = 0  # an event id already used in the run: classified below
             except psycopg.Error as error:
@@ -322,6 +403,42 @@ class PostgresJournal(JournalBase):
                     "records table although runs.next_sequence and the fence allow it; the tables "
                     "disagree, inspect the run's rows before writing again"
                 )
+
+    def _append_with_entry(
+        self,
+        connection: HubConnection,
+        parameters: dict[str, Any],
+        count: int,
+        *,
+        entry: _OnceEntry,
+        fence: int | None,
+    ) -> int:
+        """The append and the entry in one implicit transaction of one pipeline: two round trips.
+
+        Statements sent between two Syncs of the extended protocol run in one
+        implicit transaction, committed by the Sync. The append is sent and
+        its inserted rows fetched with a flush request (no Sync: the run row
+        stays locked, nothing is committed); only if it inserted the batch
+        (the compare and fence checks passed) is the entry asked for and its
+        upsert sent; the pipeline's closing Sync then commits both, or, when
+        the append inserted nothing, ends a transaction that wrote nothing.
+        The statement locks the run's entry before the run row, so appends
+        and claims take their row locks in one order.
+        A run made claimable at once by an append without a lease (none to
+        release first) is announced to listening workers.
+        """
+        statement = (
+            self._sql.append_first_indexed if parameters["expected"] == 1 else self._sql.append_next_indexed
+        )
+        with connection.pipeline():
+            inserted = len(connection.execute(statement, parameters).fetchall())
+            if inserted != count:
+                return inserted
+            value = entry.get()
+            announce = fence is None and claimable_now(value, int(time.time() * 1000))
+            index = self._index_sql.put_one_notify if announce else self._index_sql.put_one
+            connection.execute(index, entry_parameters(value))
+        return inserted
 
     def _committed(
         self,
@@ -575,14 +692,127 @@ class PostgresJournal(JournalBase):
         run = self.open_run(run_id, "fault injection")
         self._execute("corrupting a snapshot", self._sql.corrupt_snapshot, (run,))
 
-    def _execute(self, doing: str, statement: sql.Composed, arguments: Sequence[object]) -> None:
+    def _execute(
+        self, doing: str, statement: sql.Composed, arguments: Sequence[object] | dict[str, Any]
+    ) -> None:
         def run(connection: HubConnection) -> None:
             connection.execute(statement, arguments)
 
         self._store.pool.retrying(doing, run)
 
+    # -- the run index (mayfly.runindex) ----------------------------------------------------
+
+    def _lease_store(self) -> PostgresLeaseStore:
+        """The lease store claimed guards belong to, on this journal's pool (opened on first claim)."""
+        with self._leases_lock:
+            if self._leases is None:
+                self._leases = PostgresLeaseStore(self._store)
+            return self._leases
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: Sequence[str] | None = None,
+    ) -> list[RecoveryLeaseGuard]:
+        """Lease up to ``limit`` claimable root runs to ``owner`` in claim order: one statement.
+
+        Each lease expires ``ttl_ms`` after the grant on the server's clock,
+        as the lease store's do; ``now_ms`` (wall ms) decides which wake times
+        have come. A lost connection raises ``JournalUnavailable``: a claim
+        whose reply was lost may have granted leases nobody holds, which
+        expire after ``ttl_ms``.
+        """
+        limit, names = check_claim(limit, queues)
+        _, owner, ttl = validate_acquire(_NIL_RUN, owner, ttl_ms)
+        if isinstance(now_ms, bool) or not isinstance(now_ms, int):
+            raise InvalidRecord(f"claim now_ms must be an int (wall-clock Unix ms), got {now_ms!r}")
+        self.ensure_open("claim")
+        leases = self._lease_store()
+        arguments = {
+            "now": now_ms,
+            "queues": None if names is None else list(names),
+            "limit": limit,
+            "owner": owner,
+            "ttl": ttl,
+        }
+        try:
+            with self._store.pool.connection() as connection:
+                rows = connection.execute(self._index_sql.claim, arguments).fetchall()
+        except psycopg.Error as error:
+            raise unavailable(self.url, f"claiming runs for {owner}", error) from None
+        return [
+            leases.adopt(str(run), owner, token=int(token), ttl_ms=ttl, grant=str(grant))
+            for run, token, grant in rows
+        ]
+
+    def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
+        """The earliest wake time after ``now_ms`` of a waiting root run (``None``: none has one)."""
+        _, names = check_claim(1, queues)
+        if isinstance(now_ms, bool) or not isinstance(now_ms, int):
+            raise InvalidRecord(f"next_wake now_ms must be an int (wall-clock Unix ms), got {now_ms!r}")
+        self.ensure_open("reading the next wake time")
+        arguments = {"now": now_ms, "queues": None if names is None else list(names)}
+
+        def query(connection: HubConnection) -> int | None:
+            row = connection.execute(self._index_sql.next_wake, arguments).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        return self._store.pool.retrying("reading the next wake time", query)
+
+    def index_get(self, run_id: str) -> IndexEntry | None:
+        """The run's index entry, or ``None``."""
+        run = self.open_run(run_id, "reading the run index")
+
+        def query(connection: HubConnection) -> tuple[Any, ...] | None:
+            return connection.execute(self._index_sql.get, (run,)).fetchone()
+
+        row = self._store.pool.retrying(f"reading the index entry of run {run}", query)
+        return None if row is None else row_entry(row)
+
+    def index_put(self, entries: Sequence[IndexEntry]) -> None:
+        """Store entries in one statement; a lower sequence never replaces a stored one, a wake is kept."""
+        folded = check_entries(entries)
+        self.ensure_open("writing the run index")
+        if not folded:
+            return
+        now = int(time.time() * 1000)
+        announce = any(claimable_now(entry, now) for entry in folded)
+        statement = self._index_sql.put_notify if announce else self._index_sql.put
+        arguments = batch_parameters(folded)
+        self._execute(f"writing {len(folded)} run index entries", statement, arguments)
+
+    def index_wake(self, run_id: str) -> bool:
+        """Set the run's ``wake``, telling listeners if it is claimable now; ``False`` if none or ended."""
+        run = self.open_run(run_id, "waking a run")
+
+        def query(connection: HubConnection) -> bool:
+            row = connection.execute(self._index_sql.wake, (run,)).fetchone()
+            return row is not None and int(row[0]) > 0
+
+        return self._store.pool.retrying(f"waking run {run}", query)
+
+    def listen_wakeups(self) -> PostgresWakeupListener:
+        """A dedicated connection that ``LISTEN``s on this schema's wake-up channel."""
+        self.ensure_open("listening for wake-ups")
+        return PostgresWakeupListener(self._store.settings, self._index_sql.channel)
+
+    def notify_wakeups(self) -> None:
+        """``NOTIFY`` every listening worker of this schema that some run became claimable now."""
+        self.ensure_open("notifying workers")
+        self._execute("notifying workers", self._index_sql.notify, ())
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def _close(self) -> None:
-        """Release this journal's hold on the shared connection pool."""
-        self._store.release_user()
+        """Release the claimed leases still held, then this journal's hold on the shared connection pool."""
+        try:
+            with self._leases_lock:
+                leases, self._leases = self._leases, None
+            if leases is not None:
+                leases.close()
+        finally:
+            self._store.release_user()

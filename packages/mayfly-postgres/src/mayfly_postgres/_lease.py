@@ -92,10 +92,18 @@ class PostgresLeaseGuard(LeaseGuardBase[str]):
 class PostgresLeaseStore(LeaseStoreBase[PostgresLeaseGuard]):
     """A ``RecoveryLeaseStore`` on PostgreSQL: non-blocking, exclusive across hosts, fenced."""
 
-    def __init__(self, url: str) -> None:
-        self._store = open_store(url)
+    def __init__(self, url: str | Store) -> None:
+        # A Store: the lease store a journal's claims hand guards out of, on the journal's own pool.
+        self._store = url.share() if isinstance(url, Store) else open_store(url)
         self._sql = _Statements(self._store)
         super().__init__(url=self._store.settings.url)
+
+    def adopt(self, run_id: str, owner: str, *, token: int, ttl_ms: int, grant: str) -> PostgresLeaseGuard:
+        """The guard of a lease granted elsewhere (a run-index claim), held by this store like its own."""
+        guard = PostgresLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=grant)
+        with self._held_lock:
+            self._held.add(guard)
+        return guard
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> PostgresLeaseGuard:
         """Grant the run's lease now with the next fencing token, or raise ``LeaseHeld``; never waits."""

@@ -10,6 +10,11 @@ Tables (all inside the configured schema):
 ``snapshots``          at most one snapshot per run.
 ``leases``             per run: owner, fencing token, expiry on the server's
                        clock, and the grant's id (to resolve lost replies).
+``run_index``          (migration 2) per run: the run index entry
+                       (:mod:`mayfly.runindex`) workers claim runs from.
+                       Derived data: a store upgraded from migration 1 has
+                       no entries for its older runs until ``mayfly index
+                       rebuild`` writes them from the histories.
 """
 
 from __future__ import annotations
@@ -73,6 +78,31 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
             "CREATE INDEX runs_status_updated ON {schema}.runs (status, updated_at DESC, run_id)",
             "CREATE INDEX runs_workflow_updated ON {schema}.runs (workflow_id, updated_at DESC, run_id)",
             "CREATE INDEX runs_updated ON {schema}.runs (updated_at DESC, run_id)",
+        ),
+    ),
+    (
+        2,
+        "run index: per-run claim entries (status, wake time, wake flag, queue, parent, priority)",
+        (
+            """CREATE TABLE {schema}.run_index (
+                run_id uuid PRIMARY KEY,
+                queue text NOT NULL,
+                status text NOT NULL CHECK (status IN ('new', 'running', 'waiting', 'terminal')),
+                ready_at bigint,
+                sequence bigint NOT NULL CHECK (sequence >= 0),
+                wake boolean NOT NULL DEFAULT false,
+                parent uuid,
+                priority bigint NOT NULL DEFAULT 0
+            ) WITH (fillfactor = 70)""",
+            # The claim order over the entries that can ever be claimed: a root run that is runnable,
+            # has a wake time, or was woken. Runs parked on a signal only enter it when woken.
+            """CREATE INDEX run_index_claim ON {schema}.run_index (priority DESC, ready_at, run_id)
+                WHERE parent IS NULL AND (status IN ('new', 'running')
+                    OR (status = 'waiting' AND (ready_at IS NOT NULL OR wake)))""",
+            """CREATE INDEX run_index_wake ON {schema}.run_index (ready_at)
+                WHERE parent IS NULL AND status = 'waiting'""",
+            # The few woken runs, so a claim clears their wake without scanning the table.
+            "CREATE INDEX run_index_woken ON {schema}.run_index (run_id) WHERE wake",
         ),
     ),
 )

@@ -60,6 +60,12 @@ class Store:
         """Count one more journal or lease store using this store."""
         self._users += 1
 
+    def share(self) -> Store:
+        """Count one more user (a lease store a journal opens on its own store) and return the store."""
+        with _STORES_LOCK:
+            self._users += 1
+        return self
+
     def release_user(self) -> None:
         """Count one user less; the last one closes the pool."""
         with _STORES_LOCK:
