@@ -224,6 +224,15 @@ class RedisStore:
                 self._load(source, keys)
                 return self._client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
 
+    def dedicated_connection(self) -> Any:
+        """A new connection of its own (not pooled), connected, for a subscription (standalone only).
+
+        Call inside :meth:`errors`: connecting may raise redis-py errors.
+        """
+        connection = self._client.connection_pool.make_connection()
+        connection.connect()
+        return connection
+
     def _load(self, source: str, keys: Sequence[str]) -> None:
         if self.cluster:
             # Load on every primary: the slot may move to any of them.
