@@ -35,19 +35,18 @@ CLAIMANT = textwrap.dedent(
     """
     import sys, time
     from mayfly_redis import RedisJournal
-    url, name = sys.argv[1], sys.argv[2]
+    url, name, now = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with RedisJournal(url) as journal:
         print("ready", flush=True)
         sys.stdin.readline()  # every claimant starts at once
         idle = 0
         while idle < 20:
-            guards = journal.claim(name, limit=7, ttl_ms=600_000, now_ms=%d)
+            guards = journal.claim(name, limit=7, ttl_ms=600_000, now_ms=now)
             idle = 0 if guards else idle + 1
             for guard in guards:
                 print(guard.run_id, guard.fencing_token, flush=True)
             time.sleep(0 if guards else 0.01)
     """
-    % NOW
 )
 
 
@@ -68,7 +67,7 @@ def test_four_claimant_processes_racing_over_200_runs_claim_each_exactly_once(
     script.write_text(CLAIMANT)
     claimants = [
         subprocess.Popen(
-            [sys.executable, str(script), url, f"claimant-{i}"],
+            [sys.executable, str(script), url, f"claimant-{i}", str(NOW)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -179,9 +178,9 @@ def test_an_idle_worker_process_is_woken_by_a_submit_and_by_a_signal_from_anothe
     worker_env: dict[str, Any],
 ) -> None:
     """With a one-minute poll, a worker process starts a submitted run and resumes it when `mayfly signal` runs."""
+    command = [sys.executable, "-m", "mayfly", "--journal", worker_env["url"], "worker", "--json"]
     worker = subprocess.Popen(
-        [sys.executable, "-m", "mayfly", "--journal", worker_env["url"], "worker", "--json"]
-        + ["--handlers", str(worker_env["handlers"]), "--poll-interval", "60000"],
+        [*command, "--handlers", str(worker_env["handlers"]), "--poll-interval", "60000"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
