@@ -32,6 +32,10 @@ __all__ = ["RedisStore", "open_store", "relayed_store"]
 
 # Policies that may evict keys without a TTL, i.e. journal records.
 _EVICTING: Final = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
+# A connection per hub task awaiting a reply at once (a worker drives up to its concurrency of runs):
+# redis-py's pools cannot make a task wait for a free connection without blocking the hub, so the
+# bound is set well above any worker's concurrency and below the server's default maxclients (10000).
+_MAX_CONNECTIONS: Final = 4096
 
 
 def _text(value: object) -> str:
@@ -108,6 +112,7 @@ class RedisStore:
             host=target.host,
             port=target.port,
             db=target.db,
+            max_connections=_MAX_CONNECTIONS,
             **self._options(),
         )
         return redis.Redis(connection_pool=pool)
@@ -122,6 +127,7 @@ class RedisStore:
             url=f"redis://{self.target.host}:{self.target.port}/0",
             connection_class=self._connection_class,
             address_remap=None if relay is None else (lambda address: relay(*address)),
+            max_connections=_MAX_CONNECTIONS,
             **self._options(),
         )
 
