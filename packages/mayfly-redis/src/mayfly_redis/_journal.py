@@ -334,10 +334,12 @@ class RedisJournal(JournalBase):
 
     def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         key = self._target.key(run_id, "snapshot")
-        self._store.call(f"write snapshot of run {run_id}", "SET", key, encode_snapshot(snapshot))
+        self._store.raw_call(f"write snapshot of run {run_id}", "SET", key, encode_snapshot(snapshot))
 
     def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        body = self._store.call(f"read snapshot of run {run_id}", "GET", self._target.key(run_id, "snapshot"))
+        body = self._store.raw_call(
+            f"read snapshot of run {run_id}", "GET", self._target.key(run_id, "snapshot")
+        )
         return None if body is None else decode_snapshot(run_id, body)
 
     def _close(self) -> None:
@@ -454,8 +456,8 @@ class RedisJournal(JournalBase):
         """The run's index entry, or ``None``."""
         run = parse_run_id(run_id)
         self._indexed(f"index read of run {run}")
-        fields = self._store.call(f"index read of run {run}", "HGETALL", self._target.key(run, "index"))
-        return _index.decode_entry(run, fields) if fields else None
+        flat = self._store.raw_call(f"index read of run {run}", "HGETALL", self._target.key(run, "index"))
+        return _index.decode_entry(run, dict(zip(flat[0::2], flat[1::2], strict=True))) if flat else None
 
     def index_put(self, entries: Sequence[IndexEntry]) -> None:
         """Store entries in one script; a lower sequence never replaces a stored one; a stored wake stays."""
@@ -487,4 +489,4 @@ class RedisJournal(JournalBase):
     def notify_wakeups(self) -> None:
         """Tell every listening worker that some run became claimable now."""
         self._indexed("notify wake-ups")
-        self._store.call("notify wake-ups", "PUBLISH", self._channel, "1")
+        self._store.raw_call("notify wake-ups", "PUBLISH", self._channel, "1")
