@@ -40,11 +40,21 @@ _MAX_CONNECTIONS: Final = 4096
 
 def _pack(args: Sequence[Any]) -> bytes:
     """One command in RESP (bytes, str or int arguments), as redis-py's packer would write it."""
-    out = [b"*%d\r\n" % len(args)]
+    parts = [b"*%d\r\n" % len(args)]
     for arg in args:
-        data = arg if isinstance(arg, bytes) else (arg if isinstance(arg, str) else str(arg)).encode()
-        out += (b"$%d\r\n" % len(data), data, b"\r\n")
-    return b"".join(out)
+        kind = type(arg)
+        if kind is bytes:
+            data = arg
+        elif kind is str or isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, bytearray | memoryview):
+            data = bytes(arg)
+        elif isinstance(arg, int) and not isinstance(arg, bool):
+            data = str(arg).encode()
+        else:  # a float or a bool would be a bug here: refused, never rounded
+            raise TypeError(f"Redis command argument {arg!r:.40} is not bytes, str or int")
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 def _text(value: object) -> str:
