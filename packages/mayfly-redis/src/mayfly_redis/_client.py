@@ -311,9 +311,7 @@ class RedisStore:
 
         Call inside :meth:`errors`: connecting may raise redis-py errors.
         """
-        connection = self._client.connection_pool.make_connection()
-        connection.connect()
-        return connection
+        return self._fresh()
 
     def _load(self, source: str, keys: Sequence[str]) -> None:
         if self.cluster:
