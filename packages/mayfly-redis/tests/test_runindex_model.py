@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mayfly.journal import JournalRecord
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.local import LocalWorkflowJournal
 from mayfly.runindex import IndexEntry, IndexStatus
@@ -45,6 +46,20 @@ def test_random_operations_agree_with_the_file_journal(
     held: list[tuple[RecoveryLeaseGuard, RecoveryLeaseGuard]] = []
     granted = woken = 0
     try:
+        for run in runs:  # each run's journal is past every sequence an entry names: no entry is ahead of it
+            history = [
+                JournalRecord.seal(
+                    run_id=run,
+                    sequence=sequence,
+                    event_id=str(uuid.uuid4()),
+                    event_type="Probe",
+                    schema_version=1,
+                    payload=b"{}",
+                )
+                for sequence in range(1, 8)
+            ]
+            local.append(run, 1, history)
+            remote.append(run, 1, history)
         for step in range(250):
             action = rng.random()
             where = f"seed {seed} step {step}"
