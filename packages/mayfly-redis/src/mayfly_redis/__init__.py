@@ -8,7 +8,9 @@ Install with ``pip install "mayfly[redis]"`` and open by URL::
 ``durability=aof`` refuses to open unless the server runs ``appendonly yes``
 with ``appendfsync always``; ``?durability=memory`` accepts a non-persistent
 server explicitly and reports it. Standalone servers and Redis Cluster are
-both served: every key of a run shares the hash tag ``{run-id}``.
+both served: every key of a run shares the hash tag ``{run-id}``. On a
+standalone server the journal also keeps the run index and prompt wake-ups,
+so ``mayfly worker`` claims runs from it (see ``mayfly_redis._index``).
 """
 
 from mayfly_redis._connection import HubConnection, HubSocket, HubSSLConnection

@@ -32,6 +32,29 @@ __all__ = ["RedisStore", "open_store", "relayed_store"]
 
 # Policies that may evict keys without a TTL, i.e. journal records.
 _EVICTING: Final = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
+# A connection per hub task awaiting a reply at once (a worker drives up to its concurrency of runs):
+# redis-py's pools cannot make a task wait for a free connection without blocking the hub, so the
+# bound is set well above any worker's concurrency and below the server's default maxclients (10000).
+_MAX_CONNECTIONS: Final = 4096
+
+
+def _pack(args: Sequence[Any]) -> bytes:
+    """One command in RESP (bytes, str or int arguments), as redis-py's packer would write it."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        kind = type(arg)
+        if kind is bytes:
+            data = arg
+        elif kind is str or isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, bytearray | memoryview):
+            data = bytes(arg)
+        elif isinstance(arg, int) and not isinstance(arg, bool):
+            data = str(arg).encode()
+        else:  # a float or a bool would be a bug here: refused, never rounded
+            raise TypeError(f"Redis command argument {arg!r:.40} is not bytes, str or int")
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 def _text(value: object) -> str:
@@ -60,6 +83,9 @@ class RedisStore:
         self._relay = relay
         self._shas: dict[str, str] = {}
         self._closed = False
+        # Standalone scripts skip redis-py's command machinery (the hot path of every append): idle
+        # connections of the same pool, taken and given back without its bookkeeping.
+        self._idle: list[Any] = []
         self._aof = AofPolicy()
         self._connection_class = bound_to(HubSSLConnection if target.tls else HubConnection, self._aof)
         self._client: Any = self._standalone()
@@ -108,6 +134,8 @@ class RedisStore:
             host=target.host,
             port=target.port,
             db=target.db,
+            max_connections=_MAX_CONNECTIONS,
+            driver_info=None,  # no CLIENT SETINFO: two round trips less per new connection
             **self._options(),
         )
         return redis.Redis(connection_pool=pool)
@@ -122,6 +150,7 @@ class RedisStore:
             url=f"redis://{self.target.host}:{self.target.port}/0",
             connection_class=self._connection_class,
             address_remap=None if relay is None else (lambda address: relay(*address)),
+            max_connections=_MAX_CONNECTIONS,
             **self._options(),
         )
 
@@ -212,17 +241,77 @@ class RedisStore:
         with self.errors(operation):
             return self._client.execute_command(*args)
 
+    def raw_call(self, operation: str, *args: Any) -> Any:
+        """Run one command and return its RESP2 reply unconverted (``HGETALL``: a flat list).
+
+        The hot-path commands (snapshots, index reads, wake-ups) take the script path's idle
+        connections on a standalone server.
+        """
+        with self.errors(operation):
+            return self._client.execute_command(*args) if self.cluster else self._evalsha(*args)
+
     def script(self, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a Lua script by SHA, loading it once and again after a ``NOSCRIPT`` reply."""
         sha = self._shas.get(source)
         if sha is None:
             sha = self._shas[source] = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        run = self._client.execute_command if self.cluster else self._evalsha
         with self.errors(operation):
             try:
-                return self._client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+                return run("EVALSHA", sha, len(keys), *keys, *args)
             except driver.NoScriptError:
                 self._load(source, keys)
-                return self._client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+                return run("EVALSHA", sha, len(keys), *keys, *args)
+
+    def _evalsha(self, *command: Any) -> Any:
+        """Send one command on an idle connection of the pool and read its reply (standalone)."""
+        packed = [_pack(command)]
+        idle = self._idle
+        connection = idle.pop() if idle else self._fresh()
+        try:
+            connection.send_packed_command(packed, check_health=False)
+            reply = connection.read_response()
+        except (driver.ConnectionError, driver.TimeoutError):
+            # One immediate retry on a new connection covers an idle one the server closed, as the
+            # pooled path's Retry(NoBackoff(), 1) does; a script is safe to send again (an append that
+            # was applied answers as an exact replay).
+            connection.disconnect()
+            connection = self._fresh()
+            try:
+                connection.send_packed_command(packed, check_health=False)
+                reply = connection.read_response()
+            except driver.ResponseError:
+                idle.append(connection)
+                raise
+            except BaseException:
+                connection.disconnect()
+                raise
+        except driver.ResponseError:
+            idle.append(connection)
+            raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        idle.append(connection)
+        return reply
+
+    def _fresh(self) -> Any:
+        # Built outside the pool's count: these are never handed back to it.
+        pool = self._client.connection_pool
+        connection = pool.connection_class(**pool.connection_kwargs)
+        try:
+            connection.connect()
+        except BaseException:
+            connection.disconnect()
+            raise
+        return connection
+
+    def dedicated_connection(self) -> Any:
+        """A new connection of its own (not pooled), connected, for a subscription (standalone only).
+
+        Call inside :meth:`errors`: connecting may raise redis-py errors.
+        """
+        return self._fresh()
 
     def _load(self, source: str, keys: Sequence[str]) -> None:
         if self.cluster:
@@ -238,6 +327,8 @@ class RedisStore:
             return
         self._closed = True
         with suppress(driver.RedisError):  # closing a broken pool still leaves nothing open
+            while self._idle:
+                self._idle.pop().disconnect()
             self._client.close()
 
 

@@ -17,15 +17,20 @@ same script as the window, finds a record missing at the end of the list too.
 from __future__ import annotations
 
 import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
 from mayfly.backend import JournalBase, decode_snapshot, encode_snapshot
 from mayfly.errors import (
     AppendConflict,
     ChecksumMismatch,
+    CompatibilityError,
     ConflictingRecord,
     CorruptionError,
     FencingRejected,
+    InvalidRecord,
     LeaseHeld,
 )
 from mayfly.journal import (
@@ -37,15 +42,24 @@ from mayfly.journal import (
     SnapshotRecord,
     WorkflowJournal,
 )
-from mayfly_redis import _scripts
+from mayfly.lease import RecoveryLeaseGuard, validate_acquire
+from mayfly.model.ids import parse_run_id
+from mayfly.runindex import IndexEntry, check_claim
+from mayfly_redis import _index, _scripts
 from mayfly_redis._client import RedisStore, open_store, relayed_store
+from mayfly_redis._lease import RedisLeaseStore
 from mayfly_redis._url import RedisDurability
+from mayfly_redis._wakeups import RedisWakeupListener
 
 __all__ = ["RedisJournal", "decode_element", "encode_element"]
 
 _REMEDY: Final = "restore the run's keys from a replica or backup"
 _LEX_MAX: Final = b"+"
 _DECIMAL: Final = re.compile(rb"[1-9][0-9]{0,18}")
+# A grant is trusted to be the run's only one until this long before its lease would run out.
+_LEASE_MARGIN_S: Final = 0.1
+_REMEMBERED: Final = 4096  # runs whose last acknowledged append (and lease) this journal remembers
+_ANY_RUN: Final = "00000000-0000-7000-8000-000000000000"  # stands in for the run when checking an owner
 
 
 def encode_element(record: JournalRecord) -> bytes:
@@ -123,8 +137,15 @@ class RedisJournal(JournalBase):
                 durability,
                 "cross_process fencing fault_injection snapshots lease_expiry run_purge network",
                 "crash_durable" if durability is Durability.DURABLE else "",
+                "" if self._store.cluster else "run_index run_wakeups",
             ),
         )
+        # Claims grant leases through a lease store on the same connections (guards renew and release
+        # like those of RedisLeaseStore.acquire); closing the journal releases what it still holds.
+        self._leases = RedisLeaseStore(target.url, store=self._store)
+        self._channel = f"{target.prefix}:wakeups:{target.db}"
+        # run -> (next sequence, fence, monotonic time until which that fence's lease is surely live)
+        self._granted: dict[str, tuple[int, int, float]] = {}
 
     def relayed(self, relay: Relay) -> WorkflowJournal:
         """Open another journal on the same keys whose connections (to every node) dial ``relay``."""
@@ -145,6 +166,12 @@ class RedisJournal(JournalBase):
         args: list[Any] = ["" if fence is None else str(fence), str(expected_next), len(batch), run_id]
         args += [encode_element(record) for record in batch]
         reply = self._store.script(f"append to run {run_id}", _scripts.APPEND, keys, args)
+        return self._answer(run_id, expected_next, batch, fence, reply)
+
+    def _answer(
+        self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None, reply: Any
+    ) -> AppendResult:
+        """The result of an append script's reply: acknowledged, an exact replay, or the typed refusal."""
         status = _text(reply[0])
         if status == "ok":
             return self.acknowledged(run_id, batch)
@@ -174,6 +201,74 @@ class RedisJournal(JournalBase):
         if status == "corrupt":
             raise CorruptionError(f"append rejected: run {run_id} is corrupt: {_text(reply[1])}")
         raise CorruptionError(f"append to run {run_id}: unexpected script reply {reply!r}")
+
+    def _append_indexed(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry],
+    ) -> AppendResult:
+        """Append and store the run's entry in one script; ask for the entry only once nothing can refuse.
+
+        ``entry()`` advances the caller's state, so it is called only once
+        the batch is known to pass the compare and fencing checks. On the hot
+        path that is known without asking: this journal acknowledged the
+        run's previous batch under the same fence, and the lease that fence
+        names still had time left then, so no one else can have been granted
+        the run (nor appended to it) since. Otherwise the script first runs
+        in ``check`` mode (no write; a refusal or an exact replay answers
+        there, with ``entry()`` never called), then writes. The write runs
+        every check again, so a refusal there (a lease lost in between, or an
+        event id reused by another record) stores nothing, though the
+        caller's state was advanced; the caller discards it
+        (``commit_command``).
+        """
+        target = self._target
+        keys = [
+            target.key(run_id, "records"),
+            target.key(run_id, "ids"),
+            target.key(run_id, "fence"),
+            target.runs_key,
+            target.key(run_id, "lease"),
+            target.key(run_id, "index"),
+        ]
+        head: list[Any] = ["" if fence is None else str(fence), str(expected_next), len(batch), run_id]
+        elements = [encode_element(record) for record in batch]
+        operation = f"append to run {run_id}"
+        known = self._granted.get(run_id)
+        if (
+            fence is None
+            or known is None
+            or known[0] != expected_next
+            or known[1] != fence
+            or time.monotonic() >= known[2]
+        ):
+            check = [*head, "check", "", "", "", "", "", "", "", "", "", ""]
+            reply = self._store.script(operation, _scripts.APPEND_INDEXED, keys, check + elements)
+            if _text(reply[0]) != "ok":
+                self._granted.pop(run_id, None)
+                return self._answer(run_id, expected_next, batch, fence, reply)
+        fields = _index.entry_fields(entry())
+        sent = time.monotonic()
+        args = [*head, "write", target.prefix, self._channel, *fields, *elements]
+        reply = self._store.script(operation, _scripts.APPEND_INDEXED, keys, args)
+        if _text(reply[0]) != "ok":
+            self._granted.pop(run_id, None)
+            return self._answer(run_id, expected_next, batch, fence, reply)
+        left_ms = int(reply[2])
+        if fence is not None and left_ms > 0:
+            self._remember(run_id, int(reply[1]) + 1, fence, sent + left_ms / 1000)
+        else:
+            self._granted.pop(run_id, None)
+        return self.acknowledged(run_id, batch)
+
+    def _remember(self, run_id: str, next_sequence: int, fence: int, live_until: float) -> None:
+        granted = self._granted
+        if len(granted) >= _REMEMBERED and run_id not in granted:
+            granted.pop(next(iter(granted)))
+        granted[run_id] = (next_sequence, fence, live_until - _LEASE_MARGIN_S)
 
     def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
         """Records after ``after`` in order, each verified, against the number ever appended.
@@ -239,19 +334,24 @@ class RedisJournal(JournalBase):
 
     def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         key = self._target.key(run_id, "snapshot")
-        self._store.call(f"write snapshot of run {run_id}", "SET", key, encode_snapshot(snapshot))
+        self._store.raw_call(f"write snapshot of run {run_id}", "SET", key, encode_snapshot(snapshot))
 
     def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        body = self._store.call(f"read snapshot of run {run_id}", "GET", self._target.key(run_id, "snapshot"))
+        body = self._store.raw_call(
+            f"read snapshot of run {run_id}", "GET", self._target.key(run_id, "snapshot")
+        )
         return None if body is None else decode_snapshot(run_id, body)
 
     def _close(self) -> None:
-        self._store.close()
+        try:
+            self._leases.close()  # releases the leases claims granted that are still held
+        finally:
+            self._store.close()
 
     # -- purging (capabilities.run_purge) --------------------------------------------------------
 
     def purge_run(self, run_id: str) -> bool:
-        """Delete the run's records, event ids, snapshot and lease in one script; the fence stays.
+        """Delete the run's records, event ids, snapshot, lease and index entry in one script; keep the fence.
 
         A live lease raises ``LeaseHeld`` and nothing changes. The run index
         entry goes last (on a Cluster it lives in another slot), so a run
@@ -259,8 +359,9 @@ class RedisJournal(JournalBase):
         """
         run = self.open_run(run_id, "purge")
         target = self._target
-        keys = [target.key(run, name) for name in ("lease", "records", "ids", "snapshot")]
-        status, detail = self._store.script(f"purge run {run}", _scripts.PURGE, keys, [])
+        keys = [target.key(run, name) for name in ("lease", "records", "ids", "snapshot", "index")]
+        prefix = "" if self._store.cluster else target.prefix
+        status, detail = self._store.script(f"purge run {run}", _scripts.PURGE, keys, [prefix])
         if _text(status) == "held":
             raise LeaseHeld(run, _text(detail).split(" ", 2)[-1])
         self._store.call(f"purge run {run}", "ZREM", target.runs_key, run)
@@ -289,3 +390,103 @@ class RedisJournal(JournalBase):
         run = self.open_run(run_id, "fault injection")
         key = self._target.key(run, "snapshot")
         self._store.call("corrupt snapshot", "SETRANGE", key, 0, b'{"run_id": 7')
+
+    # -- the run index (capabilities.run_index, standalone; see mayfly_redis._index) -------------
+
+    def _indexed(self, operation: str) -> None:
+        self.ensure_open(operation)
+        if not self._capabilities.run_index:
+            raise CompatibilityError(
+                f"{operation}: the Redis Cluster at {self._target.address} keeps no run index (a run's "
+                "keys and its queue's live in different slots); run workers on a standalone Redis"
+            )
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: Sequence[str] | None = None,
+    ) -> list[RecoveryLeaseGuard]:
+        """Lease up to ``limit`` claimable root runs to ``owner`` in claim order, in one script.
+
+        The script selects and grants together (a new fencing token per run,
+        the lease layout of :class:`~mayfly_redis.RedisLeaseStore`) and clears
+        each run's wake, so no run goes to two claimants; the guards renew and
+        release like those of ``RedisLeaseStore.acquire``.
+        """
+        limit, names = check_claim(limit, queues)
+        _, owner, ttl = validate_acquire(_ANY_RUN, owner, ttl_ms)
+        now = self._now(now_ms)
+        self._indexed("claim")
+        nonce = uuid.uuid4().hex
+        sent = time.monotonic()
+        reply = self._store.script(
+            "claim runs",
+            _scripts.CLAIM,
+            [],
+            [self._target.prefix, owner, limit, ttl, _index.bound(now), nonce, *(names or ())],
+        )
+        guards: list[RecoveryLeaseGuard] = []
+        for offset in range(0, len(reply), 4):
+            run, token, grant, records = (_text(item) for item in reply[offset : offset + 4])
+            guards.append(self._leases.adopt(run, owner, ttl, int(token), grant))
+            self._remember(run, int(records) + 1, int(token), sent + ttl / 1000)
+        return guards
+
+    @staticmethod
+    def _now(now_ms: object) -> int:
+        if isinstance(now_ms, bool) or not isinstance(now_ms, int) or not -(1 << 62) <= now_ms < 1 << 62:
+            raise InvalidRecord(f"now_ms must be an int of wall-clock milliseconds, got {now_ms!r:.80}")
+        return now_ms
+
+    def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
+        """The earliest ``ready_at_ms`` after ``now_ms`` of a waiting root run, or ``None``."""
+        _, names = check_claim(1, queues)
+        now = self._now(now_ms)
+        self._indexed("next wake")
+        found = self._store.script(
+            "next wake", _scripts.NEXT_WAKE, [], [self._target.prefix, _index.bound(now), *(names or ())]
+        )
+        return None if found is None else _index.decode_ready(found)
+
+    def index_get(self, run_id: str) -> IndexEntry | None:
+        """The run's index entry, or ``None``."""
+        run = parse_run_id(run_id)
+        self._indexed(f"index read of run {run}")
+        flat = self._store.raw_call(f"index read of run {run}", "HGETALL", self._target.key(run, "index"))
+        return _index.decode_entry(run, dict(zip(flat[0::2], flat[1::2], strict=True))) if flat else None
+
+    def index_put(self, entries: Sequence[IndexEntry]) -> None:
+        """Store entries in one script; a lower sequence never replaces a stored one; a stored wake stays."""
+        given: object = entries
+        if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+            raise InvalidRecord(f"index entries must be a sequence, got {type(given).__name__}")
+        args: list[str] = [self._target.prefix, self._channel]
+        for entry in entries:
+            fields = _index.entry_fields(entry)
+            args += [entry.run_id, *fields]
+        self._indexed("index put")
+        if len(args) > 2:
+            self._store.script("index put", _scripts.INDEX_PUT, [], args)
+
+    def index_wake(self, run_id: str) -> bool:
+        """Ask for the run to be claimed although it waits; ``False`` if it has no entry or has ended."""
+        run = parse_run_id(run_id)
+        self._indexed(f"wake of run {run}")
+        woken = self._store.script(
+            f"wake of run {run}", _scripts.INDEX_WAKE, [], [self._target.prefix, self._channel, run]
+        )
+        return bool(int(woken))
+
+    def listen_wakeups(self) -> RedisWakeupListener:
+        """Subscribe, on a connection of its own, to the wake-ups of this database and prefix."""
+        self._indexed("listen for wake-ups")
+        return RedisWakeupListener(self._store, self._channel)
+
+    def notify_wakeups(self) -> None:
+        """Tell every listening worker that some run became claimable now."""
+        self._indexed("notify wake-ups")
+        self._store.raw_call("notify wake-ups", "PUBLISH", self._channel, "1")

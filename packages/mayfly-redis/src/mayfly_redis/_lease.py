@@ -47,11 +47,14 @@ class RedisLeaseGuard(LeaseGuardBase[str]):
             raise self.lost("expired and was taken over")
 
     def _release(self) -> None:
+        store = self._store
+        target = store._redis.target
         self._store._redis.script(
             f"release lease of run {self.run_id}",
             _scripts.RELEASE,
-            [self._store._lease_key(self.run_id)],
-            [self._grant],
+            [store._lease_key(self.run_id), target.key(self.run_id, "index")],
+            # The run index (standalone only) files a released run where claims find it at once.
+            [self._grant, "" if store._redis.cluster else target.prefix, self.run_id],
         )
 
 
@@ -81,6 +84,15 @@ class RedisLeaseStore(LeaseStoreBase[RedisLeaseGuard]):
         return RedisLeaseGuard(
             self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=f"{token} {nonce} {owner}"
         )
+
+    def adopt(self, run_id: str, owner: str, ttl_ms: int, token: int, nonce: str) -> RedisLeaseGuard:
+        """The guard of a grant a claim script made (``"<token> <nonce> <owner>"``), held by this store."""
+        guard = RedisLeaseGuard(
+            self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=f"{token} {nonce} {owner}"
+        )
+        with self._held_lock:
+            self._held.add(guard)
+        return guard
 
     def _current_fence(self, run_id: str) -> int:
         token = self._redis.call(

@@ -13,13 +13,28 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["ACQUIRE", "APPEND", "PURGE", "READ", "RELEASE", "RENEW"]
+__all__ = [
+    "ACQUIRE",
+    "APPEND",
+    "APPEND_INDEXED",
+    "CLAIM",
+    "INDEX_PUT",
+    "INDEX_WAKE",
+    "NEXT_WAKE",
+    "PURGE",
+    "READ",
+    "RELEASE",
+    "RENEW",
+]
 
-APPEND: Final = """
--- KEYS: records list, ids hash, fence string [, runs index zset (standalone only)]
--- ARGV: fence ('' = none), expected_next, count, run_id, then one list element per
---       record ('<seq>\\n<event_id>\\n<type>\\n<version>\\n<checksum>\\n<payload>'), exactly the
+_CHECK_AND_APPEND: Final = """
+-- KEYS: records list, ids hash, fence string [, runs index zset (standalone only)], then the
+--       script's own keys
+-- ARGV: fence ('' = none), expected_next, count, run_id, then the script's own arguments, then
+--       from ARGV[E + 1] one list element per record
+--       ('<seq>\\n<event_id>\\n<type>\\n<version>\\n<checksum>\\n<payload>'), exactly the
 --       bytes stored; the event id and the identity '<seq> <checksum>' are read from it.
+local E = @E@
 local fence = redis.call('GET', KEYS[3]) or '0'
 if (ARGV[1] == '' and fence ~= '0') or (ARGV[1] ~= '' and ARGV[1] ~= fence) then
   return {'fence', fence}
@@ -46,7 +61,7 @@ local ids = {}
 local identities = {}
 for i = 1, count do
   local sequence, event_id, checksum =
-    string.match(ARGV[4 + i], '^(%d+)\\n([^\\n]+)\\n[^\\n]*\\n[^\\n]*\\n([^\\n]+)\\n')
+    string.match(ARGV[E + i], '^(%d+)\\n([^\\n]+)\\n[^\\n]*\\n[^\\n]*\\n([^\\n]+)\\n')
   if not checksum then return {'corrupt', 'malformed element ' .. i .. ' in the append request'} end
   ids[i] = event_id
   identities[i] = sequence .. ' ' .. checksum
@@ -64,10 +79,10 @@ end
 if tostring(actual) ~= ARGV[2] then
   if replay then
     -- The index agrees; the stored elements must too, byte for byte, or the record is damaged.
-    local first = tonumber(string.match(ARGV[5], '^(%d+)\\n'))
+    local first = tonumber(string.match(ARGV[E + 1], '^(%d+)\\n'))
     local elements = redis.call('LRANGE', KEYS[1], first - 1, first + count - 2)
     for i = 1, count do
-      if elements[i] ~= ARGV[4 + i] then return {'damaged', tostring(first + i - 1)} end
+      if elements[i] ~= ARGV[E + i] then return {'damaged', tostring(first + i - 1)} end
     end
     return {'replay'}
   end
@@ -79,6 +94,7 @@ end
 for i = 1, count do
   if stored[i] then return {'conflict', ids[i], stored[i]} end
 end
+@ACCEPTED@
 for first = 1, count, 500 do
   local last = math.min(first + 499, count)
   local fields = {}
@@ -86,12 +102,28 @@ for first = 1, count, 500 do
     fields[#fields + 1] = ids[i]
     fields[#fields + 1] = identities[i]
   end
-  redis.call('RPUSH', KEYS[1], unpack(ARGV, 4 + first, 4 + last))
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, E + first, E + last))
   redis.call('HSET', KEYS[2], unpack(fields))
 end
 if actual == 1 and KEYS[4] then redis.call('ZADD', KEYS[4], 0, ARGV[4]) end
-return {'ok', tostring(length + count)}
+@WRITTEN@
 """
+
+
+def _check_and_append(elements: int, accepted: str, written: str) -> str:
+    """The compare-and-append script with its elements from ``ARGV[elements + 1]`` and two hooks.
+
+    ``accepted`` runs once the batch can no longer be refused (before anything is written);
+    ``written`` once it is written, and returns the reply.
+    """
+    return (
+        _CHECK_AND_APPEND.replace("@E@", str(elements))
+        .replace("@ACCEPTED@", accepted)
+        .replace("@WRITTEN@", written)
+    )
+
+
+APPEND: Final = _check_and_append(4, "", "return {'ok', tostring(length + count)}")
 
 READ: Final = """
 -- KEYS: records list, ids hash; ARGV: LRANGE start, stop
@@ -124,18 +156,302 @@ end
 return 0
 """
 
-RELEASE: Final = """
--- KEYS: lease string; ARGV: the exact lease value
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+# -- the run index (standalone servers; see mayfly_redis._index) ----------------------------------
+
+_INDEX_LIB: Final = """
+-- Keys are built here from the prefix P: a run's keys P:{R}:name, a queue's P:{q:Q}:name.
+local function rkey(p, run, name) return p .. ':{' .. run .. '}:' .. name end
+local function qkey(p, queue, name) return p .. ':{q:' .. queue .. '}:' .. name end
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-return 0
+-- A run's entry hash: q queue, s status, r ready_at ('' = none), n sequence, w wake '0'/'1',
+-- p parent ('' = root), pr priority, m its claim-order member, loc 'r' ready / 'l' leased / '',
+-- wt '1' when it is in its queue's waiting set.
+local function load(key)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return nil end
+  local h = {}
+  for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+  return h
+end
+local function save(key, h)
+  redis.call('HSET', key, 'q', h.q, 's', h.s, 'r', h.r, 'n', h.n, 'w', h.w, 'p', h.p, 'pr', h.pr,
+    'm', h.m, 'loc', h.loc, 'wt', h.wt)
+end
+-- Take the entry out of every claim structure it is in.
+local function unplace(p, h)
+  if h.loc == 'r' then redis.call('ZREM', qkey(p, h.q, 'ready'), h.m)
+  elseif h.loc == 'l' then redis.call('ZREM', qkey(p, h.q, 'leased'), h.m) end
+  if h.wt == '1' then
+    local band = string.sub(h.m, 1, 20)
+    local key = qkey(p, h.q, 'waiting:' .. band)
+    redis.call('ZREM', key, h.m)
+    if redis.call('ZCARD', key) == 0 then redis.call('ZREM', qkey(p, h.q, 'bands'), band) end
+  end
+  h.loc = ''
+  h.wt = '0'
+end
+-- Put a root entry where claims look for it: a waiting run with a wake time in its priority band's
+-- waiting set; a run with work now (or a wake request) in ready, or in leased (scored by the lease's
+-- expiry) while someone holds its lease. Returns true when the run became claimable now.
+local function place(p, run, h, now)
+  h.loc = ''
+  h.wt = '0'
+  if h.p ~= '' or h.s == 'terminal' then return false end
+  redis.call('SADD', p .. ':queues', h.q)
+  if h.s == 'waiting' and h.r ~= '' then
+    local band = string.sub(h.m, 1, 20)
+    redis.call('ZADD', qkey(p, h.q, 'waiting:' .. band), 0, h.m)
+    redis.call('ZADD', qkey(p, h.q, 'bands'), 0, band)
+    h.wt = '1'
+  end
+  if h.s == 'new' or h.s == 'running' or h.w == '1' then
+    local left = redis.call('PTTL', rkey(p, run, 'lease'))
+    if left > 0 then
+      redis.call('ZADD', qkey(p, h.q, 'leased'), now + left, h.m)
+      h.loc = 'l'
+    else
+      redis.call('ZADD', qkey(p, h.q, 'ready'), 0, h.m)
+      h.loc = 'r'
+      return true
+    end
+  end
+  return false
+end
+-- Store the entry given in a[i .. i + 7] (queue, status, ready_at, sequence, wake, parent, priority,
+-- member) unless the stored one reflects a later sequence; a stored wake is kept. Returns true when
+-- the run became claimable now.
+local function put(p, run, a, i, now)
+  local key = rkey(p, run, 'index')
+  local h = load(key)
+  if h and tonumber(a[i + 3]) < tonumber(h.n) then return false end
+  local was_ready = h ~= nil and h.loc == 'r'
+  local wake = a[i + 4]
+  if h then
+    if h.w == '1' then wake = '1' end
+    unplace(p, h)
+  end
+  local e = {q = a[i], s = a[i + 1], r = a[i + 2], n = a[i + 3], w = wake, p = a[i + 5], pr = a[i + 6],
+    m = a[i + 7]}
+  local ready = place(p, run, e, now)
+  save(key, e)
+  return ready and not was_ready
+end
 """
 
-PURGE: Final = """
--- KEYS: lease string, records list, ids hash, snapshot string (the fence string is kept)
--- A live lease refuses the purge; otherwise everything of the run but its fence goes at once.
+APPEND_INDEXED: Final = _check_and_append(
+    15,
+    # ARGV[5] 'check' (answer whether the batch would be accepted, write nothing) or 'write';
+    # ARGV[6] the prefix, ARGV[7] the wake-up channel, ARGV[8..15] the entry (see put()).
+    # KEYS[5] lease string, KEYS[6] index hash. The reply's third item is the time left on the
+    # lease the fence names (0 if none), so the caller knows how long no one else can append.
+    """
+local holder = redis.call('GET', KEYS[5])
+local left = 0
+if holder and ARGV[1] ~= '' and string.match(holder, '^(%d+) ') == ARGV[1] then
+  left = redis.call('PTTL', KEYS[5])
+end
+if ARGV[5] == 'check' then return {'ok', tostring(length), tostring(left)} end
+""",
+    """
+if put(ARGV[6], ARGV[4], ARGV, 8, server_ms()) then redis.call('PUBLISH', ARGV[7], '1') end
+return {'ok', tostring(length + count), tostring(left)}
+""",
+).replace("local E = 15", _INDEX_LIB + "local E = 15", 1)
+
+INDEX_PUT: Final = (
+    _INDEX_LIB
+    + """
+-- ARGV: prefix, wake-up channel, then 9 fields per entry: run id and the entry (see put()).
+local p = ARGV[1]
+local now = server_ms()
+local woke = false
+for i = 3, #ARGV, 9 do
+  if put(p, ARGV[i], ARGV, i + 1, now) then woke = true end
+end
+if woke then redis.call('PUBLISH', ARGV[2], '1') end
+return 1
+"""
+)
+
+INDEX_WAKE: Final = (
+    _INDEX_LIB
+    + """
+-- ARGV: prefix, wake-up channel, run id. 0 if the run has no entry or has ended.
+local p, run = ARGV[1], ARGV[3]
+local key = rkey(p, run, 'index')
+local h = load(key)
+if not h or h.s == 'terminal' then return 0 end
+h.w = '1'
+if h.loc == '' then
+  unplace(p, h)
+  if place(p, run, h, server_ms()) then redis.call('PUBLISH', ARGV[2], '1') end
+  save(key, h)
+else
+  redis.call('HSET', key, 'w', '1')
+end
+return 1
+"""
+)
+
+CLAIM: Final = (
+    _INDEX_LIB
+    + """
+-- ARGV: prefix, owner, limit, ttl_ms, the member bound of now_ms ('0' .. 20 digits), nonce, queues...
+-- (none: every queue). Grants up to limit leases in claim order (priority, then ready_at, then run
+-- id); replies run id, token, nonce and record count of each. Run keys are read by name: standalone.
+local p, owner, limit, ttl, bound, nonce = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local now = server_ms()
+local queues = {}
+for i = 7, #ARGV do queues[#queues + 1] = ARGV[i] end
+if #queues == 0 then queues = redis.call('SMEMBERS', p .. ':queues') end
+local top = string.char(255)
+local streams = {}
+for _, q in ipairs(queues) do
+  -- Runs whose holder's lease ran out (or was renewed: then it is scored again) go back in place.
+  local leased = qkey(p, q, 'leased')
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', leased, '-inf', now)) do
+    local run = string.sub(m, 43)
+    local key = rkey(p, run, 'index')
+    local h = load(key)
+    redis.call('ZREM', leased, m)
+    if h and h.m == m and h.loc == 'l' then
+      local left = redis.call('PTTL', rkey(p, run, 'lease'))
+      if left > 0 then
+        redis.call('ZADD', leased, now + left, m)
+      else
+        h.loc = ''
+        unplace(p, h)
+        place(p, run, h, now)
+        save(key, h)
+      end
+    end
+  end
+  streams[#streams + 1] = {key = qkey(p, q, 'ready'), hi = '+', q = q, ready = true, buf = {}, pos = 1}
+  for _, band in ipairs(redis.call('ZRANGE', qkey(p, q, 'bands'), 0, -1)) do
+    streams[#streams + 1] = {key = qkey(p, q, 'waiting:' .. band), hi = '[' .. band .. bound .. '|' .. top,
+      q = q, ready = false, buf = {}, pos = 1}
+  end
+end
+local page = limit + 16
+local function head(s)
+  if s.done then return nil end
+  if s.pos > #s.buf then
+    s.buf = redis.call('ZRANGEBYLEX', s.key, s.last and ('(' .. s.last) or '-', s.hi, 'LIMIT', 0, page)
+    s.pos = 1
+    if #s.buf == 0 then s.done = true return nil end
+  end
+  return s.buf[s.pos]
+end
+local granted = {}
+local count = 0
+local seen = {}
+while count < limit do
+  local best, first = nil, nil
+  for _, s in ipairs(streams) do
+    local m = head(s)
+    if m and (not first or m < first) then best, first = s, m end
+  end
+  if not best then break end
+  best.pos = best.pos + 1
+  best.last = first
+  local run = string.sub(first, 43)
+  if not seen[run] then
+    seen[run] = true
+    local key = rkey(p, run, 'index')
+    local h = load(key)
+    if not h or h.m ~= first then
+      redis.call('ZREM', best.key, first)  -- left behind by an interrupted repair: not an entry
+    else
+      local lease = rkey(p, run, 'lease')
+      local left = redis.call('PTTL', lease)
+      if left > 0 then
+        if best.ready then
+          -- Held by a live owner: out of the way until its lease runs out.
+          redis.call('ZREM', best.key, first)
+          redis.call('ZADD', qkey(p, best.q, 'leased'), now + left, first)
+          redis.call('HSET', key, 'loc', 'l')
+        end
+      else
+        local fence = rkey(p, run, 'fence')
+        redis.call('SET', lease, 'granting', 'PX', ttl)
+        local token = tostring(redis.call('INCR', fence))
+        local grant = nonce .. count
+        redis.call('SET', lease, token .. ' ' .. grant .. ' ' .. owner, 'KEEPTTL')
+        if h.loc == 'r' then redis.call('ZREM', qkey(p, h.q, 'ready'), first) end
+        redis.call('ZADD', qkey(p, h.q, 'leased'), now + tonumber(ttl), first)
+        redis.call('HSET', key, 'loc', 'l', 'w', '0')
+        count = count + 1
+        granted[#granted + 1] = run
+        granted[#granted + 1] = token
+        granted[#granted + 1] = grant
+        granted[#granted + 1] = tostring(redis.call('LLEN', rkey(p, run, 'records')))
+      end
+    end
+  end
+end
+return granted
+"""
+)
+
+NEXT_WAKE: Final = (
+    _INDEX_LIB
+    + """
+-- ARGV: prefix, the member bound of now_ms, queues... (none: every queue). The smallest ready_at
+-- part of a waiting member after now, or false.
+local p, bound = ARGV[1], ARGV[2]
+local queues = {}
+for i = 3, #ARGV do queues[#queues + 1] = ARGV[i] end
+if #queues == 0 then queues = redis.call('SMEMBERS', p .. ':queues') end
+local best = false
+for _, q in ipairs(queues) do
+  for _, band in ipairs(redis.call('ZRANGE', qkey(p, q, 'bands'), 0, -1)) do
+    local after = '(' .. band .. bound .. '|' .. string.char(255)
+    local found = redis.call('ZRANGEBYLEX', qkey(p, q, 'waiting:' .. band), after, '+', 'LIMIT', 0, 1)
+    if found[1] then
+      local ready = string.sub(found[1], 22, 41)
+      if not best or ready < best then best = ready end
+    end
+  end
+end
+return best
+"""
+)
+
+RELEASE: Final = (
+    _INDEX_LIB
+    + """
+-- KEYS: lease string, index hash; ARGV: the exact lease value, the prefix ('' on a Cluster: the
+-- run index is not kept there), run id. A released run goes back where claims find it at once.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if ARGV[2] ~= '' then
+  local h = load(KEYS[2])
+  if h and h.loc == 'l' then
+    unplace(ARGV[2], h)
+    place(ARGV[2], ARGV[3], h, server_ms())
+    save(KEYS[2], h)
+  end
+end
+return 1
+"""
+)
+
+PURGE: Final = (
+    _INDEX_LIB
+    + """
+-- KEYS: lease string, records list, ids hash, snapshot string, index hash (the fence string is kept)
+-- ARGV: the prefix ('' on a Cluster). A live lease refuses the purge; otherwise everything of the run
+-- but its fence goes at once, its run index entry too.
 local holder = redis.call('GET', KEYS[1])
 if holder then return {'held', holder} end
+if ARGV[1] ~= '' then
+  local h = load(KEYS[5])
+  if h then unplace(ARGV[1], h) end
+end
+redis.call('DEL', KEYS[5])
 return {'purged', tostring(redis.call('DEL', KEYS[2], KEYS[3], KEYS[4]))}
 """
+)

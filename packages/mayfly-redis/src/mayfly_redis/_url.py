@@ -17,7 +17,9 @@ can check and append atomically:
 * ``P:{R}:lease``    string ``"<token> <nonce> <owner>"`` with a PX expiry;
 * ``P:{R}:snapshot`` string, the run's snapshot (msgspec JSON);
 * ``P:runs``         sorted set of run ids holding records (all scores 0, so
-  ``ZRANGEBYLEX`` pages them in order without ``KEYS`` or ``SCAN``).
+  ``ZRANGEBYLEX`` pages them in order without ``KEYS`` or ``SCAN``);
+* ``P:{R}:index``    hash, the run's run-index entry, and the per-queue claim
+  sets ``P:{q:Q}:...`` (standalone only; see :mod:`mayfly_redis._index`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,140 @@
+"""The Redis run index: how entries are laid out, ordered and checked (the scripts are in ``_scripts``).
+
+Layout (``P`` the prefix, ``R`` a run id, ``Q`` a queue). The entry itself is
+one hash beside the run's records, in the run's slot, so the append script
+stores it in the same atomic step as the records:
+
+* ``P:{R}:index`` hash: ``q`` queue, ``s`` status, ``r`` ready_at (``''``:
+  none), ``n`` sequence, ``w`` wake, ``p`` parent, ``pr`` priority, ``m`` the
+  run's claim-order member, and where the run is filed (``loc``, ``wt``).
+
+Claims look for runs in per-queue sets, hash-tagged ``{q:Q}``, whose members
+all score 0 and sort by bytes in claim order (priority descending, then
+ready_at with none last, then run id; see :func:`member`):
+
+* ``P:{q:Q}:ready``: root runs with work now (``new``/``running``) or a wake
+  request, that nobody held a lease on when they were filed;
+* ``P:{q:Q}:leased``: those whose lease was live, scored by the lease's
+  expiry (server milliseconds), so a claim puts a run whose owner died back
+  in ``ready`` once its lease ran out, and a release puts it back at once;
+* ``P:{q:Q}:waiting:<band>``: waiting root runs with a wake time, one set per
+  priority band (``P:{q:Q}:bands`` lists them), so "due at ``now``" is one
+  lexicographic range of members and the next wake time its first member
+  past it;
+* ``P:queues``: every queue that ever held an entry (a claim of every queue).
+
+Children (entries with a parent) and ended runs are filed nowhere: they are
+never claimed. A run waiting with no wake time is filed only once woken.
+
+**Standalone servers only.** A run's keys carry its own hash tag and its
+queue's keys the queue's, so on a Redis Cluster the two live in different
+slots and no script could store an entry and its queue position together,
+nor grant a run's lease (beside its fence, which the append checks) while
+selecting it from its queue. Rather than claim non-atomically, the journal
+declares ``run_index`` and ``run_wakeups`` only on a standalone server; a
+worker refuses a Cluster by name (``WorkerUnsupported``). The scripts build
+the run keys they touch from the prefix, which a standalone server allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from mayfly.errors import CorruptionError, InvalidRecord
+from mayfly.model.ids import QUEUE_NAME, parse_run_id
+from mayfly.runindex import IndexEntry, IndexStatus
+
+__all__ = ["bound", "decode_entry", "entry_fields", "member"]
+
+_OFFSET: Final = 1 << 63
+_NONE: Final = "1" + "0" * 20
+
+
+def _int64(value: object, what: str, run_id: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -_OFFSET <= value < _OFFSET:
+        raise InvalidRecord(
+            f"index entry of run {run_id!r:.80}: {what} must be a 64-bit int, got {value!r:.80}"
+        )
+    return value
+
+
+def member(run_id: str, priority: int, ready_at_ms: int | None) -> str:
+    """The run's member in its queue's sets: bytes order is claim order.
+
+    Twenty digits of ``2**63 - 1 - priority`` (higher priorities first), then
+    ``0`` and twenty digits of ``ready_at + 2**63`` (``1`` and zeros for none,
+    which sorts last), ``|`` and the run id.
+    """
+    ready = _NONE if ready_at_ms is None else f"0{ready_at_ms + _OFFSET:020d}"
+    return f"{_OFFSET - 1 - priority:020d}{ready}|{run_id}"
+
+
+def bound(now_ms: int) -> str:
+    """The ready_at part of a member at ``now_ms`` (the upper end of "due")."""
+    return f"0{now_ms + _OFFSET:020d}"
+
+
+def decode_ready(part: bytes | str) -> int:
+    """The ready_at a member's twenty-digit part stands for."""
+    text = part.decode() if isinstance(part, bytes) else part
+    return int(text) - _OFFSET
+
+
+def entry_fields(entry: object) -> list[str]:
+    """The entry as the scripts take it (queue, status, ready_at, sequence, wake, parent, priority, member).
+
+    Anything but a well-formed :class:`IndexEntry` raises ``InvalidRecord``.
+    """
+    if not isinstance(entry, IndexEntry):
+        raise InvalidRecord(f"index entries must be IndexEntry values, got {type(entry).__name__}")
+    run = parse_run_id(entry.run_id)
+    if not isinstance(entry.queue, str) or QUEUE_NAME.fullmatch(entry.queue) is None:
+        raise InvalidRecord(
+            f"index entry of run {run}: queue {entry.queue!r:.80} must match {QUEUE_NAME.pattern}"
+        )
+    if not isinstance(entry.status, IndexStatus):
+        raise InvalidRecord(
+            f"index entry of run {run}: status must be an IndexStatus, got {entry.status!r:.80}"
+        )
+    sequence = _int64(entry.sequence, "sequence", run)
+    if sequence < 0:
+        raise InvalidRecord(f"index entry of run {run}: sequence must be >= 0, got {sequence}")
+    priority = _int64(entry.priority, "priority", run)
+    ready = None if entry.ready_at_ms is None else _int64(entry.ready_at_ms, "ready_at_ms", run)
+    if not isinstance(entry.wake, bool):
+        raise InvalidRecord(f"index entry of run {run}: wake must be a bool, got {entry.wake!r:.80}")
+    parent = "" if entry.parent is None else parse_run_id(entry.parent)
+    return [
+        entry.queue,
+        entry.status.value,
+        "" if ready is None else str(ready),
+        str(sequence),
+        "1" if entry.wake else "0",
+        parent,
+        str(priority),
+        member(run, priority, ready),
+    ]
+
+
+def decode_entry(run_id: str, fields: Mapping[bytes, bytes]) -> IndexEntry:
+    """The entry stored as ``fields`` (an ``HGETALL`` reply); ``CorruptionError`` if it is unreadable."""
+    try:
+        text = {key.decode(): value.decode() for key, value in fields.items()}
+        ready = text["r"]
+        parent = text["p"]
+        return IndexEntry(
+            run_id=run_id,
+            queue=text["q"],
+            status=IndexStatus(text["s"]),
+            ready_at_ms=None if ready == "" else int(ready),
+            sequence=int(text["n"]),
+            wake=text["w"] == "1",
+            parent=None if parent == "" else parent,
+            priority=int(text["pr"]),
+        )
+    except (KeyError, ValueError, UnicodeDecodeError) as error:
+        raise CorruptionError(
+            f"run index entry of run {run_id} is unreadable ({error!r}); put the run's entry again "
+            "(index_put of the entry its replayed state has)"
+        ) from None
