@@ -11,6 +11,18 @@ it before returning, and that function only calls LMDB. So a hub task can
 never park while it holds LMDB's writer lock, and a second task of the same
 hub can never deadlock waiting for it.
 
+Group commit. A durable commit waits for the disk, and LMDB has one writer
+per environment, so writes committed one by one queue behind one flush at a
+time. :meth:`SharedEnv.write` instead queues its function and the first
+waiting thread becomes the *leader*: it takes LMDB's writer lock, then every
+function queued by then (many runs' appends, lease grants, index writes),
+runs each in a nested transaction of one write transaction — a function
+that raises aborts only its own nested transaction, so it writes nothing —
+and commits them with one sync. Each caller gets its result only after that
+commit. From a hub task the whole wait crosses :func:`mayfly.substrate.offload`
+(ADR-0033: a flush never blocks the hub), so the hub keeps running its other
+tasks and their appends join the next group.
+
 Map size. A write that fills the map is aborted (nothing of it is
 committed), the map is grown and the whole transaction is retried; a record
 is acknowledged only after the commit that holds it. Growing needs every
@@ -25,7 +37,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Final, TypeVar, final
+from typing import Any, Final, TypeVar, final
 
 import lmdb
 
@@ -39,13 +51,30 @@ from mayfly.errors import (
     LimitExceeded,
     MayflyError,
 )
+from mayfly.substrate import HubNotRunning, current_hub, offload
 from mayfly_lmdb._codec import FORMAT
 from mayfly_lmdb._url import LmdbTarget, format_size
 
-__all__ = ["LmdbMapFull", "SharedEnv", "acquire_env", "filesystem_type"]
+__all__ = ["LmdbMapFull", "SharedEnv", "acquire_env", "filesystem_type", "off_hub"]
 
 _T = TypeVar("_T")
-_DATABASES: Final = (b"records", b"events", b"heads", b"snapshots", b"runs", b"leases", b"meta")
+_DATABASES: Final = (
+    b"records",
+    b"events",
+    b"heads",
+    b"snapshots",
+    b"runs",
+    b"leases",
+    b"meta",
+    b"index",
+    b"claims",
+    b"timers",
+    b"waits",
+)
+# The run index (mayfly_lmdb._index) came after format 1's first release: a read-only handle on an
+# environment written before it finds these absent and sees an empty index.
+_OPTIONAL: Final = frozenset({b"index", b"claims", b"timers", b"waits"})
+_GROUP_LIMIT: Final = 512  # the most writes one group commit takes
 _MAX_READERS: Final = 512
 _MIN_GROWTH: Final = 8 << 20
 _CORRUPT: Final = (
@@ -55,6 +84,34 @@ _CORRUPT: Final = (
     lmdb.BadChecksumError,
 )
 _INCOMPATIBLE: Final = (lmdb.VersionMismatchError, lmdb.IncompatibleError, lmdb.InvalidError)
+
+
+def off_hub(fn: Callable[..., _T], *args: object) -> _T:
+    """Run ``fn(*args)``, a call that may wait for the disk or LMDB's writer lock: offloaded from a hub task.
+
+    The calling task parks while an offload thread waits, and the hub runs
+    every other task meanwhile (ADR-0033). Outside a hub (or on an offload
+    thread already) the call runs inline.
+    """
+    try:
+        current_hub()
+    except HubNotRunning:
+        return fn(*args)
+    return offload(fn, *args)
+
+
+@final
+class _Write:
+    """One queued write: its function, its operation name, and, once its group committed, the outcome."""
+
+    __slots__ = ("body", "done", "error", "operation", "result")
+
+    def __init__(self, body: Callable[[lmdb.Transaction[bytes]], Any], operation: str) -> None:
+        self.body = body
+        self.operation = operation
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
 
 
 class LmdbMapFull(LimitExceeded):
@@ -111,6 +168,14 @@ class SharedEnv:
         self._active = 0
         self._resizing = False
         self._generation = 0
+        # Group commit: writes queued for the next leader, and whether a leader is at work.
+        self._queue = threading.Condition(threading.Lock())
+        self._pending: list[_Write] = []
+        self._leading = False
+        self.commits = 0
+        """Write transactions committed by this process (one per group)."""
+        self.writes = 0
+        """Writes committed by this process (``writes / commits`` is the mean group size)."""
         if target.sync and not target.readonly:
             fstype = filesystem_type(target.path if target.path.exists() else target.path.parent)
             if fstype in VOLATILE_FILESYSTEMS:
@@ -174,7 +239,8 @@ class SharedEnv:
                 )
             while True:
                 try:
-                    handles = [self.env.open_db(name, create=not readonly) for name in _DATABASES]
+                    handles = [self.env.open_db(name, create=not readonly) for name in _DATABASES[:7]]
+                    optional = [self._open_db(name, readonly, name in names) for name in _DATABASES[7:]]
                     break
                 except lmdb.MapResizedError:
                     # Another process grew the map past the size asked for here: adopt its size.
@@ -186,6 +252,7 @@ class SharedEnv:
         except lmdb.Error as error:
             raise map_error(error, self.path, "opening the journal databases") from None
         (self.records, self.events, self.heads, self.snapshots, self.runs, self.leases, self.meta) = handles
+        self.index, self.claims, self.timers, self.waits = optional
         if readonly:
             stored = self.read(lambda txn: txn.get(b"format", db=self.meta), "reading the format marker")
         else:
@@ -203,6 +270,11 @@ class SharedEnv:
                 f"{self.path} holds format {stored!r}, not {FORMAT.decode()}; use the Mayfly "
                 "release that wrote it"
             )
+
+    def _open_db(self, name: bytes, readonly: bool, present: bool) -> lmdb._Database | None:
+        if readonly and not present and name in _OPTIONAL:
+            return None
+        return self.env.open_db(name, create=not readonly)
 
     # -- the gate: transactions in, resizes alone -------------------------------------------
 
@@ -255,40 +327,150 @@ class SharedEnv:
     # -- transactions ------------------------------------------------------------------------
 
     def write(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
-        """Run ``body`` in one write transaction and commit it; grow the map and retry when full.
+        """Run ``body`` in a write transaction and commit it; grow the map and retry when full.
 
         ``body`` must only call LMDB and plain Python (never park the
-        greenlet). If it raises, the transaction is aborted and nothing is
-        written. The result is returned only after the commit (durable in
-        ``sync`` mode).
+        greenlet), and may run more than once (a full map aborts the group
+        and retries it), so it must not act outside the transaction unless it
+        undoes that itself. If it raises, its writes are discarded and the
+        exception is raised here. The result is returned only after the
+        commit (durable in ``sync`` mode), which other writes of this process
+        may share (see the module docstring). From a hub task the call waits
+        on an offload thread.
         """
         if self.readonly:
             raise JournalUnavailable(
                 f"{operation} refused: lmdb environment {self.path} was opened with readonly=true"
             )
+        result: _T = off_hub(self._write_grouped, body, operation)
+        return result
+
+    def _write_grouped(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
+        """Queue the write and wait for the group commit that covers it, leading one when none is."""
+        write = _Write(body, operation)
+        queue = self._queue
+        with queue:
+            self._pending.append(write)
+            while not write.done:
+                if self._leading:
+                    queue.wait()
+                    continue
+                self._leading = True
+                queue.release()
+                try:
+                    self._lead(write)
+                finally:
+                    queue.acquire()
+                    self._leading = False
+                    queue.notify_all()
+        if write.error is not None:
+            raise write.error
+        result: _T = write.result
+        return result
+
+    def _take(self) -> list[_Write]:
+        with self._queue:
+            group = self._pending[:_GROUP_LIMIT]
+            del self._pending[:_GROUP_LIMIT]
+        return group
+
+    def _lead(self, own: _Write) -> None:
+        """Commit queued writes as groups until ``own`` is done, marking each done; a waiter leads next."""
+        while not own.done:
+            group: list[_Write] = []
+            try:
+                group = self._commit_group()
+            finally:
+                with self._queue:
+                    for write in group:
+                        write.done = True
+                    self._queue.notify_all()
+
+    def _commit_group(self) -> list[_Write]:
+        """Take LMDB's writer lock, then the queued writes, and commit them in one transaction."""
+        group: list[_Write] = []
         while True:
             seen = self._enter()
             try:
                 txn = self.env.begin(write=True)
                 try:
-                    result = body(txn)
+                    # Taken only now: writes queued while this thread waited for the lock join the group.
+                    group.extend(self._take())
+                    if len(group) == 1:
+                        self._run_alone(txn, group[0])
+                    else:
+                        for write in group:
+                            self._run_nested(txn, write)
                     txn.commit()
                 except BaseException:
                     txn.abort()
                     raise
-                return result
+                self.commits += 1
+                self.writes += len(group)
+                return group
             except lmdb.MapFullError:
                 grow: int | None = seen
             except lmdb.MapResizedError:
                 grow = None
             except lmdb.ReadersFullError as error:
-                self._clear_stale_readers(error, operation)
+                try:
+                    self._clear_stale_readers(error, group[0].operation if group else "a write")
+                except MayflyError as failure:
+                    return self._fail(group, failure)
                 continue
             except lmdb.Error as error:
-                raise map_error(error, self.path, operation) from None
+                for write in group:
+                    write.error = map_error(error, self.path, write.operation)
+                return group
+            except _Failed as failed:
+                return self._fail(group, failed.error)
             finally:
                 self._leave()
-            self._resize(grow, operation)
+            try:
+                self._resize(grow, group[0].operation if group else "a write")
+            except LmdbMapFull as full:
+                for write in group:
+                    write.error = LmdbMapFull(self.path, write.operation, full.observed, full.limit)
+                return group
+            except MayflyError as failure:
+                return self._fail(group, failure)
+
+    @staticmethod
+    def _fail(group: list[_Write], error: BaseException) -> list[_Write]:
+        for write in group:
+            write.error = error
+        return group
+
+    def _run_alone(self, txn: lmdb.Transaction[bytes], write: _Write) -> None:
+        """A group of one runs in the transaction itself: if it raises, the transaction is aborted."""
+        try:
+            write.result = write.body(txn)
+            write.error = None
+        except (lmdb.MapFullError, lmdb.MapResizedError):
+            raise
+        except lmdb.Error as error:
+            raise _Failed(map_error(error, self.path, write.operation)) from None
+        except BaseException as error:
+            raise _Failed(error) from None
+
+    def _run_nested(self, txn: lmdb.Transaction[bytes], write: _Write) -> None:
+        """Run one write of a group in a nested transaction, so that if it raises it writes nothing."""
+        child = self.env.begin(write=True, parent=txn)
+        try:
+            write.result = write.body(child)
+            write.error = None
+        except (lmdb.MapFullError, lmdb.MapResizedError):
+            child.abort()
+            raise
+        except lmdb.Error as error:
+            child.abort()
+            write.error = map_error(error, self.path, write.operation)
+            return
+        except BaseException as error:
+            child.abort()
+            write.error = error
+            return
+        child.commit()
 
     def read(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
         """Run ``body`` in one read-only transaction (a consistent snapshot) and end it.
@@ -361,6 +543,14 @@ class SharedEnv:
     def map_size(self) -> int:
         """The current map size of this process's mapping, in bytes."""
         return self.env.info()["map_size"]
+
+
+class _Failed(Exception):
+    """The only write of a group raised: abort the transaction and report the write's own error."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 _REGISTRY: dict[str, SharedEnv] = {}
