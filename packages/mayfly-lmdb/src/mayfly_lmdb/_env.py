@@ -379,16 +379,19 @@ class SharedEnv:
         while not own.done:
             group: list[_Write] = []
             try:
-                group = self._commit_group()
+                self._commit_group(group)
+            except BaseException as error:
+                # Nothing of the group was committed (the commit is the last step): each write fails.
+                for write in group:
+                    write.error = error
             finally:
                 with self._queue:
                     for write in group:
                         write.done = True
                     self._queue.notify_all()
 
-    def _commit_group(self) -> list[_Write]:
-        """Take LMDB's writer lock, then the queued writes, and commit them in one transaction."""
-        group: list[_Write] = []
+    def _commit_group(self, group: list[_Write]) -> list[_Write]:
+        """Take LMDB's writer lock, then the queued writes (into ``group``), and commit them as one."""
         while True:
             seen = self._enter()
             try:
