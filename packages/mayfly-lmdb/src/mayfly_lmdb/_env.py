@@ -104,14 +104,18 @@ def off_hub(fn: Callable[..., _T], *args: object) -> _T:
 class _Write:
     """One queued write: its function, its operation name, and, once its group committed, the outcome."""
 
-    __slots__ = ("body", "done", "error", "operation", "result")
+    __slots__ = ("body", "done", "error", "operation", "result", "shared", "wake")
 
     def __init__(self, body: Callable[[lmdb.Transaction[bytes]], Any], operation: str) -> None:
         self.body = body
         self.operation = operation
         self.result: Any = None
         self.error: BaseException | None = None
+        self.shared = False  # the error is the whole group's: raised without the leader's traceback
         self.done = False
+        # Released once to wake the waiting thread: its write is done, or it is to lead the next group.
+        self.wake = threading.Lock()
+        self.wake.acquire()
 
 
 class LmdbMapFull(LimitExceeded):
@@ -169,7 +173,7 @@ class SharedEnv:
         self._resizing = False
         self._generation = 0
         # Group commit: writes queued for the next leader, and whether a leader is at work.
-        self._queue = threading.Condition(threading.Lock())
+        self._queue = threading.Lock()
         self._pending: list[_Write] = []
         self._leading = False
         self.commits = 0
@@ -346,25 +350,29 @@ class SharedEnv:
         return result
 
     def _write_grouped(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
-        """Queue the write and wait for the group commit that covers it, leading one when none is."""
+        """Queue the write and wait for the group commit that covers it, leading groups when no one is.
+
+        Only the threads concerned are woken: each write of a committed group,
+        and the oldest waiting write's thread when leadership passes to it.
+        """
         write = _Write(body, operation)
-        queue = self._queue
-        with queue:
+        with self._queue:
             self._pending.append(write)
-            while not write.done:
-                if self._leading:
-                    queue.wait()
-                    continue
-                self._leading = True
-                queue.release()
-                try:
-                    self._lead(write)
-                finally:
-                    queue.acquire()
-                    self._leading = False
-                    queue.notify_all()
-        if write.error is not None:
-            raise write.error
+            lead = not self._leading
+            self._leading = True
+        while True:
+            if lead:
+                self._lead(write)
+                break
+            write.wake.acquire()
+            if write.done:
+                break
+            lead = True  # promoted: the previous leader's own write was done before this one
+        error = write.error
+        if error is not None:
+            # One error object failing a whole group is raised by every waiter: drop the traceback it
+            # collected elsewhere, so tracebacks do not pile up from thread to thread.
+            raise error.with_traceback(None) if write.shared else error
         result: _T = write.result
         return result
 
@@ -375,20 +383,26 @@ class SharedEnv:
         return group
 
     def _lead(self, own: _Write) -> None:
-        """Commit queued writes as groups until ``own`` is done, marking each done; a waiter leads next."""
-        while not own.done:
-            group: list[_Write] = []
-            try:
-                self._commit_group(group)
-            except BaseException as error:
-                # Nothing of the group was committed (the commit is the last step): each write fails.
-                for write in group:
-                    write.error = error
-            finally:
-                with self._queue:
+        """Commit queued groups until ``own`` is done, waking each write; then pass leadership on."""
+        try:
+            while not own.done:
+                group: list[_Write] = []
+                try:
+                    self._commit_group(group)
+                except BaseException as error:
+                    # Nothing of the group was committed (the commit is the last step): each write fails.
+                    self._fail(group, error)
+                finally:
                     for write in group:
                         write.done = True
-                    self._queue.notify_all()
+                        if write is not own:
+                            write.wake.release()
+        finally:
+            with self._queue:
+                if self._pending:
+                    self._pending[0].wake.release()  # the oldest waiting write's thread leads next
+                else:
+                    self._leading = False
 
     def _commit_group(self, group: list[_Write]) -> list[_Write]:
         """Take LMDB's writer lock, then the queued writes (into ``group``), and commit them as one."""
@@ -426,7 +440,9 @@ class SharedEnv:
                     write.error = map_error(error, self.path, write.operation)
                 return group
             except _Failed as failed:
-                return self._fail(group, failed.error)
+                (write,) = group  # the only write of its group raised: the error is its own
+                write.error = failed.error
+                return group
             finally:
                 self._leave()
             try:
@@ -442,6 +458,7 @@ class SharedEnv:
     def _fail(group: list[_Write], error: BaseException) -> list[_Write]:
         for write in group:
             write.error = error
+            write.shared = True
         return group
 
     def _run_alone(self, txn: lmdb.Transaction[bytes], write: _Write) -> None:
