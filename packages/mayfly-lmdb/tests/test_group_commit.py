@@ -18,11 +18,12 @@ def test_appends_queued_behind_a_sync_share_one_commit_while_the_hub_runs(
     url: str, workers: list[Worker]
 ) -> None:
     """40 hub tasks append while another process holds LMDB's writer lock: the hub keeps ticking, one commit acks all."""
-    holder = Worker("write-hold", url=url)
-    workers.append(holder)
     with LmdbJournal(url) as journal:  # durability=sync: every commit waits for the disk
         shared = journal._env
         assert shared.sync
+        # Opened first: opening writes the format marker, which would wait for the holder's lock.
+        holder = Worker("write-hold", url=url)
+        workers.append(holder)
         assert holder.readline().startswith("writing")
         runs = [new_id() for _ in range(40)]
         commits, writes = shared.commits, shared.writes
