@@ -121,7 +121,7 @@ def test_hub_tasks_never_switch_inside_a_transaction(url: str) -> None:
 
     with LmdbJournal(url + "?durability=nosync") as journal:
         shared_env = journal._env
-        read, write = shared_env.read, shared_env._write_grouped
+        read, write_many = shared_env.read, shared_env._write_many
 
         # Instrumentation only: each transaction's body is run as before, recording where it ran.
         def traced_read(body: Any, operation: str) -> Any:
@@ -134,15 +134,20 @@ def test_hub_tasks_never_switch_inside_a_transaction(url: str) -> None:
 
             return read(run, operation)
 
-        def traced_write(body: Any, operation: str) -> Any:
+        def traced(body: Any) -> Any:
             def run(txn: Any) -> Any:
                 writers.add(threading.get_ident())
                 return body(txn)
 
-            return write(run, operation)
+            return run
+
+        def traced_write(writes: Any) -> None:
+            for queued in writes:
+                queued.body = traced(queued.body)
+            write_many(writes)
 
         shared_env.read = traced_read  # type: ignore[method-assign]
-        shared_env._write_grouped = traced_write  # type: ignore[method-assign]
+        shared_env._write_many = traced_write  # type: ignore[method-assign]
 
         def trace(event: str, _args: object) -> None:
             nonlocal switches

@@ -51,7 +51,7 @@ from mayfly.errors import (
     LimitExceeded,
     MayflyError,
 )
-from mayfly.substrate import HubNotRunning, current_hub, offload
+from mayfly.substrate import Event, HubNotRunning, checkpoint, current_hub, offload
 from mayfly_lmdb._codec import FORMAT
 from mayfly_lmdb._url import LmdbTarget, format_size
 
@@ -104,7 +104,7 @@ def off_hub(fn: Callable[..., _T], *args: object) -> _T:
 class _Write:
     """One queued write: its function, its operation name, and, once its group committed, the outcome."""
 
-    __slots__ = ("body", "done", "error", "operation", "result", "shared", "wake")
+    __slots__ = ("body", "done", "error", "operation", "result", "shared", "waiter")
 
     def __init__(self, body: Callable[[lmdb.Transaction[bytes]], Any], operation: str) -> None:
         self.body = body
@@ -113,9 +113,42 @@ class _Write:
         self.error: BaseException | None = None
         self.shared = False  # the error is the whole group's: raised without the leader's traceback
         self.done = False
-        # Released once to wake the waiting thread: its write is done, or it is to lead the next group.
-        self.wake = threading.Lock()
-        self.wake.acquire()
+        self.waiter: _Waiter | None = None
+
+    def outcome(self) -> Any:
+        """The body's result, or its error raised."""
+        error = self.error
+        if error is not None:
+            # One error object failing a whole group is raised by every waiter: drop the traceback it
+            # collected elsewhere, so tracebacks do not pile up from thread to thread.
+            raise error.with_traceback(None) if self.shared else error
+        return self.result
+
+
+@final
+class _Waiter:
+    """The thread waiting for some queued writes: woken when they are all done, or to lead the next group."""
+
+    __slots__ = ("event", "promoted", "remaining")
+
+    def __init__(self, count: int) -> None:
+        self.event = threading.Event()
+        self.remaining = count
+        self.promoted = False
+
+
+@final
+class _HubBatch:
+    """Writes of one hub's tasks submitted together: one offload carries them all to the group commit."""
+
+    __slots__ = ("event", "finished", "orphaned", "submitted", "writes")
+
+    def __init__(self) -> None:
+        self.writes: list[_Write] = []
+        self.event = Event()  # set on the hub once every write is done (or the batch needs a new owner)
+        self.finished = threading.Event()  # set by the offload thread once every write is done
+        self.submitted = False
+        self.orphaned = False  # its owner task was cancelled: the next member to wake takes it over
 
 
 class LmdbMapFull(LimitExceeded):
@@ -176,6 +209,7 @@ class SharedEnv:
         self._queue = threading.Lock()
         self._pending: list[_Write] = []
         self._leading = False
+        self._hub_open: dict[int, _HubBatch] = {}  # per hub (by id), touched only on that hub's thread
         self.commits = 0
         """Write transactions committed by this process (one per group)."""
         self.writes = 0
@@ -334,47 +368,129 @@ class SharedEnv:
         """Run ``body`` in a write transaction and commit it; grow the map and retry when full.
 
         ``body`` must only call LMDB and plain Python (never park the
-        greenlet), and may run more than once (a full map aborts the group
-        and retries it), so it must not act outside the transaction unless it
-        undoes that itself. If it raises, its writes are discarded and the
-        exception is raised here. The result is returned only after the
-        commit (durable in ``sync`` mode), which other writes of this process
-        may share (see the module docstring). From a hub task the call waits
-        on an offload thread.
+        greenlet, never call :meth:`write`), and may run more than once (a
+        full map aborts the group and retries it), so it must not act outside
+        the transaction unless it undoes that itself. If it raises, its
+        writes are discarded and the exception is raised here. The result is
+        returned only after the commit (durable in ``sync`` mode), which other
+        writes may share (see the module docstring). From a hub task the
+        write joins the hub's open batch and waits on an offload thread.
         """
         if self.readonly:
             raise JournalUnavailable(
                 f"{operation} refused: lmdb environment {self.path} was opened with readonly=true"
             )
-        result: _T = off_hub(self._write_grouped, body, operation)
+        write = _Write(body, operation)
+        try:
+            hub = current_hub()
+        except HubNotRunning:
+            self._write_many([write])
+        else:
+            self._write_on_hub(id(hub), write)
+        result: _T = write.outcome()
         return result
 
-    def _write_grouped(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
-        """Queue the write and wait for the group commit that covers it, leading groups when no one is.
+    # -- hub tasks: one offload per batch of writes --------------------------------------------
 
-        Only the threads concerned are woken: each write of a committed group,
-        and the oldest waiting write's thread when leadership passes to it.
+    def _write_on_hub(self, hub: int, write: _Write) -> None:
+        """Add the write to this hub's open batch (opening one if none is) and park until it is done.
+
+        The task that opens a batch lets every other ready task of the hub run
+        once, so their writes join it, then carries the whole batch to the
+        group commit in one offload: the hub pays one thread hand-off per
+        batch, not per write. If that task is cancelled, a member of the batch
+        takes it over, so no write is left without a task waiting for it.
         """
-        write = _Write(body, operation)
+        batch = self._hub_open.get(hub)
+        if batch is not None:
+            batch.writes.append(write)
+            self._wait_member(hub, batch, write)
+            return
+        batch = _HubBatch()
+        batch.writes.append(write)
+        self._hub_open[hub] = batch
+        try:
+            checkpoint()  # every other ready task of the hub runs once: their writes join the batch
+        except BaseException:
+            self._close(hub, batch)
+            batch.writes.remove(write)  # never submitted: this write is not made
+            if batch.writes:
+                batch.orphaned = True
+                batch.event.set()
+            raise
+        self._close(hub, batch)
+        self._own(batch)
+
+    def _close(self, hub: int, batch: _HubBatch) -> None:
+        if self._hub_open.get(hub) is batch:
+            del self._hub_open[hub]
+
+    def _wait_member(self, hub: int, batch: _HubBatch, write: _Write) -> None:
+        """Park until the owner reports the write done; take over a batch left by a cancelled owner."""
+        while True:
+            try:
+                batch.event.wait()
+            except BaseException:
+                if not batch.submitted and write in batch.writes:
+                    batch.writes.remove(write)  # never submitted: this write is not made
+                raise
+            if write.done:
+                return
+            if batch.orphaned:
+                batch.orphaned = False
+                batch.event = Event()  # the other members wait on the new owner's event
+                self._close(hub, batch)
+                self._own(batch)
+
+    def _own(self, batch: _HubBatch) -> None:
+        """Carry the batch to the group commit (once) and wait for it; wake every member on the hub."""
+        try:
+            if not batch.submitted:
+                batch.submitted = True
+                offload(self._write_batch, batch)
+            else:
+                offload(batch.finished.wait)
+        except BaseException:
+            # Cancelled (the offload runs on): a member still waiting owns the batch from here.
+            if any(not write.done for write in batch.writes):
+                batch.orphaned = True
+            batch.event.set()
+            raise
+        batch.event.set()
+
+    def _write_batch(self, batch: _HubBatch) -> None:
+        try:
+            self._write_many(batch.writes)
+        finally:
+            batch.finished.set()
+
+    # -- the group commit --------------------------------------------------------------------
+
+    def _write_many(self, writes: list[_Write]) -> None:
+        """Queue the writes and wait until the group commits covering them are done, leading when no one is.
+
+        Only the threads concerned are woken: each waiter once all its writes
+        are done, and the oldest waiting write's thread when leadership passes
+        to it.
+        """
+        waiter = _Waiter(len(writes))
+        for write in writes:
+            write.waiter = waiter
         with self._queue:
-            self._pending.append(write)
+            self._pending.extend(writes)
             lead = not self._leading
             self._leading = True
         while True:
             if lead:
-                self._lead(write)
-                break
-            write.wake.acquire()
-            if write.done:
-                break
-            lead = True  # promoted: the previous leader's own write was done before this one
-        error = write.error
-        if error is not None:
-            # One error object failing a whole group is raised by every waiter: drop the traceback it
-            # collected elsewhere, so tracebacks do not pile up from thread to thread.
-            raise error.with_traceback(None) if write.shared else error
-        result: _T = write.result
-        return result
+                self._lead(waiter)
+                return
+            waiter.event.wait()
+            waiter.event.clear()
+            if waiter.remaining == 0:
+                return
+            if waiter.promoted:
+                waiter.promoted = False
+                lead = True  # the previous leader's writes were done before these
 
     def _take(self) -> list[_Write]:
         with self._queue:
@@ -382,10 +498,10 @@ class SharedEnv:
             del self._pending[:_GROUP_LIMIT]
         return group
 
-    def _lead(self, own: _Write) -> None:
-        """Commit queued groups until ``own`` is done, waking each write; then pass leadership on."""
+    def _lead(self, own: _Waiter) -> None:
+        """Commit queued groups until ``own``'s writes are done, waking each waiter; then hand over."""
         try:
-            while not own.done:
+            while own.remaining:
                 group: list[_Write] = []
                 try:
                     self._commit_group(group)
@@ -395,12 +511,18 @@ class SharedEnv:
                 finally:
                     for write in group:
                         write.done = True
-                        if write is not own:
-                            write.wake.release()
+                        waiter = write.waiter
+                        assert waiter is not None
+                        waiter.remaining -= 1
+                        if not waiter.remaining and waiter is not own:
+                            waiter.event.set()
         finally:
             with self._queue:
                 if self._pending:
-                    self._pending[0].wake.release()  # the oldest waiting write's thread leads next
+                    successor = self._pending[0].waiter
+                    assert successor is not None
+                    successor.promoted = True
+                    successor.event.set()  # the oldest waiting write's thread leads next
                 else:
                     self._leading = False
 
