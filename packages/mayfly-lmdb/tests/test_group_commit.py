@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from lmdb_support import Worker, batch, new_id
 
 from mayfly.errors import AppendConflict
 from mayfly.runindex import IndexEntry, IndexStatus
-from mayfly.substrate import Hub, sleep, spawn
+from mayfly.substrate import Hub, TaskCancelled, TaskFailed, sleep, spawn
 from mayfly_lmdb import LmdbJournal
 
 
@@ -122,3 +123,96 @@ def test_many_hub_tasks_appending_at_once_share_commits(tmp_path: Path, durabili
         if durability == "sync":
             # 64 offload threads wait on ~0.1-10 ms syncs one leader at a time: groups form.
             assert shared.commits - commits < 500
+
+
+def test_writes_of_one_hub_turn_travel_in_one_batch(tmp_path: Path) -> None:
+    """Tasks that append in the same turn of the hub share one offload and one commit."""
+    url = f"lmdb://{tmp_path}/env?durability=nosync"
+    with LmdbJournal(url) as journal:
+        shared = journal._env
+        runs = [new_id() for _ in range(30)]
+        journal.append(runs[0], 1, batch(runs[0], 1))  # the environment exists: nothing else writes now
+        commits = shared.commits
+
+        def append(run: str) -> int:
+            first = journal.next_sequence(run)
+            return journal.append(run, first, batch(run, first)).last_sequence
+
+        def main() -> list[int]:
+            tasks = [spawn(append, run) for run in runs]
+            return [task.join() for task in tasks]
+
+        assert Hub().run(main) == [2] + [1] * 29
+        assert shared.commits - commits == 1
+
+
+def test_a_batch_whose_opener_is_cancelled_before_submitting_is_written_without_its_write(
+    tmp_path: Path,
+) -> None:
+    """The opener is cancelled while it waits for the batch to fill: the others' writes commit, its own is not made."""
+    url = f"lmdb://{tmp_path}/env?durability=nosync"
+    with LmdbJournal(url) as journal:
+        opener_run, *member_runs = [new_id() for _ in range(4)]
+        outcome: dict[str, object] = {}
+
+        def append(run: str) -> None:
+            try:
+                outcome[run] = journal.append(run, 1, batch(run, 1)).last_sequence
+            except TaskCancelled:
+                outcome[run] = "cancelled"
+                raise
+
+        def main() -> None:
+            opener = spawn(append, opener_run)
+            members = [spawn(append, run) for run in member_runs]
+            # Runs after the opener opened the batch and the members joined it, before it resumes.
+            spawn(lambda: opener.cancel("test: cancel the opener"))
+            for task in members:
+                task.join()
+            with contextlib.suppress(TaskCancelled, TaskFailed):
+                opener.join()
+
+        Hub().run(main)
+        assert outcome == {opener_run: "cancelled", **{run: 1 for run in member_runs}}
+        assert journal.next_sequence(opener_run) == 1  # never submitted: not made
+        for run in member_runs:
+            assert journal.next_sequence(run) == 2
+
+
+def test_a_batch_whose_owner_is_cancelled_in_flight_still_wakes_its_members(
+    url: str, workers: list[Worker]
+) -> None:
+    """The owner is cancelled while its batch waits for the writer lock: a member takes over, every write commits."""
+    with LmdbJournal(url) as journal:
+        shared = journal._env
+        holder = Worker("write-hold", url=url)
+        workers.append(holder)
+        assert holder.readline().startswith("writing")
+        owner_run, *member_runs = [new_id() for _ in range(4)]
+        outcome: dict[str, object] = {}
+
+        def append(run: str) -> None:
+            try:
+                outcome[run] = journal.append(run, 1, batch(run, 1)).last_sequence
+            except TaskCancelled:
+                outcome[run] = "cancelled"
+                raise
+
+        def main() -> None:
+            owner = spawn(append, owner_run)
+            members = [spawn(append, run) for run in member_runs]
+            while len(shared._pending) < 4:
+                sleep(0.001)  # the batch is in flight, behind the other process's writer lock
+            owner.cancel("test: cancel the owner in flight")
+            with contextlib.suppress(TaskCancelled, TaskFailed):
+                owner.join()
+            assert holder.process.stdin is not None
+            holder.process.stdin.write("release\n")
+            holder.process.stdin.flush()
+            for task in members:
+                task.join()
+
+        Hub(offload_workers=8).run(main)
+        assert outcome == {owner_run: "cancelled", **{run: 1 for run in member_runs}}
+        for run in [owner_run, *member_runs]:
+            assert journal.next_sequence(run) == 2  # submitted before the cancel: committed
