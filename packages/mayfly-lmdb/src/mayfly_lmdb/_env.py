@@ -19,9 +19,16 @@ function queued by then (many runs' appends, lease grants, index writes),
 runs each in a nested transaction of one write transaction — a function
 that raises aborts only its own nested transaction, so it writes nothing —
 and commits them with one sync. Each caller gets its result only after that
-commit. From a hub task the whole wait crosses :func:`mayfly.substrate.offload`
-(ADR-0033: a flush never blocks the hub), so the hub keeps running its other
-tasks and their appends join the next group.
+commit; only the threads whose writes it covered are woken, and leadership
+passes to the oldest waiting write's thread.
+
+From a hub task (ADR-0033: a flush never blocks the hub) a write joins its
+hub's open *batch*: the task that opens one lets every other ready task of
+the hub run once, so that their writes join it, then carries the whole batch
+to the group commit in one :func:`mayfly.substrate.offload` and wakes the
+batch's tasks when it is done. The hub keeps running meanwhile, pays one
+thread hand-off per batch rather than per write, and the next batch forms
+while this one syncs.
 
 Map size. A write that fills the map is aborted (nothing of it is
 committed), the map is grown and the whole transaction is retried; a record
@@ -51,7 +58,7 @@ from mayfly.errors import (
     LimitExceeded,
     MayflyError,
 )
-from mayfly.substrate import Event, HubNotRunning, checkpoint, current_hub, offload
+from mayfly.substrate import Event, Hub, HubNotRunning, checkpoint, current_hub, offload
 from mayfly_lmdb._codec import FORMAT
 from mayfly_lmdb._url import LmdbTarget, format_size
 
@@ -141,9 +148,10 @@ class _Waiter:
 class _HubBatch:
     """Writes of one hub's tasks submitted together: one offload carries them all to the group commit."""
 
-    __slots__ = ("event", "finished", "orphaned", "submitted", "writes")
+    __slots__ = ("event", "finished", "hub", "orphaned", "submitted", "writes")
 
-    def __init__(self) -> None:
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
         self.writes: list[_Write] = []
         self.event = Event()  # set on the hub once every write is done (or the batch needs a new owner)
         self.finished = threading.Event()  # set by the offload thread once every write is done
@@ -209,7 +217,8 @@ class SharedEnv:
         self._queue = threading.Lock()
         self._pending: list[_Write] = []
         self._leading = False
-        self._hub_open: dict[int, _HubBatch] = {}  # per hub (by id), touched only on that hub's thread
+        # The open batch of each hub (by id; the batch names its hub), touched only on that hub's thread.
+        self._hub_open: dict[int, _HubBatch] = {}
         self.commits = 0
         """Write transactions committed by this process (one per group)."""
         self.writes = 0
@@ -386,13 +395,13 @@ class SharedEnv:
         except HubNotRunning:
             self._write_many([write])
         else:
-            self._write_on_hub(id(hub), write)
+            self._write_on_hub(hub, write)
         result: _T = write.outcome()
         return result
 
     # -- hub tasks: one offload per batch of writes --------------------------------------------
 
-    def _write_on_hub(self, hub: int, write: _Write) -> None:
+    def _write_on_hub(self, hub: Hub, write: _Write) -> None:
         """Add the write to this hub's open batch (opening one if none is) and park until it is done.
 
         The task that opens a batch lets every other ready task of the hub run
@@ -401,14 +410,14 @@ class SharedEnv:
         batch, not per write. If that task is cancelled, a member of the batch
         takes it over, so no write is left without a task waiting for it.
         """
-        batch = self._hub_open.get(hub)
-        if batch is not None:
+        batch = self._hub_open.get(id(hub))
+        if batch is not None and batch.hub is hub:
             batch.writes.append(write)
             self._wait_member(hub, batch, write)
             return
-        batch = _HubBatch()
+        batch = _HubBatch(hub)
         batch.writes.append(write)
-        self._hub_open[hub] = batch
+        self._hub_open[id(hub)] = batch
         try:
             checkpoint()  # every other ready task of the hub runs once: their writes join the batch
         except BaseException:
@@ -421,11 +430,11 @@ class SharedEnv:
         self._close(hub, batch)
         self._own(batch)
 
-    def _close(self, hub: int, batch: _HubBatch) -> None:
-        if self._hub_open.get(hub) is batch:
-            del self._hub_open[hub]
+    def _close(self, hub: Hub, batch: _HubBatch) -> None:
+        if self._hub_open.get(id(hub)) is batch:
+            del self._hub_open[id(hub)]
 
-    def _wait_member(self, hub: int, batch: _HubBatch, write: _Write) -> None:
+    def _wait_member(self, hub: Hub, batch: _HubBatch, write: _Write) -> None:
         """Park until the owner reports the write done; take over a batch left by a cancelled owner."""
         while True:
             try:
