@@ -82,6 +82,7 @@ _DATABASES: Final = (
 # environment written before it finds these absent and sees an empty index.
 _OPTIONAL: Final = frozenset({b"index", b"claims", b"timers", b"waits"})
 _GROUP_LIMIT: Final = 512  # the most writes one group commit takes
+_OPEN_ATTEMPTS: Final = 20
 _MAX_READERS: Final = 512
 _MIN_GROWTH: Final = 8 << 20
 _CORRUPT: Final = (
@@ -217,6 +218,8 @@ class SharedEnv:
         self._queue = threading.Lock()
         self._pending: list[_Write] = []
         self._leading = False
+        self.locked_here: dict[bytes, int] = {}
+        """Run key -> token of each lease grant whose file lock a guard of this process holds."""
         # The open batch of each hub (by id; the batch names its hub), touched only on that hub's thread.
         self._hub_open: dict[int, _HubBatch] = {}
         self.commits = 0
@@ -234,19 +237,27 @@ class SharedEnv:
         try:
             if not target.readonly:
                 target.path.mkdir(parents=True, exist_ok=True)
-            self.env = lmdb.open(
-                self.path,
-                map_size=target.map_size,
-                subdir=True,
-                readonly=target.readonly,
-                create=not target.readonly,
-                sync=target.sync,
-                metasync=True,
-                lock=True,
-                max_dbs=len(_DATABASES),
-                max_readers=_MAX_READERS,
-                mode=0o644,
-            )
+            for attempt in range(_OPEN_ATTEMPTS):
+                try:
+                    self.env = lmdb.open(
+                        self.path,
+                        map_size=target.map_size,
+                        subdir=True,
+                        readonly=target.readonly,
+                        create=not target.readonly,
+                        sync=target.sync,
+                        metasync=True,
+                        lock=True,
+                        max_dbs=len(_DATABASES),
+                        max_readers=_MAX_READERS,
+                        mode=0o644,
+                    )
+                    break
+                except lmdb.MapResizedError:
+                    # Another process grew the map between opening and the first transaction; a new
+                    # open reads the grown size from the meta page.
+                    if attempt == _OPEN_ATTEMPTS - 1:
+                        raise
         except lmdb.Error as error:
             raise map_error(error, self.path, "opening the journal") from None
         except OSError as error:

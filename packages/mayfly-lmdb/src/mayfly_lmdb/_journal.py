@@ -473,11 +473,15 @@ class LmdbJournal(JournalBase):
             unlock_all()  # a retried write (the map grew) starts again from nothing
             granted: list[tuple[str, int]] = []
             wall = time.time_ns() // 1_000_000
+            pid = os.getpid()
             for run, _queue in _index.OrderScan(txn, shared, now, names):
                 run_id = _codec.run_text(run)
                 current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
-                if current is not None and not current.locked and current.expires_ms > wall:
-                    continue  # live, and its holder's death could only show at expiry
+                if current is not None and current.expires_ms > wall:
+                    if not current.locked:
+                        continue  # live, and its holder's death could only show at expiry
+                    if current.pid == pid and shared.locked_here.get(run) == current.token:
+                        continue  # a guard of this very process holds its lock: no need to try it
                 fd = try_lock(store.lock_path(run_id), f"{owner} (pid {os.getpid()}, claiming)")
                 outcome = grant_in(txn, shared, run, run_id, owner=owner, ttl_ms=ttl, locked=fd is not None)
                 if isinstance(outcome, _codec.LeaseState):

@@ -122,26 +122,33 @@ class LmdbLeaseGuard(LeaseGuardBase[int | None]):
         return self._grant is not None
 
     def _renew(self, ttl_ms: int) -> None:
+        # The state lock is never held across the store call: that write parks a hub task (offload),
+        # and another task of the same hub may release this guard meanwhile.
         with self._state:
             if self._grant is None:
                 self._grant = try_lock(self._store._lock_path(self.run_id), self._note())
-            try:
-                self._store._renew(self, ttl_ms, locked=self._grant is not None)
-            except LeaseLost:
-                # The run belongs to another grant now: free the file lock for its holder.
-                fd, self._grant = self._grant, None
-                if fd is not None:
-                    os.close(fd)
-                raise
+                if self._grant is not None:
+                    self._store._holding(self, True)
+            locked = self._grant is not None
+        try:
+            self._store._renew(self, ttl_ms, locked=locked)
+        except LeaseLost:
+            # The run belongs to another grant now: free the file lock for its holder.
+            self._drop_lock()
+            raise
 
     def _release(self) -> None:
+        # Drop the file lock first: an acquirer that gets it while this grant (marked as holding
+        # the lock) is still stored takes over at once, and holds the lock itself.
+        self._drop_lock()
+        self._store._release(self)
+
+    def _drop_lock(self) -> None:
         with self._state:
             fd, self._grant = self._grant, None
-        if fd is not None:
-            # Drop the file lock first: an acquirer that gets it while this grant (marked as
-            # holding the lock) is still stored takes over at once, and holds the lock itself.
-            os.close(fd)
-        self._store._release(self)
+            if fd is not None:
+                self._store._holding(self, False)
+                os.close(fd)
 
     def _note(self) -> str:
         return f"{self.owner} (pid {os.getpid()}, token {self.fencing_token})"
@@ -211,6 +218,7 @@ class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
         """
         guard = LmdbLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=fd)
         if fd is not None:
+            self._holding(guard, True)
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, guard._note().encode("ascii", "replace"), 0)
@@ -219,6 +227,17 @@ class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
         with self._held_lock:
             self._held.add(guard)
         return guard
+
+    def _holding(self, guard: LmdbLeaseGuard, held: bool) -> None:
+        """Note that a guard of this process holds (or no longer holds) its run's file lock."""
+        shared = self._shared
+        if shared is None:
+            return
+        run = _codec.run_key(guard.run_id)
+        if held:
+            shared.locked_here[run] = guard.fencing_token
+        elif shared.locked_here.get(run) == guard.fencing_token:
+            del shared.locked_here[run]
 
     def lock_path(self, run_id: str) -> str:
         """The run's lock file, whose exclusive flock a live holder keeps."""
