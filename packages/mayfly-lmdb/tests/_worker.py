@@ -139,6 +139,40 @@ def die_writing(url: str) -> None:
     sys.stdin.readline()
 
 
+def write_hold(url: str) -> None:
+    """Take LMDB's writer lock, report it, hold it until a line arrives on stdin, then give it up."""
+    journal = open_journal(url)
+    txn = journal._env.env.begin(write=True)  # type: ignore[attr-defined]  # an LmdbJournal
+    _say(f"writing {txn.id()}")
+    sys.stdin.readline()
+    txn.abort()
+    _say("released")
+    sys.stdin.readline()
+
+
+def claim(url: str, owner: str, seed: int) -> None:
+    """After a line on stdin, claim runs in small random batches until none is left; print each claim.
+
+    The leases are held (never released) until the parent kills this process.
+    """
+    rng = random.Random(seed)
+    journal = open_journal(url)
+    _say("ready")
+    sys.stdin.readline()
+    held = []
+    empty = 0
+    while empty < 3:
+        guards = journal.claim(  # type: ignore[attr-defined]  # an LmdbJournal
+            owner, limit=rng.randint(1, 5), ttl_ms=600_000, now_ms=int(time.time() * 1000)
+        )
+        empty = 0 if guards else empty + 1
+        for guard in guards:
+            _say(f"claimed {guard.run_id} {guard.fencing_token}")
+        held.extend(guards)
+    _say(f"done {len(held)}")
+    sys.stdin.readline()
+
+
 def main() -> None:
     """Dispatch to the mode named on the command line."""
     modes = {
@@ -148,6 +182,8 @@ def main() -> None:
         "fenced": fenced,
         "read-hold": read_hold,
         "die-writing": die_writing,
+        "write-hold": write_hold,
+        "claim": claim,
     }
     modes[sys.argv[1]](**json.loads(sys.argv[2]))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,20 +110,50 @@ def test_a_readonly_inspector_reads_while_another_process_writes(
 
 
 def test_hub_tasks_never_switch_inside_a_transaction(url: str) -> None:
-    """Many hub tasks append and read concurrently; no greenlet switch happens while a txn is open."""
+    """Many hub tasks append and read concurrently: the hub never switches inside a read, never writes itself."""
     runs = [new_id() for _ in range(5)]
     shared_run = new_id()
     switches_in_txn: list[str] = []
     switches = 0
+    hub_thread = threading.get_ident()
+    inside: list[int] = []
+    writers: set[int] = set()
 
     with LmdbJournal(url + "?durability=nosync") as journal:
         shared_env = journal._env
+        read, write_many = shared_env.read, shared_env._write_many
+
+        # Instrumentation only: each transaction's body is run as before, recording where it ran.
+        def traced_read(body: Any, operation: str) -> Any:
+            def run(txn: Any) -> Any:
+                inside.append(threading.get_ident())
+                try:
+                    return body(txn)
+                finally:
+                    inside.pop()
+
+            return read(run, operation)
+
+        def traced(body: Any) -> Any:
+            def run(txn: Any) -> Any:
+                writers.add(threading.get_ident())
+                return body(txn)
+
+            return run
+
+        def traced_write(writes: Any) -> None:
+            for queued in writes:
+                queued.body = traced(queued.body)
+            write_many(writes)
+
+        shared_env.read = traced_read  # type: ignore[method-assign]
+        shared_env._write_many = traced_write  # type: ignore[method-assign]
 
         def trace(event: str, _args: object) -> None:
             nonlocal switches
-            if event in ("switch", "throw"):
+            if event in ("switch", "throw") and threading.get_ident() == hub_thread:
                 switches += 1
-                if shared_env._active:
+                if hub_thread in inside:
                     switches_in_txn.append(event)
 
         def own(run: str) -> int:
@@ -157,6 +188,7 @@ def test_hub_tasks_never_switch_inside_a_transaction(url: str) -> None:
         assert [r.sequence for r in journal.read(shared_run)] == list(range(1, 61))
     assert switches > 100
     assert switches_in_txn == []
+    assert writers and hub_thread not in writers  # every commit ran on an offload thread
 
 
 def test_fencing_is_checked_in_the_append_transaction(url: str) -> None:

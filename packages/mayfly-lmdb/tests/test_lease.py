@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from lmdb_support import Worker, batch, new_id
 
 from mayfly.model.errors import FencingRejected, InvalidBackendURL, InvalidRecord, LeaseHeld, LeaseLost
+from mayfly.substrate import Hub, spawn
 from mayfly_lmdb import LmdbJournal, LmdbLeaseStore
 
 LONG = 60_000
@@ -265,3 +267,38 @@ def test_chaos_of_killed_lease_holders_loses_and_duplicates_nothing(env_dir: Pat
                 time.sleep(0.05)
         assert guard.fencing_token > 1
         guard.release()
+
+
+def test_a_guard_released_by_one_hub_task_while_another_renews_it_never_stalls_the_hub(url: str) -> None:
+    """Renewal parks its task on an offload thread; a release from another task meanwhile goes through."""
+    run = new_id()
+    outcome: list[str] = []
+
+    def serve() -> None:
+        with LmdbLeaseStore(url) as leases:
+            guard = leases.acquire(run, "owner", LONG)
+
+            def renew() -> None:
+                try:
+                    guard.renew()
+                    outcome.append("renewed")
+                except LeaseLost:
+                    outcome.append("lost")  # the release won the race: also an answer
+
+            def release() -> None:
+                guard.release()
+                outcome.append("released")
+
+            def main() -> None:
+                tasks = [spawn(renew), spawn(release)]
+                for task in tasks:
+                    task.join()
+
+            Hub().run(main)
+            leases.acquire(run, "next", LONG).release()  # the lease is free again
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the hub stalled: a lock was held across a parked renewal"
+    assert sorted(outcome) in (["released", "renewed"], ["lost", "released"])

@@ -19,6 +19,13 @@ Several processes of one host may share the environment: appends of any run
 are compare-and-append inside one LMDB write transaction. Recovery leases
 expire unless renewed, a holder's death is seen at once through a ``flock``
 the OS releases, and fencing tokens are stored in the environment.
+
+Workers (``mayfly worker``) find runs through the run index, which each
+append writes in its own transaction; a claim selects runs and grants their
+leases in one transaction, so no run goes to two workers, and idle workers
+are woken through FIFOs in ``DIR/wakeups``. Writes of many runs share one
+commit and one sync (group commit), and from a hub task they wait on an
+offload thread, so the hub never waits for the disk.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ DISTRIBUTION: Final = "mayfly-lmdb"
 """The installable distribution, named in error messages."""
 
 _SUMMARY: Final = (
-    "LMDB environment journal, durability sync|nosync, map grows on demand, expiring fenced leases"
+    "LMDB environment journal, durability sync|nosync, map grows on demand, expiring fenced leases, "
+    "run index for workers"
 )
 
 
@@ -65,7 +73,7 @@ def describe(url: str) -> str:
     return (
         f"LMDB environment at {target.path}, durability {durability}, map_size "
         f"{format_size(target.map_size)} growing to {format_size(target.max_map_size)}{mode}, "
-        "expiring fenced leases"
+        "expiring fenced leases, run index for workers"
     )
 
 

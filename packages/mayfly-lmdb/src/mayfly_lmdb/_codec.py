@@ -10,6 +10,7 @@ whose byte order equals the text order of canonical lowercase UUIDs)::
     runs       R                      -> b""                     (run listing)
     leases     R                      -> lease value (below)     (current lease grant)
     meta       b"format"              -> FORMAT
+    index, claims, timers, waits                                 (the run index: mayfly_lmdb._index)
 
 Record value: ``0x01 || checksum (32 B) || event id (16 B) || u64be
 schema_version || u8 len || event_type || payload``. Snapshot value:

@@ -11,6 +11,25 @@ it before returning, and that function only calls LMDB. So a hub task can
 never park while it holds LMDB's writer lock, and a second task of the same
 hub can never deadlock waiting for it.
 
+Group commit. A durable commit waits for the disk, and LMDB has one writer
+per environment, so writes committed one by one queue behind one flush at a
+time. :meth:`SharedEnv.write` instead queues its function and the first
+waiting thread becomes the *leader*: it takes LMDB's writer lock, then every
+function queued by then (many runs' appends, lease grants, index writes),
+runs each in a nested transaction of one write transaction — a function
+that raises aborts only its own nested transaction, so it writes nothing —
+and commits them with one sync. Each caller gets its result only after that
+commit; only the threads whose writes it covered are woken, and leadership
+passes to the oldest waiting write's thread.
+
+From a hub task (ADR-0033: a flush never blocks the hub) a write joins its
+hub's open *batch*: the task that opens one lets every other ready task of
+the hub run once, so that their writes join it, then carries the whole batch
+to the group commit in one :func:`mayfly.substrate.offload` and wakes the
+batch's tasks when it is done. The hub keeps running meanwhile, pays one
+thread hand-off per batch rather than per write, and the next batch forms
+while this one syncs.
+
 Map size. A write that fills the map is aborted (nothing of it is
 committed), the map is grown and the whole transaction is retried; a record
 is acknowledged only after the commit that holds it. Growing needs every
@@ -25,7 +44,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Final, TypeVar, final
+from typing import Any, Final, TypeVar, final
 
 import lmdb
 
@@ -39,13 +58,31 @@ from mayfly.errors import (
     LimitExceeded,
     MayflyError,
 )
+from mayfly.substrate import Event, Hub, HubNotRunning, checkpoint, current_hub, offload
 from mayfly_lmdb._codec import FORMAT
 from mayfly_lmdb._url import LmdbTarget, format_size
 
-__all__ = ["LmdbMapFull", "SharedEnv", "acquire_env", "filesystem_type"]
+__all__ = ["LmdbMapFull", "SharedEnv", "acquire_env", "filesystem_type", "off_hub"]
 
 _T = TypeVar("_T")
-_DATABASES: Final = (b"records", b"events", b"heads", b"snapshots", b"runs", b"leases", b"meta")
+_DATABASES: Final = (
+    b"records",
+    b"events",
+    b"heads",
+    b"snapshots",
+    b"runs",
+    b"leases",
+    b"meta",
+    b"index",
+    b"claims",
+    b"timers",
+    b"waits",
+)
+# The run index (mayfly_lmdb._index) came after format 1's first release: a read-only handle on an
+# environment written before it finds these absent and sees an empty index.
+_OPTIONAL: Final = frozenset({b"index", b"claims", b"timers", b"waits"})
+_GROUP_LIMIT: Final = 512  # the most writes one group commit takes
+_OPEN_ATTEMPTS: Final = 20
 _MAX_READERS: Final = 512
 _MIN_GROWTH: Final = 8 << 20
 _CORRUPT: Final = (
@@ -55,6 +92,72 @@ _CORRUPT: Final = (
     lmdb.BadChecksumError,
 )
 _INCOMPATIBLE: Final = (lmdb.VersionMismatchError, lmdb.IncompatibleError, lmdb.InvalidError)
+
+
+def off_hub(fn: Callable[..., _T], *args: object) -> _T:
+    """Run ``fn(*args)``, a call that may wait for the disk or LMDB's writer lock: offloaded from a hub task.
+
+    The calling task parks while an offload thread waits, and the hub runs
+    every other task meanwhile (ADR-0033). Outside a hub (or on an offload
+    thread already) the call runs inline.
+    """
+    try:
+        current_hub()
+    except HubNotRunning:
+        return fn(*args)
+    return offload(fn, *args)
+
+
+@final
+class _Write:
+    """One queued write: its function, its operation name, and, once its group committed, the outcome."""
+
+    __slots__ = ("body", "done", "error", "operation", "result", "shared", "waiter")
+
+    def __init__(self, body: Callable[[lmdb.Transaction[bytes]], Any], operation: str) -> None:
+        self.body = body
+        self.operation = operation
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.shared = False  # the error is the whole group's: raised without the leader's traceback
+        self.done = False
+        self.waiter: _Waiter | None = None
+
+    def outcome(self) -> Any:
+        """The body's result, or its error raised."""
+        error = self.error
+        if error is not None:
+            # One error object failing a whole group is raised by every waiter: drop the traceback it
+            # collected elsewhere, so tracebacks do not pile up from thread to thread.
+            raise error.with_traceback(None) if self.shared else error
+        return self.result
+
+
+@final
+class _Waiter:
+    """The thread waiting for some queued writes: woken when they are all done, or to lead the next group."""
+
+    __slots__ = ("event", "promoted", "remaining")
+
+    def __init__(self, count: int) -> None:
+        self.event = threading.Event()
+        self.remaining = count
+        self.promoted = False
+
+
+@final
+class _HubBatch:
+    """Writes of one hub's tasks submitted together: one offload carries them all to the group commit."""
+
+    __slots__ = ("event", "finished", "hub", "orphaned", "submitted", "writes")
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.writes: list[_Write] = []
+        self.event = Event()  # set on the hub once every write is done (or the batch needs a new owner)
+        self.finished = threading.Event()  # set by the offload thread once every write is done
+        self.submitted = False
+        self.orphaned = False  # its owner task was cancelled: the next member to wake takes it over
 
 
 class LmdbMapFull(LimitExceeded):
@@ -111,6 +214,18 @@ class SharedEnv:
         self._active = 0
         self._resizing = False
         self._generation = 0
+        # Group commit: writes queued for the next leader, and whether a leader is at work.
+        self._queue = threading.Lock()
+        self._pending: list[_Write] = []
+        self._leading = False
+        self.locked_here: dict[bytes, int] = {}
+        """Run key -> token of each lease grant whose file lock a guard of this process holds."""
+        # The open batch of each hub (by id; the batch names its hub), touched only on that hub's thread.
+        self._hub_open: dict[int, _HubBatch] = {}
+        self.commits = 0
+        """Write transactions committed by this process (one per group)."""
+        self.writes = 0
+        """Writes committed by this process (``writes / commits`` is the mean group size)."""
         if target.sync and not target.readonly:
             fstype = filesystem_type(target.path if target.path.exists() else target.path.parent)
             if fstype in VOLATILE_FILESYSTEMS:
@@ -122,19 +237,27 @@ class SharedEnv:
         try:
             if not target.readonly:
                 target.path.mkdir(parents=True, exist_ok=True)
-            self.env = lmdb.open(
-                self.path,
-                map_size=target.map_size,
-                subdir=True,
-                readonly=target.readonly,
-                create=not target.readonly,
-                sync=target.sync,
-                metasync=True,
-                lock=True,
-                max_dbs=len(_DATABASES),
-                max_readers=_MAX_READERS,
-                mode=0o644,
-            )
+            for attempt in range(_OPEN_ATTEMPTS):
+                try:
+                    self.env = lmdb.open(
+                        self.path,
+                        map_size=target.map_size,
+                        subdir=True,
+                        readonly=target.readonly,
+                        create=not target.readonly,
+                        sync=target.sync,
+                        metasync=True,
+                        lock=True,
+                        max_dbs=len(_DATABASES),
+                        max_readers=_MAX_READERS,
+                        mode=0o644,
+                    )
+                    break
+                except lmdb.MapResizedError:
+                    # Another process grew the map between opening and the first transaction; a new
+                    # open reads the grown size from the meta page.
+                    if attempt == _OPEN_ATTEMPTS - 1:
+                        raise
         except lmdb.Error as error:
             raise map_error(error, self.path, "opening the journal") from None
         except OSError as error:
@@ -174,7 +297,8 @@ class SharedEnv:
                 )
             while True:
                 try:
-                    handles = [self.env.open_db(name, create=not readonly) for name in _DATABASES]
+                    handles = [self.env.open_db(name, create=not readonly) for name in _DATABASES[:7]]
+                    optional = [self._open_db(name, readonly, name in names) for name in _DATABASES[7:]]
                     break
                 except lmdb.MapResizedError:
                     # Another process grew the map past the size asked for here: adopt its size.
@@ -186,6 +310,7 @@ class SharedEnv:
         except lmdb.Error as error:
             raise map_error(error, self.path, "opening the journal databases") from None
         (self.records, self.events, self.heads, self.snapshots, self.runs, self.leases, self.meta) = handles
+        self.index, self.claims, self.timers, self.waits = optional
         if readonly:
             stored = self.read(lambda txn: txn.get(b"format", db=self.meta), "reading the format marker")
         else:
@@ -203,6 +328,11 @@ class SharedEnv:
                 f"{self.path} holds format {stored!r}, not {FORMAT.decode()}; use the Mayfly "
                 "release that wrote it"
             )
+
+    def _open_db(self, name: bytes, readonly: bool, present: bool) -> lmdb._Database | None:
+        if readonly and not present and name in _OPTIONAL:
+            return None
+        return self.env.open_db(name, create=not readonly)
 
     # -- the gate: transactions in, resizes alone -------------------------------------------
 
@@ -255,40 +385,254 @@ class SharedEnv:
     # -- transactions ------------------------------------------------------------------------
 
     def write(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
-        """Run ``body`` in one write transaction and commit it; grow the map and retry when full.
+        """Run ``body`` in a write transaction and commit it; grow the map and retry when full.
 
         ``body`` must only call LMDB and plain Python (never park the
-        greenlet). If it raises, the transaction is aborted and nothing is
-        written. The result is returned only after the commit (durable in
-        ``sync`` mode).
+        greenlet, never call :meth:`write`), and may run more than once (a
+        full map aborts the group and retries it), so it must not act outside
+        the transaction unless it undoes that itself. If it raises, its
+        writes are discarded and the exception is raised here. The result is
+        returned only after the commit (durable in ``sync`` mode), which other
+        writes may share (see the module docstring). From a hub task the
+        write joins the hub's open batch and waits on an offload thread.
         """
         if self.readonly:
             raise JournalUnavailable(
                 f"{operation} refused: lmdb environment {self.path} was opened with readonly=true"
             )
+        write = _Write(body, operation)
+        try:
+            hub = current_hub()
+        except HubNotRunning:
+            self._write_many([write])
+        else:
+            self._write_on_hub(hub, write)
+        result: _T = write.outcome()
+        return result
+
+    # -- hub tasks: one offload per batch of writes --------------------------------------------
+
+    def _write_on_hub(self, hub: Hub, write: _Write) -> None:
+        """Add the write to this hub's open batch (opening one if none is) and park until it is done.
+
+        The task that opens a batch lets every other ready task of the hub run
+        once, so their writes join it, then carries the whole batch to the
+        group commit in one offload: the hub pays one thread hand-off per
+        batch, not per write. If that task is cancelled, a member of the batch
+        takes it over, so no write is left without a task waiting for it.
+        """
+        batch = self._hub_open.get(id(hub))
+        if batch is not None and batch.hub is hub:
+            batch.writes.append(write)
+            self._wait_member(hub, batch, write)
+            return
+        batch = _HubBatch(hub)
+        batch.writes.append(write)
+        self._hub_open[id(hub)] = batch
+        try:
+            checkpoint()  # every other ready task of the hub runs once: their writes join the batch
+        except BaseException:
+            self._close(hub, batch)
+            batch.writes.remove(write)  # never submitted: this write is not made
+            if batch.writes:
+                batch.orphaned = True
+                batch.event.set()
+            raise
+        self._close(hub, batch)
+        self._own(batch)
+
+    def _close(self, hub: Hub, batch: _HubBatch) -> None:
+        if self._hub_open.get(id(hub)) is batch:
+            del self._hub_open[id(hub)]
+
+    def _wait_member(self, hub: Hub, batch: _HubBatch, write: _Write) -> None:
+        """Park until the owner reports the write done; take over a batch left by a cancelled owner."""
+        while True:
+            try:
+                batch.event.wait()
+            except BaseException:
+                if not batch.submitted and write in batch.writes:
+                    batch.writes.remove(write)  # never submitted: this write is not made
+                raise
+            if write.done:
+                return
+            if batch.orphaned:
+                batch.orphaned = False
+                batch.event = Event()  # the other members wait on the new owner's event
+                self._close(hub, batch)
+                self._own(batch)
+
+    def _own(self, batch: _HubBatch) -> None:
+        """Carry the batch to the group commit (once) and wait for it; wake every member on the hub."""
+        try:
+            if not batch.submitted:
+                batch.submitted = True
+                offload(self._write_batch, batch)
+            else:
+                offload(batch.finished.wait)
+        except BaseException:
+            # Cancelled (the offload runs on): a member still waiting owns the batch from here.
+            if any(not write.done for write in batch.writes):
+                batch.orphaned = True
+            batch.event.set()
+            raise
+        batch.event.set()
+
+    def _write_batch(self, batch: _HubBatch) -> None:
+        try:
+            self._write_many(batch.writes)
+        finally:
+            batch.finished.set()
+
+    # -- the group commit --------------------------------------------------------------------
+
+    def _write_many(self, writes: list[_Write]) -> None:
+        """Queue the writes and wait until the group commits covering them are done, leading when no one is.
+
+        Only the threads concerned are woken: each waiter once all its writes
+        are done, and the oldest waiting write's thread when leadership passes
+        to it.
+        """
+        waiter = _Waiter(len(writes))
+        for write in writes:
+            write.waiter = waiter
+        with self._queue:
+            self._pending.extend(writes)
+            lead = not self._leading
+            self._leading = True
+        while True:
+            if lead:
+                self._lead(waiter)
+                return
+            waiter.event.wait()
+            waiter.event.clear()
+            if waiter.remaining == 0:
+                return
+            if waiter.promoted:
+                waiter.promoted = False
+                lead = True  # the previous leader's writes were done before these
+
+    def _take(self) -> list[_Write]:
+        with self._queue:
+            group = self._pending[:_GROUP_LIMIT]
+            del self._pending[:_GROUP_LIMIT]
+        return group
+
+    def _lead(self, own: _Waiter) -> None:
+        """Commit queued groups until ``own``'s writes are done, waking each waiter; then hand over."""
+        try:
+            while own.remaining:
+                group: list[_Write] = []
+                try:
+                    self._commit_group(group)
+                except BaseException as error:
+                    # Nothing of the group was committed (the commit is the last step): each write fails.
+                    self._fail(group, error)
+                finally:
+                    for write in group:
+                        write.done = True
+                        waiter = write.waiter
+                        assert waiter is not None
+                        waiter.remaining -= 1
+                        if not waiter.remaining and waiter is not own:
+                            waiter.event.set()
+        finally:
+            with self._queue:
+                if self._pending:
+                    successor = self._pending[0].waiter
+                    assert successor is not None
+                    successor.promoted = True
+                    successor.event.set()  # the oldest waiting write's thread leads next
+                else:
+                    self._leading = False
+
+    def _commit_group(self, group: list[_Write]) -> list[_Write]:
+        """Take LMDB's writer lock, then the queued writes (into ``group``), and commit them as one."""
         while True:
             seen = self._enter()
             try:
                 txn = self.env.begin(write=True)
                 try:
-                    result = body(txn)
+                    # Taken only now: writes queued while this thread waited for the lock join the group.
+                    group.extend(self._take())
+                    if len(group) == 1:
+                        self._run_alone(txn, group[0])
+                    else:
+                        for write in group:
+                            self._run_nested(txn, write)
                     txn.commit()
                 except BaseException:
                     txn.abort()
                     raise
-                return result
+                self.commits += 1
+                self.writes += len(group)
+                return group
             except lmdb.MapFullError:
                 grow: int | None = seen
             except lmdb.MapResizedError:
                 grow = None
             except lmdb.ReadersFullError as error:
-                self._clear_stale_readers(error, operation)
+                try:
+                    self._clear_stale_readers(error, group[0].operation if group else "a write")
+                except MayflyError as failure:
+                    return self._fail(group, failure)
                 continue
             except lmdb.Error as error:
-                raise map_error(error, self.path, operation) from None
+                for write in group:
+                    write.error = map_error(error, self.path, write.operation)
+                return group
+            except _Failed as failed:
+                (write,) = group  # the only write of its group raised: the error is its own
+                write.error = failed.error
+                return group
             finally:
                 self._leave()
-            self._resize(grow, operation)
+            try:
+                self._resize(grow, group[0].operation if group else "a write")
+            except LmdbMapFull as full:
+                for write in group:
+                    write.error = LmdbMapFull(self.path, write.operation, full.observed, full.limit)
+                return group
+            except MayflyError as failure:
+                return self._fail(group, failure)
+
+    @staticmethod
+    def _fail(group: list[_Write], error: BaseException) -> list[_Write]:
+        for write in group:
+            write.error = error
+            write.shared = True
+        return group
+
+    def _run_alone(self, txn: lmdb.Transaction[bytes], write: _Write) -> None:
+        """A group of one runs in the transaction itself: if it raises, the transaction is aborted."""
+        try:
+            write.result = write.body(txn)
+            write.error = None
+        except (lmdb.MapFullError, lmdb.MapResizedError):
+            raise
+        except lmdb.Error as error:
+            raise _Failed(map_error(error, self.path, write.operation)) from None
+        except BaseException as error:
+            raise _Failed(error) from None
+
+    def _run_nested(self, txn: lmdb.Transaction[bytes], write: _Write) -> None:
+        """Run one write of a group in a nested transaction, so that if it raises it writes nothing."""
+        child = self.env.begin(write=True, parent=txn)
+        try:
+            write.result = write.body(child)
+            write.error = None
+        except (lmdb.MapFullError, lmdb.MapResizedError):
+            child.abort()
+            raise
+        except lmdb.Error as error:
+            child.abort()
+            write.error = map_error(error, self.path, write.operation)
+            return
+        except BaseException as error:
+            child.abort()
+            write.error = error
+            return
+        child.commit()
 
     def read(self, body: Callable[[lmdb.Transaction[bytes]], _T], operation: str) -> _T:
         """Run ``body`` in one read-only transaction (a consistent snapshot) and end it.
@@ -361,6 +705,14 @@ class SharedEnv:
     def map_size(self) -> int:
         """The current map size of this process's mapping, in bytes."""
         return self.env.info()["map_size"]
+
+
+class _Failed(Exception):
+    """The only write of a group raised: abort the transaction and report the write's own error."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 _REGISTRY: dict[str, SharedEnv] = {}

@@ -10,8 +10,9 @@ for every process on the host; readers see committed transactions only.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Final, final
 
@@ -20,15 +21,23 @@ import lmdb
 from mayfly.backend import JournalBase
 from mayfly.errors import CorruptionError, InvalidRecord, JournalUnavailable, LeaseHeld
 from mayfly.journal import AppendResult, JournalCapabilities, JournalRecord, SnapshotRecord
-from mayfly_lmdb import _codec
-from mayfly_lmdb._env import SharedEnv, acquire_env, release_env
+from mayfly.lease import RecoveryLeaseGuard, validate_acquire
+from mayfly.runindex import IndexEntry, check_claim
+from mayfly_lmdb import _codec, _index, _wakeups
+from mayfly_lmdb._env import SharedEnv, acquire_env, off_hub, release_env
+from mayfly_lmdb._lease import LmdbLeaseStore, grant_in, now_ms, try_lock
 from mayfly_lmdb._url import parse_url
 
 __all__ = ["LmdbJournal"]
 
 _EMPTY_RUN: Final = b""
 _KEY_LENGTH: Final = 24  # run id (16 bytes) || u64be sequence
-_FEATURES: Final = "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge"
+_FEATURES: Final = (
+    "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge "
+    "run_index run_wakeups"
+)
+_INT64: Final = 1 << 63
+_NIL_RUN: Final = "00000000-0000-0000-0000-000000000000"  # validates a claim's owner and ttl
 
 
 @final
@@ -38,8 +47,9 @@ class LmdbJournal(JournalBase):
     ``DIR`` is created on first use. ``?durability=sync`` (the default)
     acknowledges after LMDB's durable commit, ``nosync`` after the pages are
     handed to the OS. See :mod:`mayfly_lmdb` for every URL option. Declares
-    cross-process, fenced, crash-durable, fault injection, expiring leases
-    and run purging.
+    cross-process, fenced, crash-durable, fault injection, expiring leases,
+    run purging, the run index (written in each append's transaction) and
+    wake-ups for idle workers.
     """
 
     remedy = "restore the LMDB environment from a backup"
@@ -47,7 +57,11 @@ class LmdbJournal(JournalBase):
     def __init__(self, url: str) -> None:
         target = parse_url(url)
         self._readonly = target.readonly
+        self._source = target.url
         self._shared: SharedEnv | None = acquire_env(target)
+        self._wakeups = os.path.join(target.path, "wakeups")
+        self._guard = threading.Lock()
+        self._leases: LmdbLeaseStore | None = None
         super().__init__(
             url=target.url, capabilities=JournalCapabilities.declare(target.durability, _FEATURES)
         )
@@ -84,6 +98,42 @@ class LmdbJournal(JournalBase):
     ) -> AppendResult:
         operation = f"append to run {run_id}"
         shared = self._writable(operation)
+        result, _ = shared.write(self._append_body(run_id, expected_next, batch, fence, None), operation)
+        return result
+
+    def _append_indexed(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry],
+    ) -> AppendResult:
+        operation = f"append to run {run_id}"
+        shared = self._writable(operation)
+        result, claimable = shared.write(
+            self._append_body(run_id, expected_next, batch, fence, entry), operation
+        )
+        if claimable:
+            self.notify_wakeups()
+        return result
+
+    def _append_body(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry] | None,
+    ) -> Callable[[lmdb.Transaction[bytes]], tuple[AppendResult, bool]]:
+        """The write of one append: compare, fence, records, head and (with ``entry``) the run's index entry.
+
+        Answers the result and whether the run is claimable now with no live
+        lease (idle workers are then told). ``entry()`` is called once the
+        batch can no longer be refused, and only once, though a full map
+        makes LMDB run the write again.
+        """
+        shared = self._env
         run = _codec.run_key(run_id)
         events_of = [_codec.uuid_bytes(record.event_id) for record in batch]
         values = [
@@ -91,12 +141,13 @@ class LmdbJournal(JournalBase):
             for event, record in zip(events_of, batch, strict=True)
         ]
         heads, events, stored, runs = shared.heads, shared.events, shared.records, shared.runs
+        computed: list[IndexEntry] = []
 
-        def body(txn: lmdb.Transaction[bytes]) -> AppendResult:
+        def body(txn: lmdb.Transaction[bytes]) -> tuple[AppendResult, bool]:
             next_sequence, current = _codec.decode_head(txn.get(run, db=heads), run_id)
             self.check_fence(run_id, fence, current)
             if expected_next != next_sequence:
-                return self._replayed(
+                replayed = self._replayed(
                     txn=txn,
                     run_id=run_id,
                     run=run,
@@ -104,6 +155,7 @@ class LmdbJournal(JournalBase):
                     actual_next=next_sequence,
                     expected_next=expected_next,
                 )
+                return replayed, False
             sequence = expected_next
             for event, value in values:
                 index = _codec.sequence_bytes(sequence)
@@ -123,9 +175,28 @@ class LmdbJournal(JournalBase):
             txn.put(run, _codec.encode_head(sequence, current), db=heads)
             if next_sequence == 1:
                 txn.put(run, _EMPTY_RUN, db=runs)
-            return AppendResult(run_id=run_id, last_sequence=sequence - 1, records=batch)
+            claimable = False
+            if entry is not None:
+                # Every check passed: the batch commits with this entry (or not at all).
+                if not computed:
+                    computed.append(_index.check_entry(entry()))
+                stored_entry = _index.put_entry(txn, shared, computed[0])
+                claimable = self._claimable_now(txn, run, run_id, stored_entry)
+            return AppendResult(run_id=run_id, last_sequence=sequence - 1, records=batch), claimable
 
-        return shared.write(body, operation)
+        return body
+
+    def _claimable_now(
+        self, txn: lmdb.Transaction[bytes], run: bytes, run_id: str, entry: IndexEntry | None
+    ) -> bool:
+        """Whether a worker could claim the run at once: claimable by the wall clock, and no live lease."""
+        if entry is None:
+            return False
+        now = now_ms()
+        if not _index.claimable_at(entry, now):
+            return False
+        grant = _codec.decode_lease(txn.get(run, db=self._env.leases), run_id)
+        return grant is None or grant.expires_ms <= now
 
     def _replayed(
         self,
@@ -276,6 +347,7 @@ class LmdbJournal(JournalBase):
             removed = prefixed(txn, shared.records) + prefixed(txn, shared.events)
             removed += txn.delete(run, db=shared.snapshots) + txn.delete(run, db=shared.runs)
             txn.delete(run, db=shared.leases)
+            _index.remove_entry(txn, shared, run, run_id)
             if next_sequence != 1:
                 txn.put(run, _codec.encode_head(1, fence), db=shared.heads)
             return bool(removed) or next_sequence != 1
@@ -349,10 +421,174 @@ class LmdbJournal(JournalBase):
 
         shared.write(body, f"fault injection on run {run_id}")
 
+    # -- the run index (mayfly.runindex) -----------------------------------------------------
+
+    def _lease_store(self) -> LmdbLeaseStore:
+        """The store whose guards claims return, opened on first claim and closed with the journal."""
+        with self._guard:
+            if self._leases is None:
+                self._leases = LmdbLeaseStore(self._source)
+            return self._leases
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: Sequence[str] | None = None,
+    ) -> list[RecoveryLeaseGuard]:
+        """Lease up to ``limit`` root runs claimable at ``now_ms`` to ``owner`` in claim order, atomically.
+
+        One write transaction scans the claim order (priority descending,
+        then ``ready_at``, absent last, then run id), skips runs whose lease
+        is live, and grants each chosen run's lease (a new fencing token, the
+        owner, the expiry) exactly as ``LmdbLeaseStore.acquire`` does, taking
+        the run's file lock where it is free. LMDB's single writer makes the
+        selection and the grants atomic across processes: no run is handed to
+        two claimants. The commit is durable before the guards are returned
+        (from a hub task it waits on an offload thread).
+        """
+        limit, names = check_claim(limit, queues)
+        _, owner, ttl = validate_acquire(_NIL_RUN, owner, ttl_ms)
+        if isinstance(now_ms, bool) or not isinstance(now_ms, int):
+            raise InvalidRecord(f"claim now_ms must be an int (wall-clock ms), got {now_ms!r:.40}")
+        now = max(-_INT64, min(now_ms, _INT64 - 1))
+        operation = "claim of runs"
+        shared = self._writable(operation)
+        self.ensure_open(operation)
+        if shared.claims is None:
+            return []
+        store = self._lease_store()
+        locks: dict[bytes, int | None] = {}
+
+        def unlock_all() -> None:
+            for fd in locks.values():
+                if fd is not None:
+                    os.close(fd)
+            locks.clear()
+
+        def body(txn: lmdb.Transaction[bytes]) -> list[tuple[str, int]]:
+            unlock_all()  # a retried write (the map grew) starts again from nothing
+            granted: list[tuple[str, int]] = []
+            wall = time.time_ns() // 1_000_000
+            pid = os.getpid()
+            for run, _queue in _index.OrderScan(txn, shared, now, names):
+                run_id = _codec.run_text(run)
+                current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
+                if current is not None and current.expires_ms > wall:
+                    if not current.locked:
+                        continue  # live, and its holder's death could only show at expiry
+                    if current.pid == pid and shared.locked_here.get(run) == current.token:
+                        continue  # a guard of this very process holds its lock: no need to try it
+                fd = try_lock(store.lock_path(run_id), f"{owner} (pid {os.getpid()}, claiming)")
+                outcome = grant_in(txn, shared, run, run_id, owner=owner, ttl_ms=ttl, locked=fd is not None)
+                if isinstance(outcome, _codec.LeaseState):
+                    if fd is not None:
+                        os.close(fd)
+                    continue
+                locks[run] = fd
+                granted.append((run_id, outcome))
+                if len(granted) == limit:
+                    break
+            # The scan is done: now the claim orders may change (a claim clears the runs' wake).
+            for run_id, _token in granted:
+                _index.clear_wake(txn, shared, _codec.run_key(run_id), run_id)
+            return granted
+
+        try:
+            granted = shared.write(body, operation)
+            if granted and not shared.sync:
+                off_hub(shared.flush, operation)  # tokens never go backwards, even after a host crash
+        except BaseException:
+            unlock_all()
+            raise
+        guards: list[RecoveryLeaseGuard] = [
+            store.adopt(run_id, owner, ttl, token, locks.pop(_codec.run_key(run_id), None))
+            for run_id, token in granted
+        ]
+        return guards
+
+    def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
+        """The earliest ``ready_at_ms`` after ``now_ms`` of a waiting root run (one range read)."""
+        _, names = check_claim(1, queues)
+        if isinstance(now_ms, bool) or not isinstance(now_ms, int):
+            raise InvalidRecord(f"next_wake now_ms must be an int (wall-clock ms), got {now_ms!r:.40}")
+        self.ensure_open("next wake")
+        shared = self._env
+        return shared.read(
+            lambda txn: _index.next_wake(txn, shared, now_ms, names), "next wake of the run index"
+        )
+
+    def index_get(self, run_id: str) -> IndexEntry | None:
+        """The run's index entry, or ``None``."""
+        run_id = self.open_run(run_id, "index read")
+        shared = self._env
+        run = _codec.run_key(run_id)
+        return shared.read(
+            lambda txn: _index.get_entry(txn, shared, run, run_id), f"index read of run {run_id}"
+        )
+
+    def index_put(self, entries: Sequence[IndexEntry]) -> None:
+        """Store entries in one transaction; a lower sequence never replaces one, a stored wake is kept."""
+        if not isinstance(entries, Sequence):
+            raise InvalidRecord(
+                f"index_put takes a sequence of IndexEntry values, got {type(entries).__name__}"
+            )
+        checked = [_index.check_entry(entry) for entry in entries]
+        operation = "index write"
+        shared = self._writable(operation)
+        self.ensure_open(operation)
+        if not checked:
+            return
+
+        def body(txn: lmdb.Transaction[bytes]) -> bool:
+            claimable = False
+            for entry in checked:
+                stored = _index.put_entry(txn, shared, entry)
+                run = _codec.run_key(entry.run_id)
+                claimable = self._claimable_now(txn, run, entry.run_id, stored) or claimable
+            return claimable
+
+        if shared.write(body, operation):
+            self.notify_wakeups()
+
+    def index_wake(self, run_id: str) -> bool:
+        """Set the run's ``wake`` so a worker claims it; ``False`` if it has no entry or has ended."""
+        run_id = self.open_run(run_id, "index wake")
+        operation = f"index wake of run {run_id}"
+        shared = self._writable(operation)
+        run = _codec.run_key(run_id)
+
+        def body(txn: lmdb.Transaction[bytes]) -> tuple[bool, bool]:
+            entry = _index.wake(txn, shared, run_id)
+            return entry is not None, self._claimable_now(txn, run, run_id, entry)
+
+        woken, claimable = shared.write(body, operation)
+        if claimable:
+            self.notify_wakeups()
+        return woken
+
+    def listen_wakeups(self) -> _wakeups.WakeupListener:
+        """A FIFO in ``DIR/wakeups`` that is readable when a run became claimable now (see ``_wakeups``)."""
+        self.ensure_open("listening for wake-ups")
+        return _wakeups.WakeupListener(self._wakeups)
+
+    def notify_wakeups(self) -> None:
+        """Write a wake-up into every listening worker's FIFO (never blocks: the FIFOs are non-blocking)."""
+        _wakeups.notify_wakeups(self._wakeups)
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def _close(self) -> None:
-        """Release this journal's share of the environment."""
-        shared, self._shared = self._shared, None
-        if shared is not None:
-            release_env(shared)
+        """Release the claimed leases still held, then this journal's share of the environment."""
+        with self._guard:
+            leases, self._leases = self._leases, None
+        try:
+            if leases is not None:
+                leases.close()
+        finally:
+            shared, self._shared = self._shared, None
+            if shared is not None:
+                release_env(shared)

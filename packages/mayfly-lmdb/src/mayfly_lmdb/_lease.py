@@ -35,20 +35,51 @@ import lmdb
 from mayfly.backend import LeaseGuardBase, LeaseStoreBase
 from mayfly.errors import JournalUnavailable, LeaseHeld, LeaseLost
 from mayfly_lmdb import _codec
-from mayfly_lmdb._env import SharedEnv, acquire_env, release_env
+from mayfly_lmdb._env import SharedEnv, acquire_env, off_hub, release_env
 from mayfly_lmdb._url import parse_url
 
-__all__ = ["LmdbLeaseGuard", "LmdbLeaseStore"]
+__all__ = ["LmdbLeaseGuard", "LmdbLeaseStore", "grant_in", "now_ms", "try_lock"]
 
 _NOTE_LIMIT: Final = 512
 
 
-def _now_ms() -> int:
-    # Wall-clock milliseconds: expiries are compared across processes of one host.
+def now_ms() -> int:
+    """Wall-clock milliseconds: expiries are compared across processes of one host."""
     return time.time_ns() // 1_000_000
 
 
-def _try_lock(path: str, note: str) -> int | None:
+def grant_in(
+    txn: lmdb.Transaction[bytes],
+    shared: SharedEnv,
+    run: bytes,
+    run_id: str,
+    *,
+    owner: str,
+    ttl_ms: int,
+    locked: bool,
+) -> int | _codec.LeaseState:
+    """Grant the run's lease inside ``txn`` with a new, higher token; the live grant in the way, if any.
+
+    The lease is free when no grant is stored, the stored one expired, or its
+    holder held the run's file lock and this caller holds it now (``locked``):
+    the holder is gone. The new token is written to the run's head, which
+    every append checks in its own transaction.
+    """
+    now = now_ms()
+    current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
+    if current is not None and not (current.locked and locked) and current.expires_ms > now:
+        return current
+    next_sequence, fence = _codec.decode_head(txn.get(run, db=shared.heads), run_id)
+    token = fence + 1
+    txn.put(run, _codec.encode_head(next_sequence, token), db=shared.heads)
+    grant = _codec.LeaseState(
+        token=token, expires_ms=now + ttl_ms, locked=locked, pid=os.getpid(), owner=owner
+    )
+    txn.put(run, _codec.encode_lease(grant), db=shared.leases)
+    return token
+
+
+def try_lock(path: str, note: str) -> int | None:
     """Open ``path`` and take its exclusive flock without waiting; the descriptor, or None if held."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -91,26 +122,33 @@ class LmdbLeaseGuard(LeaseGuardBase[int | None]):
         return self._grant is not None
 
     def _renew(self, ttl_ms: int) -> None:
+        # The state lock is never held across the store call: that write parks a hub task (offload),
+        # and another task of the same hub may release this guard meanwhile.
         with self._state:
             if self._grant is None:
-                self._grant = _try_lock(self._store._lock_path(self.run_id), self._note())
-            try:
-                self._store._renew(self, ttl_ms, locked=self._grant is not None)
-            except LeaseLost:
-                # The run belongs to another grant now: free the file lock for its holder.
-                fd, self._grant = self._grant, None
-                if fd is not None:
-                    os.close(fd)
-                raise
+                self._grant = try_lock(self._store._lock_path(self.run_id), self._note())
+                if self._grant is not None:
+                    self._store._holding(self, True)
+            locked = self._grant is not None
+        try:
+            self._store._renew(self, ttl_ms, locked=locked)
+        except LeaseLost:
+            # The run belongs to another grant now: free the file lock for its holder.
+            self._drop_lock()
+            raise
 
     def _release(self) -> None:
+        # Drop the file lock first: an acquirer that gets it while this grant (marked as holding
+        # the lock) is still stored takes over at once, and holds the lock itself.
+        self._drop_lock()
+        self._store._release(self)
+
+    def _drop_lock(self) -> None:
         with self._state:
             fd, self._grant = self._grant, None
-        if fd is not None:
-            # Drop the file lock first: an acquirer that gets it while this grant (marked as
-            # holding the lock) is still stored takes over at once, and holds the lock itself.
-            os.close(fd)
-        self._store._release(self)
+            if fd is not None:
+                self._store._holding(self, False)
+                os.close(fd)
 
     def _note(self) -> str:
         return f"{self.owner} (pid {os.getpid()}, token {self.fencing_token})"
@@ -151,43 +189,59 @@ class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
         died while holding the run's file lock; acquiring never waits.
         """
         shared = self._env
-        fd = _try_lock(self._lock_path(run_id), f"{owner} (pid {os.getpid()}, acquiring)")
+        fd = try_lock(self._lock_path(run_id), f"{owner} (pid {os.getpid()}, acquiring)")
         locked = fd is not None
         run = _codec.run_key(run_id)
 
         def body(txn: lmdb.Transaction[bytes]) -> int | _codec.LeaseState:
-            now = _now_ms()
-            current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
-            # A holder that held the file lock, whose lock this acquirer now holds, is gone.
-            if current is not None and not (current.locked and locked) and current.expires_ms > now:
-                return current
-            next_sequence, fence = _codec.decode_head(txn.get(run, db=shared.heads), run_id)
-            token = fence + 1
-            txn.put(run, _codec.encode_head(next_sequence, token), db=shared.heads)
-            grant = _codec.LeaseState(
-                token=token, expires_ms=now + ttl_ms, locked=locked, pid=os.getpid(), owner=owner
-            )
-            txn.put(run, _codec.encode_lease(grant), db=shared.leases)
-            return token
+            return grant_in(txn, shared, run, run_id, owner=owner, ttl_ms=ttl_ms, locked=locked)
 
+        operation = f"lease grant of run {run_id}"
         try:
-            outcome = shared.write(body, f"lease grant of run {run_id}")
+            outcome = shared.write(body, operation)
             if isinstance(outcome, _codec.LeaseState):
                 raise LeaseHeld(run_id, f"{outcome.owner} (pid {outcome.pid}, token {outcome.token})")
             if not shared.sync:
-                shared.flush(f"lease grant of run {run_id}")
+                off_hub(shared.flush, operation)
         except BaseException:
             if fd is not None:
                 os.close(fd)
             raise
-        guard = LmdbLeaseGuard(self, run_id, owner, token=outcome, ttl_ms=ttl_ms, grant=fd)
+        return self.adopt(run_id, owner, ttl_ms, outcome, fd)
+
+    def adopt(self, run_id: str, owner: str, ttl_ms: int, token: int, fd: int | None) -> LmdbLeaseGuard:
+        """The guard of a grant committed with ``token`` (its file lock ``fd``), held by this store.
+
+        ``acquire`` and the journal's claims build their guards here, so a
+        claimed run's guard renews, releases and is released on ``close``
+        like an acquired one.
+        """
+        guard = LmdbLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=fd)
         if fd is not None:
+            self._holding(guard, True)
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, guard._note().encode("ascii", "replace"), 0)
             except OSError:
                 pass  # the note is for operators only
+        with self._held_lock:
+            self._held.add(guard)
         return guard
+
+    def _holding(self, guard: LmdbLeaseGuard, held: bool) -> None:
+        """Note that a guard of this process holds (or no longer holds) its run's file lock."""
+        shared = self._shared
+        if shared is None:
+            return
+        run = _codec.run_key(guard.run_id)
+        if held:
+            shared.locked_here[run] = guard.fencing_token
+        elif shared.locked_here.get(run) == guard.fencing_token:
+            del shared.locked_here[run]
+
+    def lock_path(self, run_id: str) -> str:
+        """The run's lock file, whose exclusive flock a live holder keeps."""
+        return self._lock_path(run_id)
 
     def _renew(self, guard: LmdbLeaseGuard, ttl_ms: int, *, locked: bool) -> None:
         """Extend ``guard``'s grant if it is still the run's current one, else raise LeaseLost."""
@@ -202,7 +256,7 @@ class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
                 raise guard.lost(f"expired and was taken over{taker}")
             renewed = _codec.LeaseState(
                 token=current.token,
-                expires_ms=_now_ms() + ttl_ms,
+                expires_ms=now_ms() + ttl_ms,
                 locked=locked,
                 pid=os.getpid(),
                 owner=current.owner,
