@@ -35,7 +35,7 @@ from typing import Final
 import lmdb
 
 from mayfly.errors import CorruptionError, InvalidRecord
-from mayfly.model.ids import QUEUE_NAME, is_uuid
+from mayfly.ids import QUEUE_NAME, is_uuid
 from mayfly.runindex import IndexEntry, IndexStatus
 from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv

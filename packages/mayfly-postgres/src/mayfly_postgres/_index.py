@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 from mayfly.errors import CorruptionError, InvalidRecord, JournalUnavailable
-from mayfly.model.ids import QUEUE_NAME, parse_run_id
+from mayfly.ids import QUEUE_NAME, parse_run_id
 from mayfly.runindex import IndexEntry, IndexStatus
 from mayfly.substrate import offload
 from mayfly_postgres._pool import first_line, in_hub_task, pause, unavailable

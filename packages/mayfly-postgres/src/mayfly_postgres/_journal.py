@@ -260,12 +260,20 @@ class _Statements:
             "RETURNING 1), "
             "unsnapped AS (DELETE FROM {snapshots} WHERE run_id = %(run)s::uuid "
             "AND NOT EXISTS (SELECT FROM held) RETURNING 1), "
+            "unindexed AS (DELETE FROM {run_index} WHERE run_id = %(run)s::uuid "
+            "AND NOT EXISTS (SELECT FROM held)), "
             "reset AS (UPDATE {runs} SET next_sequence = 1, workflow_id = NULL, status = NULL "
             "WHERE run_id = %(run)s::uuid AND next_sequence > 1 AND NOT EXISTS (SELECT FROM held) "
             "RETURNING 1) "
             "SELECT (SELECT owner FROM held LIMIT 1), (SELECT count(*) FROM gone) + "
             "(SELECT count(*) FROM unsnapped) + (SELECT count(*) FROM reset)"
-        ).format(runs=runs, records=records, snapshots=snapshots, leases=store.table("leases"))
+        ).format(
+            runs=runs,
+            records=records,
+            snapshots=snapshots,
+            leases=store.table("leases"),
+            run_index=store.table("run_index"),
+        )
         self.summaries = sql.SQL(
             "SELECT run_id::text AS id, workflow_id, status, next_sequence - 1, created_at, updated_at "
             "FROM {runs} WHERE next_sequence > 1 {filters} ORDER BY updated_at DESC, run_id LIMIT %s::bigint"

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from mayfly.errors import CorruptionError, InvalidRecord
-from mayfly.model.ids import QUEUE_NAME, parse_run_id
+from mayfly.ids import QUEUE_NAME, parse_run_id
 from mayfly.runindex import IndexEntry, IndexStatus
 
 __all__ = ["bound", "decode_entry", "entry_fields", "member"]

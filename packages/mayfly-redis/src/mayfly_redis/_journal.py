@@ -33,6 +33,7 @@ from mayfly.errors import (
     InvalidRecord,
     LeaseHeld,
 )
+from mayfly.ids import parse_run_id
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -43,7 +44,6 @@ from mayfly.journal import (
     WorkflowJournal,
 )
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
-from mayfly.model.ids import parse_run_id
 from mayfly.runindex import IndexEntry, check_claim
 from mayfly_redis import _index, _scripts
 from mayfly_redis._client import RedisStore, open_store, relayed_store

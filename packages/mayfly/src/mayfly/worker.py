@@ -103,7 +103,8 @@ class Worker:
         if not keeps_run_index(self.runtime.journal):
             raise WorkerUnsupported(
                 f"journal {self.runtime.journal.url} keeps no run index, so a worker cannot find its runs; "
-                "use a backend that declares the run_index feature (file, lmdb, redis, postgresql)"
+                "use a backend that declares the run_index feature (file, lmdb, postgresql, "
+                "or redis on a standalone server)"
             )
         self.index: RunIndexJournal = self.runtime.journal
         self.concurrency = concurrency

@@ -59,6 +59,7 @@ from mayfly.backend import (
     parse_backend_url,
 )
 from mayfly.errors import DurabilityUnavailable, InvalidRecord, JournalUnavailable, LeaseHeld
+from mayfly.ids import parse_run_id
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -67,7 +68,6 @@ from mayfly.journal import (
     SnapshotRecord,
 )
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
-from mayfly.model.ids import parse_run_id
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 
 __all__ = [
