@@ -209,11 +209,12 @@ def test_watch_of_a_run_nobody_drives_gives_up_at_its_timeout(tmp_path: Path) ->
 
 
 def test_a_parked_run_is_waiting_in_inspect_and_resume_too(tmp_path: Path) -> None:
-    """`runs`, `result`, `inspect` and `resume` all call a run parked on a signal `waiting`."""
+    """`runs`, `result`, `inspect`, `replay` and `resume` all call a run parked on a signal `waiting`."""
     run_id = parked_demo(tmp_path)
     assert re.search(rf"{run_id}\s+\S+\s+waiting", run(tmp_path, "runs").stdout)
     assert f"run {run_id}: waiting" in run(tmp_path, "result", run_id, code=6).stdout
     assert re.search(r"^status\s+waiting ", run(tmp_path, "inspect", run_id).stdout, re.M)
+    assert "; status waiting; snapshot agrees" in run(tmp_path, "replay", run_id).stdout
     resumed = run(tmp_path, "resume", run_id, "--handlers", "mayfly.demo", code=6)
     assert f"run {run_id}: waiting" in resumed.stdout and ": running" not in resumed.stdout
 

@@ -24,6 +24,7 @@ from mayfly.cli._support import (
     resolve_run,
     result_code,
     signal_id_argument,
+    status_word,
     timeline_line,
 )
 from mayfly.identity import Uuid7IdSource
@@ -205,7 +206,7 @@ def cmd_replay(ctx: Context) -> int:
     else:
         ctx.out.write(
             f"run {run_id}: replayed {full.records_reduced} events in {elapsed * 1000:.1f} ms; "
-            f"status {full.state.status.value}; snapshot {'agrees' if same else 'DISAGREES'} "
+            f"status {status_word(full.state)}; snapshot {'agrees' if same else 'DISAGREES'} "
             f"(inspection used {cached.source})\n"
         )
         for diagnostic in cached.diagnostics:

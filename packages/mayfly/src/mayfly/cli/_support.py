@@ -442,6 +442,13 @@ def result_code(result: RunResult) -> int:
     return EXIT["waiting"]
 
 
+def status_word(state: RunState) -> str:
+    """The run's status as every command words it: ``waiting`` for a running run parked on a signal."""
+    if not state.status.is_terminal and any(node.wait is not None for node in state.nodes):
+        return "waiting"
+    return state.status.value
+
+
 def print_result(ctx: Context, result: RunResult) -> None:
     """Print a run's result: JSON with ``--json``, else one line per node and per wait."""
     if ctx.args.json:
