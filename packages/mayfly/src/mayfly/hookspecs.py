@@ -63,12 +63,16 @@ class BackendDescriptor:
     lease store (for ``mayfly_lease_backends``). ``describe(url)``, when given,
     returns one line for ``mayfly backends`` (e.g. the durability it meets).
     ``distribution`` is the installable name, used in error messages.
+    ``exists(url)``, when given, says without creating anything whether a
+    store is already at ``url``, so read-only commands can refuse a mistyped
+    URL instead of opening (and creating) an empty store there.
     """
 
     schemes: tuple[str, ...]
     distribution: str
     open: Callable[[str], object]
     describe: Callable[[str], str] | None = None
+    exists: Callable[[str], bool] | None = None
 
 
 @hookspec(firstresult=False)

@@ -318,6 +318,11 @@ class PluginManager:
             )
         return journal
 
+    def journal_exists(self, url: str) -> bool | None:
+        """Whether a journal is already at ``url`` (``None``: its backend cannot tell); creates nothing."""
+        exists = self._resolve(_JOURNAL, url).exists
+        return None if exists is None else bool(exists(url))
+
     def open_leases(self, url: str) -> RecoveryLeaseStore:
         """Open the recovery-lease store at ``url`` through the backend serving its scheme."""
         descriptor = self._resolve(_LEASE, url)

@@ -33,6 +33,15 @@ def mayfly(tmp_path: Path, *args: str, check: int | None = 0) -> subprocess.Comp
     return result
 
 
+def command_arguments(printed: str) -> list[str]:
+    """The arguments after the program in a command line the CLI printed (`mayfly ...` or `PYTHON -m mayfly ...`)."""
+    words = shlex.split(printed)
+    if words[0] == "mayfly" or Path(words[0]).name == "mayfly":
+        return words[1:]
+    assert words[1:3] == ["-m", "mayfly"], printed
+    return words[3:]
+
+
 def test_demo_with_auto_approve_succeeds_and_shows_the_timeline(tmp_path: Path) -> None:
     """`mayfly demo --auto-approve` runs every stage and ends with a succeeded inspection."""
     result = mayfly(tmp_path, "demo", "--auto-approve")
@@ -70,12 +79,12 @@ def test_crash_resume_signal_resume_and_inspect(tmp_path: Path) -> None:
     # The demo is not a plugin: a resume that names no handlers module is refused, writing nothing.
     refused = mayfly(tmp_path, "resume", run_id, check=2)
     assert "demo.review@1 -> node review" in refused.stderr and "nothing was written" in refused.stderr
-    printed = re.search(r"continue afterwards with:\n  (mayfly [^\n]+)", crashed.stdout)
+    printed = re.search(r"continue afterwards with:\n  ([^\n]+)", crashed.stdout)
     assert printed is not None and printed.group(1).endswith(f" resume {run_id} --handlers mayfly.demo")
-    resumed = mayfly(tmp_path, *shlex.split(printed.group(1))[1:], check=6)
+    resumed = mayfly(tmp_path, *command_arguments(printed.group(1)), check=6)
     assert "re-invoking review attempt 1 under its original id" in resumed.stdout
     token = re.search(r"--token (\S+)", resumed.stderr).group(1)  # type: ignore[union-attr]
-    then = re.search(r"then continue it with:\n  (mayfly [^\n]+)", resumed.stderr)
+    then = re.search(r"then continue it with:\n  ([^\n]+)", resumed.stderr)
     assert then is not None and then.group(1) == printed.group(1)
 
     rejected = mayfly(
@@ -110,7 +119,7 @@ def test_crash_resume_signal_resume_and_inspect(tmp_path: Path) -> None:
     )
     assert "already_consumed" in again.stdout
 
-    finished = mayfly(tmp_path, *shlex.split(then.group(1))[1:])
+    finished = mayfly(tmp_path, *command_arguments(then.group(1)))
     assert "run succeeded" in finished.stdout
 
     inspection = mayfly(tmp_path, "--json", "inspect", run_id).stdout
@@ -176,13 +185,14 @@ def test_cancel_a_parked_run(tmp_path: Path) -> None:
 
 def test_user_errors_are_one_line_with_documented_exit_codes(tmp_path: Path) -> None:
     """Bad ids, missing runs, owned runs and unknown backends give one line and their exit code."""
-    bad = mayfly(tmp_path, "inspect", "nope", check=2)
-    missing = mayfly(tmp_path, "inspect", "01a22ba1-0000-7000-8000-000000000001", check=3)
+    no_journal = mayfly(tmp_path, "inspect", "01a22ba1-0000-7000-8000-000000000001", check=5)
     scheme = mayfly(tmp_path, "--journal", "nosuch://x", "runs", check=2)
-    for result in (bad, missing, scheme):
-        assert result.stderr.count("\n") == 1 and result.stderr.startswith("mayfly: error: ")
     parked = mayfly(tmp_path, "demo", check=6)
     run_id = RUN_ID.search(parked.stdout).group(1)  # type: ignore[union-attr]
+    bad = mayfly(tmp_path, "inspect", "nope", check=2)
+    missing = mayfly(tmp_path, "inspect", "01a22ba1-0000-7000-8000-000000000001", check=3)
+    for result in (no_journal, bad, missing, scheme):
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("mayfly: error: ")
     with LocalLeaseStore(f"file://{tmp_path}/journal").acquire(run_id, "someone-else", 60_000):
         owned = mayfly(tmp_path, "cancel", run_id, "--reason", "x", check=4)
     assert "another process owns it" in owned.stderr
@@ -230,9 +240,7 @@ def test_resume_without_the_handlers_is_refused_and_the_printed_resume_command_c
     after = json.loads(mayfly(tmp_path, "--json", "inspect", run_id).stdout)
     assert (after["sequence"], after["status"]) == (before, "running")
 
-    command = shlex.split(printed.group(1))
-    assert command[0] == "mayfly"
-    continued = mayfly(tmp_path, *command[1:])
+    continued = mayfly(tmp_path, *command_arguments(printed.group(1)))
     assert "re-invoking ship attempt 1 under its original id" in continued.stdout
     assert "run succeeded" in continued.stdout
 

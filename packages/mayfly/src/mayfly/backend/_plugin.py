@@ -19,6 +19,7 @@ def backend_hooks(
     *,
     describe: Callable[[str], str] | None = None,
     summary: str | None = None,
+    exists: Callable[[str], bool] | None = None,
 ) -> tuple[_Hook, _Hook]:
     """Return ``mayfly_journal_backends`` and ``mayfly_lease_backends`` hooks offering one backend.
 
@@ -34,6 +35,7 @@ def backend_hooks(
     classes). ``summary`` is the line ``mayfly backends`` prints when no URL
     of the scheme is given; ``describe(url)`` the line for a given URL. A
     backend without leases passes ``leases=None`` and offers none.
+    ``exists(url)`` says, creating nothing, whether a store is at ``url``.
     """
     names = tuple(schemes)
 
@@ -45,7 +47,7 @@ def backend_hooks(
         return describe(url)
 
     described = line if describe is not None or summary is not None else None
-    journals = [BackendDescriptor(names, distribution, journal, described)]
+    journals = [BackendDescriptor(names, distribution, journal, described, exists)]
     lease_stores = [] if leases is None else [BackendDescriptor(names, distribution, leases, described)]
 
     @hookimpl

@@ -1,27 +1,18 @@
 """The ``mayfly`` command: run, watch, signal, cancel, inspect and resume durable workflows.
 
-Exit codes (documented in docs/cli.md and ``mayfly --help``):
-
-====  =====================================================================
-0     success: the command did what it was asked; a run ended ``succeeded``
-1     a run ended ``failed``, ``blocked`` or ``cancelled``
-2     usage error, invalid specification, input or handlers module
-3     the run does not exist in this journal
-4     another process owns the run (its recovery lease is held)
-5     journal, backend or history error (unreachable store, corruption, ...)
-6     the run is parked, waiting for a signal (see ``mayfly signal``)
-124   ``mayfly result --wait --timeout``: the run neither ended nor parked in time
-130   interrupted (Ctrl-C), or a worker aborted by a second SIGTERM/SIGINT
-====  =====================================================================
+The exit codes are :data:`EXIT_CODES_HELP` (printed by ``mayfly --help``, documented in docs/cli.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TextIO
+from typing import NoReturn, TextIO, cast
+
+import msgspec
 
 import mayfly
 from mayfly.cli._commands import (
@@ -34,6 +25,7 @@ from mayfly.cli._commands import (
     cmd_run,
     cmd_runs,
     cmd_signal,
+    cmd_watch,
 )
 from mayfly.cli._service import cmd_index, cmd_result, cmd_submit, cmd_worker
 from mayfly.cli._support import DEFAULT_JOURNAL, EXIT, Context, Interrupted, UsageError
@@ -55,7 +47,36 @@ from mayfly.model.errors import (
 )
 from mayfly.plugins import PluginManager, plugin_manager
 
-__all__ = ["EXIT", "build_parser", "entry_point", "main"]
+__all__ = ["EXIT", "EXIT_CODES_HELP", "build_parser", "entry_point", "main"]
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0    success: the command did what it was asked; a run ended succeeded
+  1    a run ended failed, blocked or cancelled
+  2    usage error: arguments, specification, input, handlers module, an ambiguous run-id prefix
+  3    the run does not exist in this journal
+  4    another process owns the run (its recovery lease is held)
+  5    journal, backend or history error: no journal at --journal (read-only commands
+       create none), an unreachable store, corruption
+  6    the run is parked, waiting for a signal (see `mayfly signal`)
+  124  `mayfly result --wait --timeout`, `mayfly watch --timeout`: the run neither ended
+       nor parked in time
+  130  interrupted (Ctrl-C), or a worker aborted by a second SIGTERM/SIGINT
+
+RUN is a run id or a unique prefix of one (01a2c3). Errors are one line on standard
+error (with --json: {"error": ..., "exit": N}); --quiet leaves out the hints there.
+Colour is used on a terminal only, never with NO_COLOR set."""
+
+
+class _ArgumentError(Exception):
+    """An argument the parser refused; ``main`` prints it as one line and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are the CLI's one line, not usage plus a message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(f"{message}; see `{self.prog} --help`")
 
 
 def _non_negative(text: str) -> int:
@@ -77,10 +98,10 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mayfly",
         description="Durable workflows: run, watch, signal, cancel, inspect and resume them.",
-        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -88,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"journal URL (default: $MAYFLY_JOURNAL or {DEFAULT_JOURNAL}); see `mayfly backends`",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no hints on standard error (results and errors only)"
+    )
     parser.add_argument("--version", action="version", version=f"mayfly {mayfly.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -96,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=fn)
         p.add_argument("--journal", default=argparse.SUPPRESS, help="journal URL (overrides the global flag)")
         p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON output")
+        p.add_argument(
+            "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no hints on standard error"
+        )
         return p
 
     p = command("demo", cmd_demo, "run the code-review demo pipeline on the embedded journal")
@@ -144,10 +171,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("result", cmd_result, "show a run's result; --wait until it ends or parks")
-    p.add_argument("run", help="run id")
+    p.add_argument("run", help="run id (or a unique prefix)")
     p.add_argument("--wait", action="store_true", help="wait until the run ends or parks on a signal")
     p.add_argument(
         "--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 124)"
+    )
+
+    p = command(
+        "watch", cmd_watch, "follow a run live, printing each fact as it is committed, until it ends or parks"
+    )
+    p.add_argument("run", help="run id (or a unique prefix)")
+    p.add_argument(
+        "--timeout", type=float, metavar="S", help="give up after S seconds (exit 124); default: no limit"
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=0.2,
+        metavar="S",
+        help="how often to read the journal for new facts (default 0.2 s)",
     )
 
     p = command("index", cmd_index, "maintain the run index workers claim from: `mayfly index rebuild`")
@@ -163,15 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive, default=100, help="at most this many runs (default 100)")
 
     p = command("inspect", cmd_inspect, "show a run: nodes, attempts, blocking reasons, history")
-    p.add_argument("run", help="run id")
+    p.add_argument("run", help="run id (or a unique prefix)")
     p.add_argument("--mermaid", action="store_true", help="print a Mermaid diagram coloured by node state")
     p.add_argument("--history", type=_non_negative, default=200, help="history lines to keep (default 200)")
 
     p = command("replay", cmd_replay, "replay a run's full history (ignoring snapshots) and compare")
-    p.add_argument("run", help="run id")
+    p.add_argument("run", help="run id (or a unique prefix)")
 
     p = command("resume", cmd_resume, "take over a run and drive it on (reconciling in-flight attempts)")
-    p.add_argument("run", help="run id")
+    p.add_argument("run", help="run id (or a unique prefix)")
     p.add_argument(
         "--handlers",
         help="module name or .py path with the run's handlers (plugins are always loaded; "
@@ -179,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("signal", cmd_signal, "deliver a signal to a waiting node")
-    p.add_argument("run", help="run id")
+    p.add_argument("run", help="run id (or a unique prefix)")
     p.add_argument("node", help="the waiting node")
     p.add_argument("--token", required=True, help="the token the wait was opened with")
     p.add_argument("--decision", required=True, help="a word (approve, reject) or a JSON value")
@@ -197,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("cancel", cmd_cancel, "cancel a run that no live process owns")
-    p.add_argument("run", help="run id")
+    p.add_argument("run", help="run id (or a unique prefix)")
     p.add_argument("--reason", required=True, help="why (recorded, at most 4 KiB)")
     p.add_argument("--requester", default=os.environ.get("USER", "cli"), help="who cancels")
 
@@ -205,9 +247,85 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(err: TextIO, code: str, message: str) -> int:
-    err.write(f"mayfly: error: {message}\n")
-    return EXIT[code]
+class _Output(io.TextIOBase):
+    """A standard stream that a closed pipe (``mayfly runs | head -1``) silences instead of breaking.
+
+    The first write to a closed pipe sends the stream to ``/dev/null`` and
+    sets :attr:`closed_pipe`; the command runs on (a run it drives stays
+    consistent) and commands that follow a run stop at their next fact.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+        self.closed_pipe = False
+
+    def _silence(self) -> None:
+        self.closed_pipe = True
+        try:
+            fileno = self._stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fileno)  # the interpreter's own flush at exit then finds no broken pipe
+        finally:
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._silence()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._silence()
+
+    def isatty(self) -> bool:
+        return not self.closed_pipe and self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split()) or "failed"
+
+
+def _failure(err: TextIO, as_json: bool, exit_code: int, message: str) -> int:
+    message = _one_line(message)
+    if as_json:
+        err.write(msgspec.json.encode({"error": message, "exit": exit_code}).decode() + "\n")
+    else:
+        err.write(f"mayfly: error: {message}\n")
+    err.flush()
+    return exit_code
+
+
+def _lease_message(exc: LeaseHeld, context: Context) -> str:
+    """Who holds the run's lease and when it lets go, as far as the backend says."""
+    holder = f"held by {exc.holder}" if exc.holder else "held by another process"
+    try:
+        journal = context.plugins.open_journal(context.journal_url)
+        expiry = journal.capabilities.lease_expiry
+    except MayflyError:
+        expiry = None
+    if expiry is False:
+        until = "this backend's leases do not expire: it is held until that process releases it or exits"
+    elif expiry:
+        until = "it is held until released, or until its ttl passes without a renewal (the holder renews it)"
+    else:
+        until = "it is held until released or expired"
+    return (
+        f"run {exc.run_id}: another process owns it (its recovery lease is {holder}); {until} "
+        "(a worker lets a run go once only waits are left; signal with --wait SECONDS to retry)"
+    )
 
 
 def main(
@@ -217,7 +335,7 @@ def main(
     err: TextIO | None = None,
     plugins: PluginManager | None = None,
 ) -> int:
-    """Run the CLI; returns the exit code (see the module docstring).
+    """Run the CLI; returns the exit code (see :data:`EXIT_CODES_HELP`).
 
     ``plugins`` is the plugin context every command runs with (backends,
     handlers, spec validators, event upcasters), by default the process's
@@ -225,21 +343,41 @@ def main(
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    guarded_out, guarded_err = _Output(out), _Output(err)
+    out, err = cast(TextIO, guarded_out), cast(TextIO, guarded_err)
+    arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    as_json = "--json" in arguments
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
+        try:
+            args = parser.parse_args(arguments)
+        except _ArgumentError as exc:
+            return _failure(err, as_json, EXIT["usage"], str(exc))
+        except SystemExit as exit_:  # --help and --version
+            return int(exit_.code or 0)
+    finally:
+        # argparse prints help on sys.stdout itself: a closed pipe there is silenced too.
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _Output(sys.stdout)._silence()
+    as_json = bool(args.json)
+    context: Context | None = None
+
+    def fail(code: str, message: str) -> int:
+        return _failure(err, as_json, EXIT[code], message)
+
     try:
         context = Context(args, out, err, plugin_manager() if plugins is None else plugins)
         code: int = args.handler(context)
+        out.flush()
         return code
     except Interrupted as exc:
-        return _fail(err, "interrupted", str(exc))
+        return fail("interrupted", str(exc))
     except KeyboardInterrupt:
-        return _fail(err, "interrupted", "interrupted")
+        return fail("interrupted", "interrupted")
     except SystemExit as exc:  # never end a command silently with someone else's exit code
-        return _fail(err, "interrupted", f"stopped by SystemExit({exc.code!r})")
+        return fail("interrupted", f"stopped by SystemExit({exc.code!r})")
     except (
         UsageError,
         SpecValidationError,
@@ -248,24 +386,20 @@ def main(
         InvalidBackendURL,
         BackendNotInstalled,
     ) as exc:
-        return _fail(err, "usage", str(exc))
+        return fail("usage", str(exc))
     except RunNotFound as exc:
-        return _fail(err, "not_found", str(exc))
+        return fail("not_found", str(exc))
     except LeaseHeld as exc:
-        return _fail(
-            err,
-            "owned",
-            f"{exc}; another process owns it until it releases or its lease expires "
-            "(a worker lets a run go once only waits are left; signal with --wait SECONDS to retry)",
-        )
+        assert context is not None  # raised by a command
+        return fail("owned", _lease_message(exc, context))
     except CommandRejected as exc:
         rejection = exc.rejection
         message = str(rejection) if isinstance(rejection, Rejection) else str(exc)
-        return _fail(err, "usage", message)
+        return fail("usage", message)
     except (JournalError, CorruptionError, CompatibilityError) as exc:
-        return _fail(err, "journal", str(exc))
+        return fail("journal", str(exc))
     except MayflyError as exc:
-        return _fail(err, "journal", str(exc))
+        return fail("journal", str(exc))
 
 
 def entry_point() -> NoReturn:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TextIO
 
 import msgspec
 
@@ -18,21 +17,25 @@ from mayfly.cli._support import (
     driving,
     handler_registry,
     load_spec,
+    paint,
     parse_decision,
     parse_json,
     print_result,
+    resolve_run,
     result_code,
-    run_id_argument,
+    signal_id_argument,
+    status_word,
+    timeline_line,
 )
 from mayfly.identity import Uuid7IdSource
-from mayfly.inspect import list_runs, load_inspection, render_mermaid, render_table, to_json
+from mayfly.inspect import build_inspection, list_runs, load_inspection, render_mermaid, render_table, to_json
 from mayfly.journal import RUN_VERIFICATION
 from mayfly.model.errors import InvalidJSONValue, LeaseHeld, LimitExceeded, ResumeRefused
 from mayfly.model.signals import SignalToken
 from mayfly.model.state import RunState
 from mayfly.recovery import RecoveryEffect, inspect_run, replay_run
-from mayfly.reducer import check_input
-from mayfly.runtime import HandlerRegistry, cancel_run_cascade
+from mayfly.reducer import check_input, decode_event
+from mayfly.runtime import HandlerRegistry, RunHandle, cancel_run_cascade
 
 __all__ = [
     "cmd_backends",
@@ -44,6 +47,7 @@ __all__ = [
     "cmd_run",
     "cmd_runs",
     "cmd_signal",
+    "cmd_watch",
 ]
 
 
@@ -79,12 +83,13 @@ def cmd_run(ctx: Context) -> int:
 def cmd_resume(ctx: Context) -> int:
     """``mayfly resume RUN``."""
     args = ctx.args
-    run_id = run_id_argument(args.run)
     registry = handler_registry(ctx, args.handlers)
+    ctx.require_journal()
     _install_demo_notifier(ctx, args.handlers)
     runtime = ctx.runtime(
         registry, Timeline(ctx.out, verbose=True, progress=False) if not args.json else None
     )
+    run_id = resolve_run(runtime.journal, args.run)
 
     def plan(state: RunState, effects: tuple[RecoveryEffect, ...]) -> None:
         # Printed only once this process holds the run: an owned run gets no misleading plan.
@@ -118,7 +123,7 @@ def cmd_runs(ctx: Context) -> int:
     """``mayfly runs [--state S] [--workflow W] [--limit N]``."""
     args = ctx.args
     listings = list_runs(
-        ctx.journal_url, state=args.state, workflow=args.workflow, limit=args.limit, plugins=ctx.plugins
+        ctx.open_journal(), state=args.state, workflow=args.workflow, limit=args.limit, plugins=ctx.plugins
     )
     if args.json:
         rows: list[dict[str, object]] = []
@@ -146,7 +151,8 @@ def cmd_runs(ctx: Context) -> int:
         if r.error:
             extra = f"  {r.error}"
         done = f"{r.nodes_done}/{r.nodes}"
-        out.write(f"{r.run_id:<36}  {r.workflow:<30}  {r.status:<10}  {done}{extra}\n")
+        status = paint(ctx, f"{r.status:<10}", r.status)
+        out.write(f"{r.run_id:<36}  {r.workflow:<30}  {status}  {done}{extra}\n")
     return EXIT["ok"]
 
 
@@ -155,25 +161,29 @@ def cmd_inspect(ctx: Context) -> int:
     args = ctx.args
     if args.mermaid and args.json:
         raise UsageError("--json and --mermaid are exclusive: pick JSON or a Mermaid diagram")
-    journal = ctx.plugins.open_journal(ctx.journal_url)
-    run_id = run_id_argument(args.run)
-    inspection = load_inspection(journal, run_id, args.history, plugins=ctx.plugins)
+    journal = ctx.open_journal()
+    run_id = resolve_run(journal, args.run)
+    upcasters = ctx.plugins.event_upcasters()
+    recovered = inspect_run(journal, run_id, upcasters=upcasters)
+    # Every record is scanned (attempt numbers and times come from them); --history caps only the lines.
+    inspection = build_inspection(
+        recovered, journal.read(run_id), args.history, journal_url=journal.url, upcasters=upcasters
+    )
     if args.mermaid:
-        spec = inspect_run(journal, run_id, upcasters=ctx.plugins.event_upcasters()).state.spec
-        ctx.out.write(render_mermaid(inspection, spec) + "\n")
+        ctx.out.write(render_mermaid(inspection, recovered.state.spec) + "\n")
     elif args.json:
         ctx.out.write(to_json(inspection).decode() + "\n")
     else:
-        ctx.out.write(render_table(inspection) + "\n")
+        ctx.out.write(render_table(inspection, wall_ms=int(time.time() * 1000)) + "\n")
     return EXIT["ok"]
 
 
 def cmd_replay(ctx: Context) -> int:
     """``mayfly replay RUN``: reduce the full history, ignoring snapshots, and compare."""
     args = ctx.args
-    journal = ctx.plugins.open_journal(ctx.journal_url)
+    journal = ctx.open_journal()
     upcasters = ctx.plugins.event_upcasters()
-    run_id = run_id_argument(args.run)
+    run_id = resolve_run(journal, args.run)
     started = time.monotonic()
     verifier = RUN_VERIFICATION.of(journal)
     if verifier is not None:
@@ -196,7 +206,7 @@ def cmd_replay(ctx: Context) -> int:
     else:
         ctx.out.write(
             f"run {run_id}: replayed {full.records_reduced} events in {elapsed * 1000:.1f} ms; "
-            f"status {full.state.status.value}; snapshot {'agrees' if same else 'DISAGREES'} "
+            f"status {status_word(full.state)}; snapshot {'agrees' if same else 'DISAGREES'} "
             f"(inspection used {cached.source})\n"
         )
         for diagnostic in cached.diagnostics:
@@ -207,8 +217,9 @@ def cmd_replay(ctx: Context) -> int:
 def cmd_signal(ctx: Context) -> int:
     """``mayfly signal RUN NODE --token T --decision JSON``."""
     args = ctx.args
-    run_id = run_id_argument(args.run)
+    ctx.require_journal()
     runtime = ctx.runtime(HandlerRegistry())
+    run_id = resolve_run(runtime.journal, args.run)
     decision = parse_decision(args.decision)
     if isinstance(decision, str):
         decision = {"decision": decision, "by": args.by}
@@ -218,7 +229,7 @@ def cmd_signal(ctx: Context) -> int:
         token = SignalToken(args.token)
     except ValueError as exc:
         raise UsageError(f"--token: {exc}") from None
-    signal_id = args.signal_id if args.signal_id is not None else runtime.ids.new_id()
+    signal_id = signal_id_argument(args.signal_id) if args.signal_id is not None else runtime.ids.new_id()
     deadline = time.monotonic() + args.wait
     pause = 0.05
     while True:
@@ -234,24 +245,34 @@ def cmd_signal(ctx: Context) -> int:
                 raise
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+    chosen = "" if args.signal_id is None or args.signal_id == disposition.signal_id else args.signal_id
     if args.json:
-        ctx.emit_json(disposition)
+        ctx.emit_json(
+            {
+                "signal_id": disposition.signal_id,
+                "status": disposition.status,
+                "reason": disposition.reason,
+                **({"chosen_id": chosen} if chosen else {}),
+            }
+        )
     else:
-        ctx.out.write(f"signal {disposition.signal_id} to {args.node}: {disposition.status}")
+        named = f"{chosen} ({disposition.signal_id})" if chosen else disposition.signal_id
+        ctx.out.write(f"signal {named} to {args.node}: {disposition.status}")
         ctx.out.write(f" ({disposition.reason})\n" if disposition.reason else "\n")
-        if disposition.status == "accepted":
-            ctx.out.write(
-                f"next: a worker on this journal continues the run (mayfly{ctx.journal_flag} worker "
-                f"--handlers MODULE), or here: mayfly{ctx.journal_flag} resume {run_id} --handlers MODULE\n"
-            )
+    if disposition.status == "accepted":
+        ctx.hint(
+            f"next: a worker on this journal continues the run ({ctx.mayfly} worker --handlers MODULE), "
+            f"or here: {ctx.mayfly} resume {run_id} --handlers MODULE"
+        )
     return EXIT["ok"] if disposition.status != "rejected" else EXIT["usage"]
 
 
 def cmd_cancel(ctx: Context) -> int:
     """``mayfly cancel RUN --reason R``: cancel a run and its open child runs."""
     args = ctx.args
+    ctx.require_journal()
     runtime = ctx.runtime()
-    run_id = run_id_argument(args.run)
+    run_id = resolve_run(runtime.journal, args.run)
     before = runtime.inspect(run_id).state
     if before.status.is_terminal:
         raise UsageError(
@@ -298,20 +319,28 @@ def cmd_backends(ctx: Context) -> int:
     return EXIT["ok"]
 
 
+def _signal_command(ctx: Context, run_id: str, node_id: str, token: str) -> str:
+    return f"{ctx.mayfly} signal {run_id} {node_id} --token {token} --decision approve"
+
+
 def _install_demo_notifier(ctx: Context, handlers: str | None, tokens: dict[str, str] | None = None) -> None:
-    """Tell the demo's approval step how to announce itself: the commands that approve and continue it."""
-    err: TextIO = ctx.err
+    """Tell the demo's approval step how to announce itself: the commands that approve and continue it.
+
+    With ``tokens``, the tokens are also collected (for ``--auto-approve`` and ``--json``); the
+    commands are printed (on standard error, unless ``--quiet``) only while nobody approves for us.
+    """
+    auto = bool(getattr(ctx.args, "auto_approve", False))
 
     def notify(run_id: str, node_id: str, token: str) -> None:
         if tokens is not None:
             tokens[run_id] = token
+        if auto:
             return
-        err.write(
+        ctx.hint(
             f"\napproval requested for run {run_id}. Approve it with:\n"
-            f"  mayfly{ctx.journal_flag} signal {run_id} {node_id} --token {token} --decision approve\n"
-            f"then continue it with:\n  {ctx.resume_command(run_id, handlers)}\n\n"
+            f"  {_signal_command(ctx, run_id, node_id, token)}\n"
+            f"then continue it with:\n  {ctx.resume_command(run_id, handlers)}\n"
         )
-        err.flush()
 
     demo_module.set_approval_notifier(notify)
 
@@ -325,10 +354,14 @@ def cmd_demo(ctx: Context) -> int:
     handlers = demo_module.HANDLERS_MODULE
     registry = handler_registry(ctx, handlers)
     tokens: dict[str, str] = {}
-    _install_demo_notifier(ctx, handlers, tokens if args.auto_approve else None)
+    _install_demo_notifier(ctx, handlers, tokens)
     if args.crash_at:
-        if args.crash_at not in {n.id for n in demo_module.DEMO_SPEC.nodes} - {"approval"}:
-            raise UsageError(f"--crash-at must name a demo node other than approval, got {args.crash_at!r}")
+        nodes = [n.id for n in demo_module.DEMO_SPEC.nodes if n.id != "approval"]
+        if args.crash_at not in nodes:
+            raise UsageError(
+                f"--crash-at {args.crash_at!r} is not a demo node; choose one of {', '.join(nodes)} "
+                "(approval only waits, so it cannot crash)"
+            )
         demo_module.crash_at(args.crash_at)
     timeline = None if args.json else Timeline(out, verbose=True, progress=False)
     runtime = ctx.runtime(registry, timeline)
@@ -363,10 +396,72 @@ def cmd_demo(ctx: Context) -> int:
         runtime.signal(run_id, "approval", token, {"decision": "approve", "by": "mayfly demo --auto-approve"})
         result = driving(ctx, run_id, handlers, lambda: runtime.resume(run_id))
     if args.json:
-        ctx.emit_json(result)
+        document = msgspec.to_builtins(result)
+        if result.waiting and run_id in tokens:
+            # The demo asks for approval: a script needs the token to give it (the text mode prints it).
+            document["approval"] = {
+                "node": "approval",
+                "token": tokens[run_id],
+                "signal": _signal_command(ctx, run_id, "approval", tokens[run_id]),
+                "resume": resume,
+            }
+        ctx.emit_json(document)
     else:
         inspection = load_inspection(runtime.journal, run_id, plugins=ctx.plugins)
-        out.write("\n" + render_table(inspection) + "\n")
+        out.write("\n" + render_table(inspection, wall_ms=int(time.time() * 1000)) + "\n")
         if result.waiting:
-            out.write("\nthe run is parked waiting for approval; see the `mayfly signal` command above.\n")
+            ctx.hint("\nthe run is parked waiting for approval; see the `mayfly signal` command above.")
+    return result_code(result)
+
+
+def cmd_watch(ctx: Context) -> int:
+    """``mayfly watch RUN [--timeout S]``: print each committed fact until the run ends or parks.
+
+    Exits with ``mayfly result``'s codes (0, 1, 6), or 124 when ``--timeout`` passes first. The run
+    is only read: Ctrl-C stops the watching, never the run.
+    """
+    args = ctx.args
+    if args.interval <= 0 or args.interval > 60:
+        raise UsageError(f"--interval must be more than 0 and at most 60 seconds, got {args.interval}")
+    ctx.require_journal()
+    runtime = ctx.runtime()
+    journal = runtime.journal
+    run_id = resolve_run(journal, args.run)
+    handle = RunHandle(runtime, run_id)
+    handle.status()  # RunNotFound (exit 3) before anything is printed
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    if not args.json:
+        ctx.hint(f"watching run {run_id} on {ctx.journal_url} (Ctrl-C stops watching, not the run)")
+    after = 0
+
+    def show() -> None:
+        nonlocal after
+        for record in journal.read(run_id, after=after):
+            after = record.sequence
+            event = decode_event(
+                record.event_type, record.schema_version, record.payload, upcasters=runtime.upcasters
+            )
+            line = timeline_line(event)
+            if line is None:
+                continue
+            if args.json:
+                ctx.emit_json({"sequence": record.sequence, "event": record.event_type, "line": line})
+            else:
+                ctx.out.write(f"  #{record.sequence:<5} {line}\n")
+        ctx.out.flush()
+
+    while True:
+        show()
+        if getattr(ctx.out, "closed_pipe", False):
+            return EXIT["ok"]  # nobody reads any more (`mayfly watch RUN | head`)
+        if handle.status() != "running":
+            show()  # the facts committed between the last read and the status
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            ctx.err.write(f"mayfly: run {run_id} neither ended nor parked within {args.timeout} s\n")
+            return EXIT["timeout"]
+        left = args.interval if deadline is None else deadline - time.monotonic()
+        time.sleep(max(0.0, min(args.interval, left)))
+    result = runtime.summary(run_id)
+    print_result(ctx, result)
     return result_code(result)

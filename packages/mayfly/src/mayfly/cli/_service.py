@@ -12,8 +12,8 @@ from mayfly.cli._support import (
     load_spec,
     parse_json,
     print_result,
+    resolve_run,
     result_code,
-    run_id_argument,
 )
 from mayfly.model.errors import InvalidJSONValue, LimitExceeded, WaitTimeout
 from mayfly.model.ids import QUEUE_NAME, is_uuid
@@ -49,9 +49,9 @@ def cmd_submit(ctx: Context) -> int:
         ctx.emit_json({"run_id": handle.run_id})
     else:
         ctx.out.write(f"{handle.run_id}\n")
-        ctx.err.write(
-            f"submitted to queue {queue}; a worker drives it (mayfly{ctx.journal_flag} worker --handlers "
-            f"MODULE), and `mayfly{ctx.journal_flag} result {handle.run_id} --wait` waits for its result\n"
+        ctx.hint(
+            f"submitted to queue {queue}; a worker drives it ({ctx.mayfly} worker --handlers MODULE), "
+            f"and `{ctx.mayfly} result {handle.run_id} --wait` waits for its result"
         )
     return EXIT["ok"]
 
@@ -78,8 +78,9 @@ def cmd_worker(ctx: Context) -> int:
 def cmd_result(ctx: Context) -> int:
     """``mayfly result RUN [--wait] [--timeout S]``: a run's result, with the exit codes of ``run``."""
     args = ctx.args
-    run_id = run_id_argument(args.run)
+    ctx.require_journal()
     runtime = ctx.runtime()
+    run_id = resolve_run(runtime.journal, args.run)
     handle = runtime.handle(run_id)
     if args.wait:
         try:
@@ -95,7 +96,7 @@ def cmd_result(ctx: Context) -> int:
 
 def cmd_index(ctx: Context) -> int:
     """``mayfly index rebuild``: recompute the run index from the journals (progress on stderr)."""
-    journal = ctx.plugins.open_journal(ctx.journal_url)
+    journal = ctx.open_journal()
     started = time.monotonic()
     shown = [started]
 

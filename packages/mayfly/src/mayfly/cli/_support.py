@@ -10,8 +10,10 @@ import math
 import os
 import re
 import shlex
+import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +22,16 @@ from typing import Any, TextIO, assert_never, final
 import msgspec
 
 from mayfly.inspect import narrate
-from mayfly.model.errors import InvalidIdentifier, MayflyError, SpecDecodeError
+from mayfly.journal import WorkflowJournal
+from mayfly.model.errors import (
+    InvalidIdentifier,
+    JournalUnavailable,
+    MayflyError,
+    RunNotFound,
+    SpecDecodeError,
+)
 from mayfly.model.events import Event
-from mayfly.model.ids import parse_run_id
+from mayfly.model.ids import is_uuid, parse_run_id
 from mayfly.model.limits import MAX_JSON_INT_DIGITS
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
@@ -56,6 +65,10 @@ class UsageError(MayflyError):
     """The command line asked for something impossible (exit code 2)."""
 
 
+class AmbiguousRun(UsageError):
+    """A run-id prefix matches more than one run (exit code 2); the message lists them."""
+
+
 class Interrupted(Exception):  # named for its exit code, like KeyboardInterrupt
     """Driving a run was stopped (Ctrl-C, or a handler's SystemExit); the run stays resumable (exit 130)."""
 
@@ -81,6 +94,44 @@ class Context:
         url = self.journal_url
         return "" if url == DEFAULT_JOURNAL else f" --journal {shlex.quote(url)}"
 
+    @property
+    def json(self) -> bool:
+        """Whether ``--json`` was given."""
+        return bool(getattr(self.args, "json", False))
+
+    @property
+    def quiet(self) -> bool:
+        """Whether ``--quiet`` was given: no hints on standard error."""
+        return bool(getattr(self.args, "quiet", False))
+
+    @property
+    def mayfly(self) -> str:
+        """How printed commands start: the command line that runs this same mayfly, with its journal."""
+        return f"{invoked_command()}{self.journal_flag}"
+
+    def hint(self, text: str) -> None:
+        """Write a hint (what to run next) on standard error, unless ``--quiet``."""
+        if not self.quiet:
+            self.err.write(text if text.endswith("\n") else text + "\n")
+            self.err.flush()
+
+    def require_journal(self) -> None:
+        """Refuse, creating nothing, when no journal is at the URL (read-only commands; exit 5).
+
+        A backend that cannot tell (it declares no ``exists``) is opened as before.
+        """
+        url = self.journal_url
+        if self.plugins.journal_exists(url) is False:
+            raise JournalUnavailable(
+                f"no journal at {url}; check --journal or $MAYFLY_JOURNAL (this command creates none; "
+                "`mayfly run`, `submit` and `demo` create one)"
+            )
+
+    def open_journal(self) -> WorkflowJournal:
+        """The existing journal of a read-only command (see :meth:`require_journal`)."""
+        self.require_journal()
+        return self.plugins.open_journal(self.journal_url)
+
     def runtime(self, registry: HandlerRegistry | None = None, observer: Any = None) -> WorkflowRuntime:
         """A runtime on this command's journal, built with its plugin context."""
         return WorkflowRuntime(self.journal_url, registry, plugins=self.plugins, observer=observer)
@@ -88,11 +139,63 @@ class Context:
     def resume_command(self, run_id: str, handlers: str | None) -> str:
         """The ``mayfly resume`` command line that continues ``run_id`` with the same journal and handlers."""
         module = "" if handlers is None else f" --handlers {shlex.quote(handlers)}"
-        return f"mayfly{self.journal_flag} resume {run_id}{module}"
+        return f"{self.mayfly} resume {run_id}{module}"
 
     def emit_json(self, value: object) -> None:
         """Write ``value`` as one JSON document on standard output."""
         self.out.write(msgspec.json.encode(value).decode() + "\n")
+
+
+_STATUS_COLOURS = {
+    "succeeded": "32",
+    "failed": "31",
+    "unreadable": "31",
+    "blocked": "33",
+    "waiting": "33",
+    "cancelled": "35",
+    "running": "36",
+}
+
+
+def colour_enabled(stream: TextIO) -> bool:
+    """Colour only on a terminal, never with ``NO_COLOR`` set (https://no-color.org) or ``TERM=dumb``."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or minimal stream
+        return False
+
+
+def paint(ctx: Context, text: str, status: str) -> str:
+    """``text`` coloured for the run or node ``status`` when standard output is a colour terminal."""
+    code = _STATUS_COLOURS.get(status)
+    if code is None or ctx.json or not colour_enabled(ctx.out):
+        return text
+    return f"\x1b[{code}m{text}\x1b[0m"
+
+
+def invoked_command() -> str:
+    """The command line that runs this mayfly again, to start the commands it prints.
+
+    ``mayfly`` when that name on ``PATH`` is this very program; otherwise the
+    path the user invoked (a console script given by path, e.g.
+    ``.venv/bin/mayfly``), or ``PYTHON -m mayfly`` with this interpreter's path.
+    """
+    on_path = shutil.which("mayfly")
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    name = Path(argv0).name
+    if name == "__main__.py" or argv0 == "-m":
+        # python -m mayfly: `mayfly` is the same program when it sits beside this interpreter.
+        if on_path is not None and Path(on_path).absolute().parent == Path(sys.executable).absolute().parent:
+            return "mayfly"
+        return f"{shlex.quote(sys.executable)} -m mayfly"
+    if name.startswith("mayfly"):  # the console script (or a wrapper named for it)
+        if on_path is not None and os.path.realpath(on_path) == os.path.realpath(argv0):
+            return "mayfly"
+        return shlex.quote(os.path.abspath(argv0))
+    # Embedded (main() called from Python): the installed command if there is one.
+    return "mayfly" if on_path is not None else f"{shlex.quote(sys.executable)} -m mayfly"
 
 
 def driving(ctx: Context, run_id: str, handlers: str | None, drive: Callable[[], RunResult]) -> RunResult:
@@ -253,6 +356,78 @@ def run_id_argument(value: str) -> str:
         raise UsageError(str(exc)) from None
 
 
+_PREFIX = re.compile(r"[0-9a-f-]{1,36}")
+_LISTED_MATCHES = 10
+_PAGE = 1_000
+
+
+def resolve_run(journal: WorkflowJournal, value: str) -> str:
+    """The run a RUN argument names: a whole run id, or a prefix of exactly one run's id.
+
+    A trailing ``…`` or ``...`` (as the docs abbreviate ids) is ignored. A
+    prefix that matches no run raises :class:`RunNotFound` (exit 3); one that
+    matches several is a usage error listing them (exit 2).
+    """
+    text = value.strip().lower().removesuffix("…").removesuffix("...")
+    if is_uuid(text):
+        return text
+    if _PREFIX.fullmatch(text) is None:
+        raise UsageError(
+            f"run {value!r}: expected a run id or a unique prefix of one (hex digits and dashes)"
+        )
+    matches = _runs_with_prefix(journal, text, _LISTED_MATCHES + 1)
+    if not matches:
+        raise RunNotFound(f"{text}…")
+    if len(matches) > 1:
+        shown = ", ".join(matches[:_LISTED_MATCHES])
+        more = " and more" if len(matches) > _LISTED_MATCHES else ""
+        raise AmbiguousRun(f"run prefix {text!r} matches several runs: {shown}{more}; give more of the id")
+    return matches[0]
+
+
+def _runs_with_prefix(journal: WorkflowJournal, prefix: str, limit: int) -> list[str]:
+    # Run ids list in sorted order: start just below the smallest id with the prefix, stop past it.
+    digits = prefix.replace("-", "")
+    if len(digits) > 32:
+        return []
+    floor = int(digits.ljust(32, "0"), 16) if digits else 0
+    after = None if floor == 0 else str(uuid.UUID(int=floor - 1))
+    found: list[str] = []
+    while True:
+        page = journal.list_runs(after=after, limit=_PAGE)
+        if not page:
+            return found
+        for run_id in page:
+            if run_id.startswith(prefix):
+                found.append(run_id)
+                if len(found) >= limit:
+                    return found
+            elif run_id > prefix:
+                return found
+        after = page[-1]
+
+
+_SIGNAL_ID = re.compile(r"[\x21-\x7e]{1,200}")
+SIGNAL_ID_NAMESPACE = uuid.UUID("5f0c2b7e-8d4a-4c1e-9a63-6d2f1b0e7a41")
+"""The UUIDv5 namespace a chosen ``--signal-id`` that is not a UUID is mapped in."""
+
+
+def signal_id_argument(value: str) -> str:
+    """The journal's signal id for ``--signal-id``: a UUID as given, any other id mapped to a UUIDv5.
+
+    The mapping is deterministic, so the same chosen id (``deploy-42``) is
+    the same delivery every time, and a retry is idempotent.
+    """
+    text = value.strip()
+    if is_uuid(text.lower()):
+        return text.lower()
+    if _SIGNAL_ID.fullmatch(text) is None:
+        raise UsageError(
+            f"--signal-id {value!r}: expected 1 to 200 printable characters without spaces, or a UUID"
+        )
+    return str(uuid.uuid5(SIGNAL_ID_NAMESPACE, text))
+
+
 # -- results, progress and the timeline ------------------------------------------------
 
 
@@ -267,13 +442,22 @@ def result_code(result: RunResult) -> int:
     return EXIT["waiting"]
 
 
+def status_word(state: RunState) -> str:
+    """The run's status as every command words it: ``waiting`` for a running run parked on a signal."""
+    if not state.status.is_terminal and any(node.wait is not None for node in state.nodes):
+        return "waiting"
+    return state.status.value
+
+
 def print_result(ctx: Context, result: RunResult) -> None:
     """Print a run's result: JSON with ``--json``, else one line per node and per wait."""
     if ctx.args.json:
         ctx.emit_json(result)
         return
     out = ctx.out
-    out.write(f"run {result.run_id}: {result.status.value}\n")
+    # A running run parked on a signal is "waiting", as `mayfly runs` and `mayfly result` call it.
+    word = "waiting" if result.waiting and not result.status.is_terminal else result.status.value
+    out.write(f"run {result.run_id}: {paint(ctx, word, word)}\n")
     for node_id, summary in result.nodes.items():
         outcome = "-" if summary.outcome is None else summary.outcome.value
         reason = f"  ({summary.reason})" if summary.reason else ""

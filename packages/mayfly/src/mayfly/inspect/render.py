@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -66,29 +67,137 @@ def _wall_time(ms: int) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def render_table(inspection: RunInspection) -> str:
-    """A human-readable, aligned rendering: run facts, nodes, attempts, blocking reasons, history."""
+def duration(ms: int) -> str:
+    """A span of milliseconds in the largest units that read well: ``450 ms``, ``12s``, ``3h 5m``, ``7d``."""
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{ms} ms"
+    seconds = ms // 1000
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds}s" if seconds else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h" if hours else f"{days}d"
+
+
+def _relative(delta_ms: int) -> str:
+    if delta_ms == 0:
+        return "now"
+    return f"in {duration(delta_ms)}" if delta_ms > 0 else f"{duration(delta_ms)} ago"
+
+
+class _Clock:
+    """Virtual milliseconds told as wall times and durations, when the run's epoch is known.
+
+    Durations count from ``wall_ms`` (the reader's present) when given, else from the run's
+    virtual now (the last recorded fact).
+    """
+
+    def __init__(self, ins: RunInspection, wall_ms: int | None) -> None:
+        self.epoch = ins.epoch_ms
+        if wall_ms is not None and self.epoch is not None:
+            self.present = wall_ms - self.epoch  # the present, in the run's virtual milliseconds
+        else:
+            self.present = ins.now
+
+    def wall(self, ms: int) -> str:
+        if self.epoch is None:
+            return ""
+        return _wall_time(self.epoch + ms)
+
+    def when(self, ms: int | None, *, relative: bool = True) -> str:
+        """``604800459 ms (2026-12-08T13:21:15.908Z, in 7d)``; a bare ``-`` for no time."""
+        if ms is None:
+            return "-"
+        told = [self.wall(ms)] if self.epoch is not None else []
+        if relative:
+            told.append(_relative(ms - self.present))
+        return f"{ms} ms ({', '.join(told)})" if told else f"{ms} ms"
+
+    def due(self, ms: int | None) -> str:
+        """A deadline cell: ``604800424 ms, in 7d`` (how far it is from the present), or ``-``."""
+        return "-" if ms is None else f"{ms} ms, {_relative(ms - self.present)}"
+
+    def short(self, ms: int | None) -> str:
+        """A table cell: ``448 ms 13:21:15Z`` (the wall time of day), or ``-``."""
+        if ms is None:
+            return "-"
+        if self.epoch is None:
+            return f"{ms} ms"
+        wall = self.wall(ms)
+        return f"{ms} ms {wall[11:19]}Z" if "T" in wall else f"{ms} ms"
+
+    def detail(self, text: str, now: int) -> str:
+        """A blocking detail with its virtual times told: ``at 500 (in 300 ms)`` gains a wall time.
+
+        ``now`` is the virtual time the detail's ``in N ms`` counts from (the last recorded fact).
+        """
+
+        def relative(in_ms: str) -> str:
+            return _relative(int(in_ms) + now - self.present)
+
+        def at(match: re.Match[str]) -> str:
+            ms = int(match.group(2))
+            told = [w for w in (self.wall(ms),) if w]
+            if match.group(3) is not None:
+                told.append(relative(match.group(3)))
+            return f"{match.group(1)} {ms} ms" + (f" ({', '.join(told)})" if told else "")
+
+        text = _AT_MS.sub(at, text)
+        return _IN_MS.sub(lambda m: f"({relative(m.group(1))})", text)
+
+
+_IN_MS = re.compile(r"\(in (\d+) ms\)")
+_AT_MS = re.compile(r"\b(at|since|deadline) (\d+)(?: \(in (\d+) ms\))?(?![\d ]*ms)")
+
+
+def _status_text(ins: RunInspection) -> str:
+    if ins.result is not None:
+        return f"{ins.status.value} (terminal)"
+    waits = [n.node_id for n in ins.nodes if n.waiting_for is not None]
+    if waits and ins.status is RunStatus.RUNNING:
+        return f"waiting (a running run parked on a signal: {', '.join(waits)})"
+    return ins.status.value
+
+
+def render_table(inspection: RunInspection, *, wall_ms: int | None = None) -> str:
+    """A human-readable, aligned rendering: run facts, nodes, attempts, blocking reasons, history.
+
+    Virtual milliseconds are shown with their wall-clock time when the run's
+    epoch is known, and deadlines with how far away they are: from
+    ``wall_ms`` (the present, Unix milliseconds; what ``mayfly inspect``
+    passes) when given, else from the run's last recorded fact.
+    """
     ins = inspection
+    clock = _Clock(ins, wall_ms)
     b = ins.budgets
-    elapsed_limit = "-" if b.elapsed_limit_ms is None else f"{b.elapsed_limit_ms} ms"
+    elapsed_limit = "-" if b.elapsed_limit_ms is None else duration(b.elapsed_limit_ms)
     facts = [
         ("run", ins.run_id),
         ("workflow", f"{ins.workflow_id}@{ins.workflow_version}"),
         ("spec hash", ins.spec_hash),
-        ("status", ins.status.value if ins.result is None else f"{ins.status.value} (terminal)"),
-        ("sequence", str(ins.sequence)),
+        ("status", _status_text(ins)),
+        ("sequence", f"{ins.sequence} (events in the history)"),
         ("virtual now", f"{ins.now} ms (as of the last recorded fact)"),
         ("source", ins.source + "".join(f"; {_one_line(d, 200)}" for d in ins.diagnostics)),
         (
             "budgets",
             f"attempts {b.attempts_used}/{b.attempts_limit}, transitions "
-            f"{b.transitions_used}/{b.transitions_limit}, elapsed {b.elapsed_ms} ms / {elapsed_limit}",
+            f"{b.transitions_used}/{b.transitions_limit}, elapsed {duration(b.elapsed_ms)} / {elapsed_limit}",
         ),
     ]
     if ins.journal_url is not None:
         facts.insert(6, ("journal", ins.journal_url))
     if ins.epoch_ms is not None:
         facts.insert(6, ("epoch", f"{_wall_time(ins.epoch_ms)} (wall clock at virtual 0 ms)"))
+        if wall_ms is not None:
+            last = ins.epoch_ms + ins.now
+            facts.insert(6, ("last fact", f"{_wall_time(last)} ({_relative(last - wall_ms)})"))
     if ins.parent_run_id is not None:
         facts.append(("parent", f"run {ins.parent_run_id} node {ins.parent_node_id} (depth {ins.depth})"))
     if b.exhausted is not None:
@@ -98,7 +207,11 @@ def render_table(inspection: RunInspection) -> str:
     if ins.cancellation is not None:
         c = ins.cancellation
         facts.append(
-            ("cancelled", f"by {c.requester} at {c.at} ms ({c.targets} targets): {_one_line(c.reason)}")
+            (
+                "cancelled",
+                f"by {c.requester} at {clock.when(c.at, relative=False)} ({c.targets} targets): "
+                f"{_one_line(c.reason)}",
+            )
         )
     width = max(len(k) for k, _ in facts)
     lines = [f"{k.ljust(width)}  {v}" for k, v in facts]
@@ -113,8 +226,8 @@ def render_table(inspection: RunInspection) -> str:
             n.status.value,
             f"{n.attempt}/{n.total_attempts}",
             "-" if n.outcome is None else n.outcome.value + (" (timeout)" if n.timeout else ""),
-            _cell(n.attempt_deadline),
-            _cell(n.retry_deadline),
+            clock.due(n.attempt_deadline if n.wait_deadline is None else n.wait_deadline),
+            clock.due(n.retry_deadline),
             _one_line(n.reason) if n.reason else ("-" if n.failure is None else n.failure.value),
         )
         for n in ins.nodes
@@ -122,6 +235,12 @@ def render_table(inspection: RunInspection) -> str:
     lines += _grid(
         ("NODE", "HANDLER", "POLICY", "STATUS", "ATTEMPT", "OUTCOME", "DEADLINE", "RETRY AT", "REASON"),
         node_rows,
+    )
+    lines.append(
+        "  ATTEMPT: this activation's attempt / attempts over the whole run. DEADLINE: of the "
+        "attempt or its signal wait. Times are the run's virtual ms"
+        + (" (STARTED, FINISHED: with the UTC time of day)" if ins.epoch_ms is not None else "")
+        + "."
     )
 
     lines.append("")
@@ -133,24 +252,32 @@ def render_table(inspection: RunInspection) -> str:
                 a.node_id,
                 _cell(a.attempt),
                 "active" if a.outcome is None else a.outcome.value + (" (timeout)" if a.timeout else ""),
-                _cell(a.started_at),
-                _cell(a.finished_at),
+                clock.short(a.started_at),
+                clock.short(a.finished_at),
                 _one_line(a.reason) if a.reason else "-",
             )
             for a in ins.attempts
         ]
-        header = ("ATTEMPT ID", "NODE", "#", "OUTCOME", "STARTED", "FINISHED", "REASON")
+        header = ("ATTEMPT ID", "NODE", "ATTEMPT", "OUTCOME", "STARTED", "FINISHED", "REASON")
         lines += _grid(header, attempt_rows)
+        lines.append(
+            "  ATTEMPT: the attempt's number within its node's activation (- when its start "
+            "record was not read)."
+        )
 
     lines.append("")
     lines.append(f"BLOCKING ({len(ins.blocking)})")
     if ins.blocking:
-        width = max(len(d.node_id) for d in ins.blocking)
-        lines += [f"{d.node_id.ljust(width)}  {_one_line(d.detail, 160)}" for d in ins.blocking]
+        lines += _grid(
+            ("NODE", "WHY IT IS NOT DONE"),
+            [(d.node_id, _one_line(clock.detail(d.detail, ins.now), 200)) for d in ins.blocking],
+        )
 
     h = ins.history
     lines.append("")
     lines.append(f"HISTORY (complete {h.complete}, retained {h.retained}, omitted {h.omitted})")
+    if h.omitted:
+        lines.append(f"  the first {h.omitted} events are left out; `--history N` keeps more")
     lines += list(h.lines)
     return "\n".join(lines)
 

@@ -16,11 +16,17 @@ def _describe(url: str) -> str:
     return f"local file journal at {target.root}, durability {target.durability}, flock leases"
 
 
+def _exists(url: str) -> bool:
+    """Whether a local journal is at ``url``: its directory holds the store's ``runs`` directory."""
+    return (parse_url(url).root / "runs").is_dir()
+
+
 mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
     ("file",),
     "mayfly",
     LocalWorkflowJournal,
     LocalLeaseStore,
     describe=_describe,
+    exists=_exists,
     summary="local append-only file journal (MWJ1), durability fsync|flush|write, flock leases",
 )
