@@ -137,7 +137,7 @@ def test_a_project_directory_is_audited_from_its_pyproject(tmp_path: Path) -> No
             name = "mayfly-mystore"
             version = "1.0"
             requires-python = ">=3.11.3"
-            dependencies = ["mayfly", "msgspec"]
+            dependencies = ["mayfly-runtime", "msgspec"]
             [project.optional-dependencies]
             test = ["pytest>=8"]
             """

@@ -18,7 +18,7 @@ def _describe(url: str) -> str:
 
 mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
     ("file",),
-    "mayfly",
+    "mayfly-runtime",
     LocalWorkflowJournal,
     LocalLeaseStore,
     describe=_describe,
