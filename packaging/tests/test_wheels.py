@@ -21,6 +21,7 @@ run, dropped after) and Redis (a key prefix per run, deleted after).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -198,6 +199,47 @@ def test_no_doc_command_installs_the_placeholder_name() -> None:
         for extra in project.get("optional-dependencies", {}).values():  # type: ignore[attr-defined]
             declared.extend(extra)
         assert NOT_OURS not in {_name(Requirement(r).name) for r in declared}, name
+
+
+def _check_hint(requirement: str, where: str) -> None:
+    req = Requirement(requirement)
+    name = _name(req.name)
+    assert name != NOT_OURS, f"{where}: the hint installs PyPI's placeholder `mayfly`"
+    if name in FIRST_PARTY:
+        extras = PROJECTS[name].get("optional-dependencies", {})
+        assert isinstance(extras, dict)
+        assert set(req.extras) <= set(extras), f"{where}: {requirement} names an extra {name} lacks"
+
+
+def test_install_hints_in_the_sources_name_our_distributions() -> None:
+    """The not-installed hints (``KNOWN_BACKEND_DISTRIBUTIONS``) and ``pip install`` in docstrings are ours."""
+    plugins = ROOT / "packages/mayfly/src/mayfly/plugins.py"
+    tree = ast.parse(plugins.read_text(encoding="utf-8"))
+    (table,) = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id == "KNOWN_BACKEND_DISTRIBUTIONS"
+    ]
+    assert isinstance(table, ast.Dict)
+    hints = {
+        ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(table.keys, table.values, strict=True) if k
+    }
+    assert hints["file"] == CORE
+    for scheme, backend in [("postgresql", "postgres"), ("redis", "redis"), ("lmdb", "lmdb")]:
+        assert hints[scheme] == f"{CORE}[{backend}]"
+    for requirement in hints.values():
+        _check_hint(requirement, "mayfly.plugins.KNOWN_BACKEND_DISTRIBUTIONS")
+    sources = [*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("contract-tests/src/**/*.py")]
+    seen = 0
+    for source in sources:
+        for match in re.finditer(
+            r'pip install "?([A-Za-z0-9][A-Za-z0-9_.\-]*(?:\[[a-z,]+\])?)', source.read_text()
+        ):
+            seen += 1
+            _check_hint(match.group(1), source.relative_to(ROOT).as_posix())
+    assert seen >= 3, "the backends' docstrings name their install command"
 
 
 def test_doc_commands_are_exactly_the_install_cases() -> None:
