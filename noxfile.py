@@ -23,7 +23,7 @@ TRIPWIRE_ENV = {"PYTHONPATH": str(ROOT / "policy")}
 
 
 def _distributions() -> list[Path]:
-    """Every distribution in the repository, core first so later ones find ``mayfly`` installed."""
+    """Every distribution in the repository, core first so later ones find ``mayfly-runtime`` installed."""
     core = ROOT / "packages" / "mayfly"
     others = sorted(p.parent for p in ROOT.glob("packages/*/pyproject.toml") if p.parent != core)
     contract = [p.parent for p in [ROOT / "contract-tests" / "pyproject.toml"] if p.is_file()]

@@ -65,14 +65,14 @@ def test_a_clean_wheel_passes_offline(tmp_path: Path) -> None:
     backend = wheel(
         tmp_path,
         "mayfly-mystore",
-        ["mayfly>=0.1", "msgspec>=0.18", 'pytest>=8; extra == "test"'],
+        ["mayfly-runtime>=0.1", "msgspec>=0.18", 'pytest>=8; extra == "test"'],
         {"mayfly_mystore/__init__.py": "import socket\n\nMAYFLY_PLUGIN_API = 1\n"},
     )
     completed = mayfly_audit(tmp_path, backend.name)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "runtime-dependency audit clean: 2 roots x 1 targets" in completed.stdout
     assert "1 source files scanned, 0 source finding(s)" in completed.stdout
-    assert "mayfly is Mayfly's own distribution" in completed.stdout
+    assert "mayfly-runtime is Mayfly's own distribution" in completed.stdout
 
 
 def test_a_wheel_that_runs_its_own_loop_or_threads_fails_with_locations(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_a_project_directory_is_audited_from_its_pyproject(tmp_path: Path) -> No
             name = "mayfly-mystore"
             version = "1.0"
             requires-python = ">=3.11.3"
-            dependencies = ["mayfly", "msgspec"]
+            dependencies = ["mayfly-runtime", "msgspec"]
             [project.optional-dependencies]
             test = ["pytest>=8"]
             """

@@ -1,6 +1,6 @@
 """The ``lmdb://`` backend of Mayfly: an embedded journal and recovery leases on one LMDB environment.
 
-Install with ``pip install "mayfly[lmdb]"`` and open by URL::
+Install with ``pip install "mayfly-runtime[lmdb]"`` and open by URL::
 
     lmdb:///var/lib/app/mayfly?durability=sync&map_size=1GiB&max_map_size=1TiB
 

@@ -1,6 +1,6 @@
 """PostgreSQL journal and recovery leases for Mayfly: many runtime processes on many hosts share runs.
 
-Install with ``pip install "mayfly[postgres]"`` and open ``postgresql://`` URLs
+Install with ``pip install "mayfly-runtime[postgres]"`` and open ``postgresql://`` URLs
 anywhere Mayfly takes a journal URL::
 
     postgresql://mayfly@db.internal:5432/app?schema=mayfly&durability=durable

@@ -1,6 +1,6 @@
 """Mayfly on Redis: a journal and expiring recovery leases for ``redis://`` and ``rediss://`` URLs.
 
-Install with ``pip install "mayfly[redis]"`` and open by URL::
+Install with ``pip install "mayfly-runtime[redis]"`` and open by URL::
 
     journal = mayfly.open_journal("redis://127.0.0.1:6379/0")      # durability=aof (default)
     leases = mayfly.open_leases("redis://127.0.0.1:6379/0")

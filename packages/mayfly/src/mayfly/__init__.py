@@ -59,7 +59,7 @@ from mayfly.runtime import (
     new_signal_token,
 )
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"
 
 __all__ = [
     "ArtifactRef",

@@ -65,12 +65,12 @@ __all__ = [
 ]
 
 KNOWN_BACKEND_DISTRIBUTIONS: Final[Mapping[str, str]] = {
-    "file": "mayfly",
-    "postgresql": "mayfly[postgres]",
-    "postgres": "mayfly[postgres]",
-    "redis": "mayfly[redis]",
-    "rediss": "mayfly[redis]",
-    "lmdb": "mayfly[lmdb]",
+    "file": "mayfly-runtime",
+    "postgresql": "mayfly-runtime[postgres]",
+    "postgres": "mayfly-runtime[postgres]",
+    "redis": "mayfly-runtime[redis]",
+    "rediss": "mayfly-runtime[redis]",
+    "lmdb": "mayfly-runtime[lmdb]",
 }
 """What to install for the schemes of first-party backends, for the not-installed error."""
 

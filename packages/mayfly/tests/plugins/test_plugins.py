@@ -85,11 +85,11 @@ def test_malformed_scheme_is_refused() -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("postgresql://u:pw@db/x", 'postgresql:// needs: pip install "mayfly[postgres]"'),
-        ("postgres://db/x", 'postgres:// needs: pip install "mayfly[postgres]"'),
-        ("redis://localhost", 'redis:// needs: pip install "mayfly[redis]"'),
-        ("rediss://localhost", 'rediss:// needs: pip install "mayfly[redis]"'),
-        ("lmdb:///x", 'lmdb:// needs: pip install "mayfly[lmdb]"'),
+        ("postgresql://u:pw@db/x", 'postgresql:// needs: pip install "mayfly-runtime[postgres]"'),
+        ("postgres://db/x", 'postgres:// needs: pip install "mayfly-runtime[postgres]"'),
+        ("redis://localhost", 'redis:// needs: pip install "mayfly-runtime[redis]"'),
+        ("rediss://localhost", 'rediss:// needs: pip install "mayfly-runtime[redis]"'),
+        ("lmdb:///x", 'lmdb:// needs: pip install "mayfly-runtime[lmdb]"'),
         ("nosuch://x", "no installed Mayfly backend serves nosuch://"),
     ],
 )
@@ -107,7 +107,7 @@ def test_builtin_local_backend_is_found_through_its_entry_point(tmp_path: Path) 
     assert isinstance(open_journal(str(tmp_path)), LocalWorkflowJournal)
     assert isinstance(open_leases(str(tmp_path)), LocalLeaseStore)
     rows = {(row.kind, row.scheme, row.distribution) for row in list_backends()}
-    assert {("journal", "file", "mayfly"), ("lease", "file", "mayfly")} <= rows
+    assert {("journal", "file", "mayfly-runtime"), ("lease", "file", "mayfly-runtime")} <= rows
 
 
 def test_duplicate_scheme_names_both_distributions() -> None:
@@ -175,7 +175,7 @@ def test_block_list_disables_the_builtin_backend(tmp_path: Path) -> None:
 def test_allow_list_loads_only_named_plugins(tmp_path: Path) -> None:
     """MAYFLY_PLUGINS loads only the plugins it names (by entry point or distribution)."""
     assert PluginManager(environ={"MAYFLY_PLUGINS": "other"}).plugin_names() == []
-    assert "local" in PluginManager(environ={"MAYFLY_PLUGINS": "mayfly"}).plugin_names()
+    assert "local" in PluginManager(environ={"MAYFLY_PLUGINS": "mayfly-runtime"}).plugin_names()
 
 
 def test_typed_hook_wrappers_collect_every_plugin() -> None:

@@ -23,7 +23,7 @@ def _exists(url: str) -> bool:
 
 mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
     ("file",),
-    "mayfly",
+    "mayfly-runtime",
     LocalWorkflowJournal,
     LocalLeaseStore,
     describe=_describe,

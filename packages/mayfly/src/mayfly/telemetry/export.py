@@ -36,7 +36,9 @@ class JsonLogExporter:
     JSON, so a handler with the format ``%(message)s`` writes JSON lines.
     Register an instance as a plugin to receive every published snapshot::
 
-        mayfly.plugins.plugin_manager().register(JsonLogExporter(), name="jsonlog", distribution="mayfly")
+        mayfly.plugins.plugin_manager().register(
+            JsonLogExporter(), name="jsonlog", distribution="mayfly-runtime"
+        )
     """
 
     MAYFLY_PLUGIN_API: ClassVar[int] = PLUGIN_API
