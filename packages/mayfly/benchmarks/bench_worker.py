@@ -8,9 +8,9 @@ Prints, for the journal URL given (default: a fresh ``file://`` store in fsync m
    ``WorkflowRuntime.start``, then one ``mayfly.Worker`` with concurrency
    ``--runs`` drives them all (nodes/s, and the ratio to the serial chain;
    issue 16's target is >= 3x);
-3. for ``file://`` stores, the raw floor measured in the same directory in the
-   same run: ``os.write`` + ``fdatasync`` of one small record, serially
-   (commits/s), so a figure can be read against the disk it ran on;
+3. the store's raw floor measured in the same run (:func:`store_floor`):
+   one durable commit at a time (commits/s), so a figure can be read against
+   the disk and server it ran on;
 4. parking: ``--parked`` runs (default 10,000) that each park on a signal under
    the worker; the submit and the claim-drive-park time per run, and the
    resident memory the worker process still holds per parked run;
@@ -83,6 +83,46 @@ def raw_floor(directory: Path, count: int = 300) -> float:
         path.unlink()
 
 
+def store_floor(url: str, scratch: Path, count: int = 300) -> tuple[str, float]:
+    """The store's raw one-commit rate, measured now beside the figures: what one durable commit costs.
+
+    ``file://`` and ``lmdb://``: ``write`` + ``fdatasync`` of one small record in
+    the store's directory. ``postgresql://``: one-row ``INSERT`` commits into a
+    scratch table on the same server. ``redis://``: ``SET`` round trips to the
+    same server (durable when it runs ``appendfsync always``).
+    """
+    scheme = url.split(":", 1)[0]
+    if scheme in ("file", "lmdb"):
+        directory = Path(url.split("://", 1)[1].split("?", 1)[0])
+        directory = directory if directory.is_dir() else directory.parent
+        return "write + fdatasync, serial", raw_floor(directory if directory.is_dir() else scratch, count)
+    if scheme.startswith("postgres"):
+        import psycopg  # noqa: PLC0415 - only when benchmarking PostgreSQL
+
+        conninfo = url.split("?", 1)[0]
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            # A logged table (a temporary one writes no WAL, so its commits would wait for nothing).
+            conn.execute("CREATE TABLE IF NOT EXISTS mayfly_bench_floor (n int)")
+            try:
+                started = time.perf_counter()
+                for n in range(count):
+                    conn.execute("INSERT INTO mayfly_bench_floor VALUES (%s)", (n,))
+                rate = count / (time.perf_counter() - started)
+            finally:
+                conn.execute("DROP TABLE mayfly_bench_floor")
+            return "one-row INSERT commits, serial", rate
+    if scheme.startswith("redis"):
+        import redis  # noqa: PLC0415 - only when benchmarking Redis
+
+        client = redis.Redis.from_url(url.split("?", 1)[0])
+        started = time.perf_counter()
+        for n in range(count):
+            client.set("mayfly-bench-floor", n)
+        client.delete("mayfly-bench-floor")
+        return "SET round trips, serial", count / (time.perf_counter() - started)
+    return "unknown store", float("nan")
+
+
 def drive_all(url: str, runs: int, *, until: str = "ended", log: list[dict[str, Any]] | None = None) -> float:
     """Run a worker until every submitted run ended (or parked); return the seconds it took."""
     seen = {"ended": 0, "parked": 0}
@@ -128,8 +168,8 @@ def main() -> None:
         f"worker, {args.runs} runs x {args.nodes} nodes at once: {concurrent:10,.0f} nodes/s  "
         f"ratio {concurrent / serial:.2f}x the serial chain (target >= 3x)"
     )
-    if url.startswith("file://"):
-        print(f"raw floor (write + fdatasync, serial):     {raw_floor(scratch):10,.0f} commits/s")
+    how, floor = store_floor(url, scratch)
+    print(f"raw floor ({how}): {floor:10,.0f} commits/s")
 
     if args.parked:
         parked_url = f"{url}-parked" if url.startswith("file://") else url
