@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mayfly_lmdb
 from mayfly.hookspecs import PLUGIN_API
 from mayfly.plugins import PluginManager
@@ -59,3 +61,12 @@ def test_a_workflow_runs_end_to_end_on_an_lmdb_url(url: str) -> None:
         assert journal.list_runs() == [result.run_id]
         assert len(journal.read(result.run_id)) == result.sequence
         assert journal.read_snapshot(result.run_id) is not None
+
+
+def test_read_only_commands_refuse_a_missing_environment_and_create_nothing(tmp_path: Path) -> None:
+    """`mayfly runs` on a mistyped lmdb:// path says there is no journal (exit 5) and creates nothing."""
+    from mayfly.cli import main
+
+    missing = tmp_path / "typo" / "env"
+    assert main(["--journal", f"lmdb://{missing}", "runs"]) == 5
+    assert not (tmp_path / "typo").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from mayfly.plugins import list_backends, open_journal, open_leases
 from mayfly_postgres import MAYFLY_PLUGIN_API, PostgresJournal, PostgresLeaseStore
 
@@ -22,3 +24,17 @@ def test_backends_listing_describes_durability(url: str) -> None:
     }
     described = next(row for row in rows if row.kind == "journal" and row.scheme == "postgresql")
     assert "synchronous_commit=on" in described.description and "***" not in described.description
+
+
+def test_read_only_commands_refuse_a_schema_that_holds_no_store_and_create_nothing() -> None:
+    """`mayfly runs` on a mistyped ?schema= says there is no journal (exit 5) and creates no schema."""
+    import psycopg
+
+    from mayfly.cli import main
+
+    schema = "mayfly_typo_" + uuid.uuid4().hex[:8]
+    url = f"postgresql://postgres@127.0.0.1:5432/test?schema={schema}"
+    assert main(["--journal", url, "runs"]) == 5
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test") as connection:
+        row = connection.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+    assert row is not None and row[0] == 0

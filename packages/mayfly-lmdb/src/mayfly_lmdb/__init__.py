@@ -77,6 +77,11 @@ def describe(url: str) -> str:
     )
 
 
+def _exists(url: str) -> bool:
+    """Whether an LMDB store is at ``url``: its directory holds an environment (nothing is created)."""
+    return (parse_url(url).path / "data.mdb").is_file()
+
+
 mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
-    ("lmdb",), DISTRIBUTION, LmdbJournal, LmdbLeaseStore, describe=describe, summary=_SUMMARY
+    ("lmdb",), DISTRIBUTION, LmdbJournal, LmdbLeaseStore, describe=describe, exists=_exists, summary=_SUMMARY
 )

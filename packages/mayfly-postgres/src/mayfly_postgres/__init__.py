@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from typing import Final
 
+import psycopg
+
 from mayfly.backend import backend_hooks
+from mayfly.errors import JournalUnavailable
 from mayfly.journal import RunSummary
 from mayfly_postgres._journal import PostgresJournal
 from mayfly_postgres._lease import PostgresLeaseGuard, PostgresLeaseStore
-from mayfly_postgres._schema import LATEST_VERSION
+from mayfly_postgres._schema import LATEST_VERSION, applied_version
 from mayfly_postgres._url import SCHEMES, PostgresSettings, parse_url
 
 __all__ = [
@@ -49,12 +52,25 @@ def _describe(url: str) -> str:
     )
 
 
+def _exists(url: str) -> bool:
+    """Whether a Mayfly store is at ``url``: its schema holds applied migrations (nothing is created)."""
+    settings = parse_url(url)
+    try:
+        with psycopg.connect(settings.conninfo, connect_timeout=10) as connection:
+            return applied_version(connection, settings.schema) > 0
+    except psycopg.Error as exc:
+        raise JournalUnavailable(
+            f"cannot reach PostgreSQL at {settings.url}: {str(exc).strip().splitlines()[0]}"
+        ) from None
+
+
 mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
     SCHEMES,
     DISTRIBUTION,
     PostgresJournal,
     PostgresLeaseStore,
     describe=_describe,
+    exists=_exists,
     summary=(
         "PostgreSQL journal and expiring fenced leases across hosts "
         "(durability durable: synchronous_commit=on | write: off)"
