@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from typing import TYPE_CHECKING
 
 from mayfly import errors, ids
 from mayfly.errors import MayflyError, NonRetryable
@@ -90,9 +91,11 @@ __all__ = [
     "RunInspection",
     "RunResult",
     "RunStatus",
+    "Schedule",
     "Skipped",
     "Succeeded",
     "WaitForSignal",
+    "Worker",
     "WorkflowRuntime",
     "WorkflowSpec",
     "errors",
@@ -130,7 +133,18 @@ _MOVED: dict[str, str] = {
 }
 
 
+if TYPE_CHECKING:  # type checkers see the lazily loaded names' real types
+    from mayfly.schedules import Schedule
+    from mayfly.worker import Worker
+
+# Public names whose modules sit above the runtime (a worker imports it): loaded on first use.
+_LAZY: dict[str, str] = {"Worker": "mayfly.worker", "Schedule": "mayfly.schedules"}
+
+
 def __getattr__(name: str) -> object:
+    lazy = _LAZY.get(name)
+    if lazy is not None:
+        return getattr(importlib.import_module(lazy), name)
     home = _MOVED.get(name)
     if home is None or name in __all__:
         raise AttributeError(f"module 'mayfly' has no attribute {name!r}")

@@ -53,6 +53,7 @@ from mayfly.recovery import resume_claimed
 from mayfly.runindex import RUN_WAKEUPS, RunIndexJournal, WakeupListener, index_entry
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime
 from mayfly.runtime._driver import RunDriver
+from mayfly.schedules import Schedule, check_schedules, tick_run_id
 from mayfly.substrate import Channel, Hub, Task, WaitTimeout, current_hub, spawn, wait_readable
 
 __all__ = ["Worker", "WorkerUnsupported"]
@@ -91,6 +92,7 @@ class Worker:
         poll_interval_ms: int = 1_000,
         grace_ms: int = 30_000,
         log: Callable[[dict[str, Any]], None] | None = None,
+        schedules: Sequence[Schedule] = (),
         **runtime: Any,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 10**5:
@@ -122,6 +124,8 @@ class Worker:
         self._stop_pipe: tuple[int, int] | None = None
         self.claimed = 0
         self.ended = 0
+        self.schedules = check_schedules(schedules)
+        self._ticked: dict[str, int] = {}  # schedule name -> the latest tick whose run this worker started
 
     @property
     def owner(self) -> str:
@@ -220,7 +224,7 @@ class Worker:
                 self.stop()
                 break
             free = self.concurrency - len(self._active)
-            wake_in_ms = self.poll_interval_ms
+            wake_in_ms = self._fire_schedules(self.poll_interval_ms)
             if free > 0:
                 try:
                     guards = self._claim(free)
@@ -252,6 +256,30 @@ class Worker:
             else:
                 taken.append(guard)
         return taken
+
+    def _fire_schedules(self, default_ms: int) -> int:
+        """Start the runs of due ticks; return the ms until the next tick (at most ``default_ms``)."""
+        if not self.schedules:
+            return default_ms
+        now = self.runtime._wall_ms()
+        wait = default_ms
+        for schedule in self.schedules:
+            last = self._ticked.get(schedule.name)
+            for tick in schedule.due(last, now):
+                run_id = tick_run_id(schedule.name, tick)
+                try:
+                    self.runtime.start(
+                        schedule.spec, schedule.run_input(tick), run_id=run_id, queue=schedule.queue
+                    )
+                except (JournalUnavailable, OSError) as exc:
+                    self._emit("error", error=f"schedule {schedule.name}: starting tick {tick} failed: {exc}")
+                    return min(wait, 1_000)  # retried at the next turn, from the same tick
+                self._ticked[schedule.name] = tick
+                self._emit("scheduled", schedule=schedule.name, tick_ms=tick, run_id=run_id)
+            if schedule.name not in self._ticked:
+                self._ticked[schedule.name] = now  # nothing was due: look from now on
+            wait = min(wait, max(1, schedule.next_after(now) - now))
+        return wait
 
     def _next_wake_in(self, default_ms: int) -> int:
         now = self.runtime._wall_ms()
@@ -426,6 +454,8 @@ def _text_log(stream: TextIO) -> Callable[[dict[str, Any]], None]:
         elif event == "parked":
             waits = ", ".join(record["waiting"]) or "a timer"
             line = f"run {run} parked on {waits}"
+        elif event == "scheduled":
+            line = f"schedule {record['schedule']}: run {run} for the tick at {record['tick_ms']}"
         elif event == "started":
             queues = ", ".join(record["queues"])
             line = f"worker {record['worker']} started: concurrency {record['concurrency']}, queues {queues}"

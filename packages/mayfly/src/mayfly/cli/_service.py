@@ -9,6 +9,7 @@ from mayfly.cli._support import (
     Context,
     UsageError,
     handler_registry,
+    handlers_schedules,
     load_spec,
     parse_json,
     print_result,
@@ -60,6 +61,7 @@ def cmd_worker(ctx: Context) -> int:
     """``mayfly worker --handlers MODULE [--concurrency N] [--queue Q ...]``: serve until SIGTERM/SIGINT."""
     args = ctx.args
     registry = handler_registry(ctx, args.handlers)
+    schedules = handlers_schedules(args.handlers)
     queues = None if not args.queue else [_queue(name) for name in args.queue]
     worker = Worker(
         ctx.journal_url,
@@ -70,6 +72,7 @@ def cmd_worker(ctx: Context) -> int:
         grace_ms=int(args.grace * 1000),
         plugins=ctx.plugins,
         log=json_log(ctx.err) if args.json else None,
+        schedules=schedules,
     )
     code = worker.serve()
     return EXIT["ok"] if code == 0 else EXIT["interrupted"]

@@ -25,6 +25,7 @@ from mayfly.inspect import narrate
 from mayfly.journal import WorkflowJournal
 from mayfly.model.errors import (
     InvalidIdentifier,
+    InvalidRecord,
     JournalUnavailable,
     MayflyError,
     RunNotFound,
@@ -45,6 +46,7 @@ from mayfly.recovery import (
     RestoreSignalWait,
 )
 from mayfly.runtime import HandlerRegistry, RunResult, WorkflowRuntime
+from mayfly.schedules import Schedule, check_schedules
 
 EXIT = {
     "ok": 0,
@@ -224,7 +226,7 @@ def handler_registry(ctx: Context, handlers: str | None) -> HandlerRegistry:
     ctx.plugins.register_handlers(registry)
     if handlers is None:
         return registry
-    module = _import_handlers(handlers)
+    module = _LOADED[handlers] = _import_handlers(handlers)
     provided = getattr(module, "registry", None)
     register = getattr(module, "register", None)
     if isinstance(provided, HandlerRegistry):
@@ -257,6 +259,18 @@ def handler_registry(ctx: Context, handlers: str | None) -> HandlerRegistry:
             "nor `register(registry)`"
         )
     return registry
+
+
+_LOADED: dict[str, Any] = {}
+
+
+def handlers_schedules(handlers: str) -> tuple[Schedule, ...]:
+    """The ``schedules`` of a handlers module :func:`handler_registry` loaded (none if it has none)."""
+    found = getattr(_LOADED.get(handlers), "schedules", ())
+    try:
+        return check_schedules(list(found))
+    except (InvalidRecord, TypeError) as exc:
+        raise UsageError(f"handlers module {handlers!r}: schedules: {exc}") from None
 
 
 def _import_handlers(handlers: str) -> Any:
