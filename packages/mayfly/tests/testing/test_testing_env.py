@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from mayfly import (
+    ChildCall,
+    ChildDefinition,
     Edge,
     FixedBackoff,
     HandlerRegistry,
@@ -214,3 +216,63 @@ def test_time_never_goes_back_and_run_ids_repeat() -> None:
             with pytest.raises(ValueError, match="forward"):
                 env.advance(-1)
     assert ids[0] == ids[1]
+
+
+REVIEW = ChildDefinition(
+    workflow_id="review",
+    version=1,
+    nodes=(Node("scan", handler="scan@1", outputs=("ok",), retry=RetryPolicy(max_attempts=1)),),
+    outputs=("ok",),
+)
+PARENT = WorkflowSpec(
+    "parent",
+    1,
+    (
+        Node("review", child=ChildCall("review", 1, "require_success", (), ("ok",))),
+        Node("report", handler="report@1", depends_on=("review",)),
+    ),
+    catalog=(REVIEW,),
+)
+
+
+def _child_registry() -> HandlerRegistry:
+    registry = HandlerRegistry()
+
+    @registry.handler("scan", cooperative=True)
+    def scan(req: Any) -> Any:
+        if req.signal is None:
+            return WaitForSignal("approval", TOKEN, timeout_ms=DAY)
+        return Succeeded(output={"ok": req.signal.decision["ok"]})
+
+    registry.register("report", 1, lambda req: Succeeded(output={"done": True}))
+    return registry
+
+
+def test_a_signal_to_a_parked_child_run_wakes_and_finishes_its_parent() -> None:
+    """A parent parked on its child's wait is woken by a signal to the child and both finish."""
+    with WorkflowTestEnv(_child_registry()) as env:
+        run = env.start(PARENT)
+        child = env.result(run).nodes["review"].child_run_id
+        assert child is not None and env.result(child).waiting == {"scan": "approval"}
+        env.advance(hours=12)
+        assert env.signal(child, "scan", token=TOKEN, decision={"ok": True}).status == "accepted"
+        result = env.result(run)
+        assert result.succeeded and result.outputs["report"] == {"done": True}
+        assert env.now_ms == 12 * HOUR
+
+
+def test_a_child_runs_wait_deadline_wakes_its_parked_parent_at_that_time() -> None:
+    """Advancing past a child's signal deadline drives the parent at the deadline: the child expires."""
+    with WorkflowTestEnv(_child_registry()) as env:
+        run = env.start(PARENT)
+        env.advance(days=2)
+        result = env.result(run)
+        assert (
+            result.status is RunStatus.FAILED
+            and result.nodes["review"].outcome is NodeOutcomeKind.PERMANENT_FAILURE
+        )
+        child = result.nodes["review"].child_run_id
+        assert child is not None
+        env.assert_events(
+            child, [(SignalExpired, {"deadline": DAY}), (RunCompleted, {"result": "failed", "at": DAY})]
+        )

@@ -18,7 +18,9 @@ waits for it or the test says so:
   production) and drives the run on.
 
 Runs are driven one at a time, in the order they became due; one run's
-backoff moves the clock for all (the clock never goes back).
+backoff moves the clock for all (the clock never goes back). Child runs are
+driven by their root run, which waits (as a worker parks it) until a signal to
+a child wakes it or a child's wake time comes.
 
 Crashes: :meth:`~WorkflowTestEnv.crash_after` arms a crash right after the
 commit of a chosen event. The drive stops there as a killed process would
@@ -46,7 +48,7 @@ from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import RunState
 from mayfly.plugins import PluginManager
 from mayfly.reducer import decode_event
-from mayfly.runindex import IndexEntry, IndexStatus
+from mayfly.runindex import IndexEntry, IndexStatus, index_entry
 from mayfly.runtime import HandlerRegistry, RunResult, SignalDisposition, WorkflowRuntime
 from mayfly.substrate import VirtualClock
 from mayfly.testing._memory import MemoryJournal, MemoryLeaseStore, MemoryStore, drop_store
@@ -206,7 +208,7 @@ class WorkflowTestEnv:
     def start(self, spec: WorkflowSpec, input: JsonValue = None, *, run_id: str | None = None) -> str:
         """Create a run of ``spec`` and drive it until it ends or parks on a signal; return its run id."""
         run_id = run_id if run_id is not None else self.ids.new_id()
-        self._guarded(run_id, lambda: self.runtime.execute(spec, input, run_id=run_id))
+        self._guarded(run_id, lambda: self._parked(self.runtime.execute(spec, input, run_id=run_id)))
         return run_id
 
     def run_until_parked(self) -> bool:
@@ -239,7 +241,7 @@ class WorkflowTestEnv:
 
         def drive() -> None:
             nonlocal result
-            result = self.runtime.resume(run_id)
+            result = self._parked(self.runtime.resume(run_id))
 
         self._guarded(run_id, drive)
         return result
@@ -357,6 +359,35 @@ class WorkflowTestEnv:
             lease_ttl_ms=86_400_000,
             observer=self._observe,
         )
+
+    def _parked(self, result: RunResult) -> RunResult:
+        """Record a root run that waits only on its parked child runs as waiting, as a worker does.
+
+        Its entry then wakes at the children's earliest wake time (a child's
+        signal deadline), and a signal to a child wakes it (``index_wake``).
+        """
+        if result.status.is_terminal or not any("/" in wait for wait in result.waiting):
+            return result
+        with self.store.lock:
+            entries = list(self.store.index.values())
+        below, found = {result.run_id}, True
+        while found:
+            found = False
+            for entry in entries:
+                if entry.parent in below and entry.run_id not in below:
+                    below.add(entry.run_id)
+                    found = True
+        wakes = [
+            entry.ready_at_ms
+            for entry in entries
+            if entry.run_id in below
+            and entry.run_id != result.run_id
+            and entry.status is IndexStatus.WAITING
+            and entry.ready_at_ms is not None
+        ]
+        state = self.runtime.inspect(result.run_id).state
+        self.journal.index_put([index_entry(state, parked=True, parked_until=min(wakes, default=None))])
+        return result
 
     def _take_wake(self, run_id: str) -> None:
         """Answer the run's wake request, as a worker's claim of it would."""
