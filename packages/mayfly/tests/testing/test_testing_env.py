@@ -276,3 +276,33 @@ def test_a_child_runs_wait_deadline_wakes_its_parked_parent_at_that_time() -> No
         env.assert_events(
             child, [(SignalExpired, {"deadline": DAY}), (RunCompleted, {"result": "failed", "at": DAY})]
         )
+
+
+def test_runs_falling_due_in_one_step_are_driven_in_wake_order() -> None:
+    """Three runs whose waits expire at days 3, 1 and 2 are driven at those times, earliest first."""
+    order: list[tuple[str, int]] = []
+    registry = HandlerRegistry()
+
+    @registry.handler("wait", cooperative=True)
+    def wait(req: Any) -> Any:
+        return WaitForSignal("go", TOKEN, timeout_ms=req.run_input["days"] * DAY)
+
+    @registry.handler("after", version=1)
+    def after(req: Any) -> Any:
+        order.append((req.run_input["name"], env.now_ms // DAY))
+        return Succeeded()
+
+    spec = WorkflowSpec(
+        "expiring",
+        1,
+        (
+            Node("wait", handler="wait@1", retry=RetryPolicy(max_attempts=1)),
+            Node("after", handler="after@1"),
+        ),
+        edges=(Edge("wait", "after", OnOutcome(NodeOutcomeKind.RETRYABLE_FAILURE)),),
+    )
+    with WorkflowTestEnv(registry) as env:
+        for name, days in (("c", 3), ("a", 1), ("b", 2)):
+            env.start(spec, {"name": name, "days": days})
+        env.advance(days=5)
+    assert order == [("a", 1), ("b", 2), ("c", 3)]

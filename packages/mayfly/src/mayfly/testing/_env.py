@@ -220,7 +220,12 @@ class WorkflowTestEnv:
         crashes = len(self.crashes)
         for _ in range(_MAX_DRIVES):
             now = self.clock.wall_ms()
-            ready = [entry.run_id for entry in self._entries() if _claimable(entry, now)]
+            # A worker's claim order: higher priority first, then the time each became runnable or due.
+            due = sorted(
+                (entry for entry in self._entries() if _claimable(entry, now)),
+                key=lambda e: (-e.priority, e.ready_at_ms is None, e.ready_at_ms or 0, e.run_id),
+            )
+            ready = [entry.run_id for entry in due]
             if not ready:
                 return True
             for run_id in ready:
