@@ -4,9 +4,42 @@
   no journal, no runtime — recording the history so tests can assert the exact
   event sequence and check that replay reproduces the live state.
 - :class:`~mayfly.model.ids.DeterministicIdSource` makes every id predictable.
+- :class:`MemoryStore` / ``memory://NAME`` is an in-memory journal, lease store
+  and run index (durability ``memory``), certified by the contract suite, so a
+  runtime and a :class:`~mayfly.worker.Worker` run on it.
+- :class:`WorkflowTestEnv` runs workflows on a memory store and a virtual
+  clock: backoffs and deadlines fire at once, a test acts at a chosen virtual
+  time (:meth:`~WorkflowTestEnv.advance`, :meth:`~WorkflowTestEnv.signal`),
+  crashes a drive after a chosen event and reads the decoded history
+  (:func:`assert_events`). ``docs/testing.md`` walks through it.
 """
 
 from mayfly.model.ids import DeterministicIdSource
+from mayfly.testing._env import EventPattern, SimulatedCrash, WorkflowTestEnv, assert_events
 from mayfly.testing._harness import ReducerHarness, ScriptExhausted
+from mayfly.testing._memory import (
+    MEMORY_CAPABILITIES,
+    MemoryJournal,
+    MemoryLeaseGuard,
+    MemoryLeaseStore,
+    MemoryStore,
+    drop_store,
+    memory_store,
+)
 
-__all__ = ["DeterministicIdSource", "ReducerHarness", "ScriptExhausted"]
+__all__ = [
+    "MEMORY_CAPABILITIES",
+    "DeterministicIdSource",
+    "EventPattern",
+    "MemoryJournal",
+    "MemoryLeaseGuard",
+    "MemoryLeaseStore",
+    "MemoryStore",
+    "ReducerHarness",
+    "ScriptExhausted",
+    "SimulatedCrash",
+    "WorkflowTestEnv",
+    "assert_events",
+    "drop_store",
+    "memory_store",
+]

@@ -1,0 +1,513 @@
+"""The in-memory backend (``memory://NAME``): journal, recovery leases and run index in one process.
+
+Built on the backend kit (:mod:`mayfly.backend`), so every argument check and
+error message is the kit's, and certified by the contract suite like any other
+backend (``pytest --pyargs mayfly_contract --mayfly-journal memory://contract``).
+It declares ``durability=memory`` and neither ``cross_process`` nor
+``crash_durable``: nothing survives the process, and another process opening
+``memory://NAME`` sees a store of its own.
+
+One :class:`MemoryStore` holds a store's state: records, snapshots, fencing
+counters, leases and index entries, under one lock. Every call is a few
+dictionary operations and never switches greenlets, so calls run inline on the
+hub and the lock is never held across a switch. Stores are named: a journal
+and a lease store opened on the same URL share one store (the journal checks
+the lease store's fencing tokens), and the store lives until
+:func:`drop_store`, so closing a journal and opening the URL again finds the
+records. Lease expiry is judged by the store's ``clock`` (wall milliseconds;
+by default the system's), so a test on a virtual clock can expire a crashed
+owner's lease by moving time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+
+from mayfly.backend import (
+    BackendURL,
+    JournalBase,
+    LeaseGuardBase,
+    LeaseStoreBase,
+    backend_hooks,
+    decode_snapshot,
+    encode_snapshot,
+    parse_backend_url,
+)
+from mayfly.journal import AppendResult, Durability, JournalCapabilities, JournalRecord, SnapshotRecord
+from mayfly.lease import RecoveryLeaseGuard, validate_acquire
+from mayfly.model.errors import InvalidBackendURL, InvalidRecord, LeaseHeld
+from mayfly.model.ids import parse_run_id
+from mayfly.runindex import IndexEntry, IndexStatus, check_claim
+
+__all__ = [
+    "MEMORY_CAPABILITIES",
+    "MemoryJournal",
+    "MemoryLeaseGuard",
+    "MemoryLeaseStore",
+    "MemoryStore",
+    "drop_store",
+    "memory_store",
+]
+
+MEMORY_CAPABILITIES: Final = JournalCapabilities.declare(
+    Durability.MEMORY, "fencing fault_injection snapshots lease_expiry run_purge run_index"
+)
+"""What ``memory://`` declares: no durability, no second process; fencing, expiring leases, the run index."""
+
+_NAME: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+_SHAPE: Final = "memory://NAME (NAME: [a-z0-9][a-z0-9._-]{0,62})"
+
+
+class MemoryOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """``memory://`` URLs take no options: the name is the whole configuration."""
+
+
+def parse_url(url: object) -> tuple[str, str]:
+    """Parse ``memory://NAME`` into the store name and the URL; else raise ``InvalidBackendURL``."""
+    parsed: BackendURL[MemoryOptions] = parse_backend_url(
+        url, MemoryOptions, _SHAPE, kind="server", host_required=False
+    )
+    name = parsed.host or "default"
+    if parsed.location.strip("/") or parsed.port is not None or parsed.username is not None:
+        raise parsed.invalid("it names more than a store: give only memory://NAME")
+    if _NAME.fullmatch(name) is None:
+        raise parsed.invalid(f"the store name {name!r} does not match {_NAME.pattern}")
+    return name, f"memory://{name}"
+
+
+def _system_wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Run:
+    """One run's stored history: records by sequence, the next sequence, event ids."""
+
+    records: dict[int, JournalRecord] = field(default_factory=dict)
+    head: int = 1
+    event_ids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Lease:
+    owner: str
+    token: int
+    expires_ms: int
+
+
+class MemoryStore:
+    """The state of one in-memory store; open its journal and leases with :meth:`journal` / :meth:`leases`.
+
+    ``clock`` returns wall milliseconds and decides when a lease expires
+    (default: the system clock). A store made here is registered under its
+    ``name`` (a fresh ``store-N`` if none is given), so ``memory://NAME``
+    opens it too, until :func:`drop_store`.
+    """
+
+    def __init__(self, name: str | None = None, *, clock: Callable[[], int] | None = None) -> None:
+        if name is None:
+            name = f"store-{next(_ANONYMOUS)}"
+        if _NAME.fullmatch(name) is None:
+            raise InvalidBackendURL(f"memory store name {name!r} is invalid; expected {_SHAPE}")
+        self.name = name
+        self.clock: Callable[[], int] = clock if clock is not None else _system_wall_ms
+        self.lock = threading.RLock()
+        self.runs: dict[str, _Run] = {}
+        self.snapshots: dict[str, bytes] = {}
+        self.fences: dict[str, int] = {}
+        self.leases_held: dict[str, _Lease] = {}
+        self.index: dict[str, IndexEntry] = {}
+        with _REGISTRY_LOCK:
+            if name in _REGISTRY:
+                raise InvalidRecord(
+                    f"memory store {name!r} exists already; open it with memory_store({name!r})"
+                )
+            _REGISTRY[name] = self
+
+    @property
+    def url(self) -> str:
+        """``memory://NAME``."""
+        return f"memory://{self.name}"
+
+    def journal(self) -> MemoryJournal:
+        """A journal on this store."""
+        return MemoryJournal(self.url)
+
+    def leases(self) -> MemoryLeaseStore:
+        """A recovery-lease store on this store."""
+        return MemoryLeaseStore(self.url)
+
+    def holder(self, run_id: str) -> _Lease | None:
+        """The run's unexpired lease (caller holds :attr:`lock`)."""
+        lease = self.leases_held.get(run_id)
+        return lease if lease is not None and lease.expires_ms > self.clock() else None
+
+    def grant(self, run_id: str, owner: str, ttl_ms: int) -> int:
+        """Grant the run's lease now with the next token (caller holds :attr:`lock`, checked it is free)."""
+        token = self.fences.get(run_id, 0) + 1
+        self.fences[run_id] = token
+        self.leases_held[run_id] = _Lease(owner, token, self.clock() + ttl_ms)
+        return token
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({self.name!r}, runs={len(self.runs)})"
+
+
+_ANONYMOUS = itertools.count(1)
+_REGISTRY: dict[str, MemoryStore] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def memory_store(name: str) -> MemoryStore:
+    """The store named ``name``, created (with the system clock) if this process has none by that name."""
+    with _REGISTRY_LOCK:
+        store = _REGISTRY.get(name)
+    if store is not None:
+        return store
+    try:
+        return MemoryStore(name)
+    except InvalidRecord:  # created by another thread meanwhile
+        with _REGISTRY_LOCK:
+            return _REGISTRY[name]
+
+
+def drop_store(name: str) -> bool:
+    """Forget the store named ``name`` (its data goes once no journal holds it); ``False`` if none."""
+    with _REGISTRY_LOCK:
+        return _REGISTRY.pop(name, None) is not None
+
+
+def _store_of(url: str) -> tuple[str, MemoryStore]:
+    name, redacted = parse_url(url)
+    return redacted, memory_store(name)
+
+
+def _claim_order(entry: IndexEntry) -> tuple[int, bool, int, str]:
+    # Higher priority first, then ready_at (None last), then run id: the order every backend uses.
+    return (-entry.priority, entry.ready_at_ms is None, entry.ready_at_ms or 0, entry.run_id)
+
+
+class MemoryJournal(JournalBase):
+    """A ``WorkflowJournal`` with the run index, in this process's memory (``memory://NAME``)."""
+
+    remedy = "the in-memory store was damaged on purpose (fault injection); start a fresh store"
+
+    def __init__(self, url: str) -> None:
+        redacted, self.store = _store_of(url)
+        self._claims: MemoryLeaseStore | None = None
+        super().__init__(url=redacted, capabilities=MEMORY_CAPABILITIES)
+
+    # -- storage hooks -----------------------------------------------------------------------
+
+    def _append(
+        self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
+    ) -> AppendResult:
+        return self._store_batch(run_id, expected_next, batch, fence, None)
+
+    def _append_indexed(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry],
+    ) -> AppendResult:
+        return self._store_batch(run_id, expected_next, batch, fence, entry)
+
+    def _store_batch(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: Callable[[], IndexEntry] | None,
+    ) -> AppendResult:
+        store = self.store
+        with store.lock:
+            self.check_fence(run_id, fence, store.fences.get(run_id, 0))
+            run = store.runs.get(run_id)
+            head = 1 if run is None else run.head
+            if expected_next != head:
+                assert run is not None or head == 1
+                records = {} if run is None else run.records
+                event_ids = {} if run is None else run.event_ids
+
+                def stored_at(sequence: int) -> JournalRecord | None:
+                    record = records.get(sequence)
+                    return None if record is None else self.verified(record)
+
+                return self.refused(
+                    run_id,
+                    expected_next,
+                    batch,
+                    actual_next=head,
+                    stored_at=stored_at,
+                    sequence_of=event_ids.get,
+                )
+            if run is not None:
+                for record in batch:
+                    if record.event_id in run.event_ids:
+                        raise self.event_id_taken(run_id, record.event_id, run.event_ids[record.event_id])
+            # The batch can no longer be refused: ask for its entry now, and store both together.
+            new_entry = None if entry is None else entry()
+            if run is None:
+                run = store.runs[run_id] = _Run()
+            for record in batch:
+                run.records[record.sequence] = record
+                run.event_ids[record.event_id] = record.sequence
+            run.head = batch[-1].sequence + 1
+            if new_entry is not None:
+                self._put(new_entry)
+        return self.acknowledged(run_id, batch)
+
+    def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
+        with self.store.lock:
+            run = self.store.runs.get(run_id)
+            if run is None:
+                return []
+            end = run.head if limit is None else min(run.head, after + 1 + limit)
+            rows = [(s, run.records[s]) for s in range(after + 1, end) if s in run.records]
+            head = run.head
+        return self.window(
+            run_id, after, limit, rows, lambda _, record: self.verified(record), next_sequence=head
+        )
+
+    def _next_sequence(self, run_id: str) -> int:
+        with self.store.lock:
+            run = self.store.runs.get(run_id)
+            return 1 if run is None else run.head
+
+    def _list_runs(self, after: str | None, limit: int) -> list[str]:
+        with self.store.lock:
+            names = sorted(run for run in self.store.runs if after is None or run > after)
+        return names[:limit]
+
+    def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
+        with self.store.lock:
+            self.store.snapshots[run_id] = encode_snapshot(snapshot)
+
+    def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        with self.store.lock:
+            body = self.store.snapshots.get(run_id)
+        return None if body is None else decode_snapshot(run_id, body)
+
+    def _close(self) -> None:
+        if self._claims is not None:
+            self._claims.close()  # releases the leases its claims still hold
+
+    # -- run purging (capabilities.run_purge) --------------------------------------------------
+
+    def purge_run(self, run_id: str) -> bool:
+        """Remove the run's records, snapshot, lease grant and index entry, keeping its fencing counter."""
+        run = self.open_run(run_id, "purge")
+        store = self.store
+        with store.lock:
+            holder = store.holder(run)
+            if holder is not None:
+                raise LeaseHeld(run, holder.owner)
+            removed = [
+                store.runs.pop(run, None),
+                store.snapshots.pop(run, None),
+                store.leases_held.pop(run, None),
+                store.index.pop(run, None),
+            ]
+        return any(item is not None for item in removed)
+
+    # -- the run index (capabilities.run_index; mayfly.runindex.RunIndexJournal) ---------------
+
+    def _put(self, entry: IndexEntry) -> None:
+        """Store ``entry`` unless the stored one reflects a later sequence; keep a stored wake (lock held)."""
+        stored = self.store.index.get(entry.run_id)
+        if stored is not None and entry.sequence < stored.sequence:
+            return
+        if stored is not None and stored.wake and not entry.wake:
+            entry = msgspec.structs.replace(entry, wake=True)
+        self.store.index[entry.run_id] = entry
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: Sequence[str] | None = None,
+    ) -> list[RecoveryLeaseGuard]:
+        """Lease up to ``limit`` claimable root runs to ``owner``, selected and granted under one lock.
+
+        ``now_ms`` decides which waiting runs are due; whether a lease is still
+        live is decided by the store's clock, as ``acquire`` does.
+        """
+        limit, names = check_claim(limit, queues)
+        self.ensure_open("claim")
+        if self._claims is None:
+            self._claims = MemoryLeaseStore(self.url)
+        return list(self._claims.grant_claimable(owner, limit, ttl_ms, now_ms, names))
+
+    def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
+        """The earliest ``ready_at`` after ``now_ms`` of a waiting root run in ``queues``."""
+        _, names = check_claim(1, queues)
+        self.ensure_open("next wake")
+        with self.store.lock:
+            times = [
+                entry.ready_at_ms
+                for entry in self.store.index.values()
+                if entry.parent is None
+                and entry.status is IndexStatus.WAITING
+                and entry.ready_at_ms is not None
+                and entry.ready_at_ms > now_ms
+                and (names is None or entry.queue in names)
+            ]
+        return min(times, default=None)
+
+    def index_get(self, run_id: str) -> IndexEntry | None:
+        """The run's index entry, or ``None``."""
+        run = self.open_run(run_id, "index read")
+        with self.store.lock:
+            return self.store.index.get(run)
+
+    def index_put(self, entries: Sequence[IndexEntry]) -> None:
+        """Store entries (a rebuild, a repair); a lower sequence never replaces one, a stored wake stays."""
+        for entry in entries:
+            if not isinstance(entry, IndexEntry):
+                raise InvalidRecord(f"index entries must be IndexEntry values, got {type(entry).__name__}")
+            parse_run_id(entry.run_id)
+        self.ensure_open("index write")
+        with self.store.lock:
+            for entry in entries:
+                self._put(entry)
+
+    def index_wake(self, run_id: str) -> bool:
+        """Ask for a waiting run to be claimed; ``False`` if it has no entry or has ended."""
+        run = self.open_run(run_id, "index wake")
+        with self.store.lock:
+            stored = self.store.index.get(run)
+            if stored is None or stored.status is IndexStatus.TERMINAL:
+                return False
+            self.store.index[run] = msgspec.structs.replace(stored, wake=True)
+            return True
+
+    # -- fault injection for the contract suite (capabilities.fault_injection) ------------------
+
+    def corrupt_record(self, run_id: str, sequence: int) -> None:
+        """Change a stored payload without updating its checksum."""
+        run = self.open_run(run_id, "fault injection")
+        with self.store.lock:
+            stored = self.store.runs[run].records[sequence]
+            self.store.runs[run].records[sequence] = msgspec.structs.replace(stored, payload=b'"corrupt"')
+
+    def remove_record(self, run_id: str, sequence: int) -> None:
+        """Delete one stored record, leaving a gap."""
+        run = self.open_run(run_id, "fault injection")
+        with self.store.lock:
+            del self.store.runs[run].records[sequence]
+
+    def corrupt_snapshot(self, run_id: str) -> None:
+        """Damage the stored snapshot body."""
+        run = self.open_run(run_id, "fault injection")
+        with self.store.lock:
+            self.store.snapshots[run] = b'{"run_id": 7'
+
+
+class MemoryLeaseGuard(LeaseGuardBase[None]):
+    """A granted in-memory lease; valid until released, or expired and taken over."""
+
+    _store: MemoryLeaseStore
+
+    def _renew(self, ttl_ms: int) -> None:
+        store = self._store.store
+        with store.lock:
+            lease = store.leases_held.get(self.run_id)
+            if lease is None or lease.token != self.fencing_token:
+                raise self.lost("expired and was taken over")
+            lease.expires_ms = store.clock() + ttl_ms
+
+    def _release(self) -> None:
+        store = self._store.store
+        with store.lock:
+            lease = store.leases_held.get(self.run_id)
+            if lease is not None and lease.token == self.fencing_token:
+                del store.leases_held[self.run_id]
+
+
+class MemoryLeaseStore(LeaseStoreBase[MemoryLeaseGuard]):
+    """A ``RecoveryLeaseStore`` in memory: expiring leases (by the store's clock), a fencing counter."""
+
+    def __init__(self, url: str) -> None:
+        redacted, self.store = _store_of(url)
+        super().__init__(url=redacted)
+
+    def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> MemoryLeaseGuard:
+        store = self.store
+        with store.lock:
+            holder = store.holder(run_id)
+            if holder is not None:
+                raise LeaseHeld(run_id, holder.owner)
+            token = store.grant(run_id, owner, ttl_ms)
+        return MemoryLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=None)
+
+    def grant_claimable(
+        self, owner: str, limit: int, ttl_ms: int, now_ms: int, queues: tuple[str, ...] | None
+    ) -> list[MemoryLeaseGuard]:
+        """Select up to ``limit`` claimable runs and lease them to ``owner`` under the store's lock."""
+        self.ensure_open("claim")
+        store = self.store
+        guards = []
+        with store.lock:
+            candidates = sorted(
+                (
+                    entry
+                    for entry in store.index.values()
+                    if entry.parent is None
+                    and (queues is None or entry.queue in queues)
+                    and (
+                        entry.status in (IndexStatus.NEW, IndexStatus.RUNNING)
+                        or (
+                            entry.status is IndexStatus.WAITING
+                            and (
+                                entry.wake or (entry.ready_at_ms is not None and entry.ready_at_ms <= now_ms)
+                            )
+                        )
+                    )
+                    and store.holder(entry.run_id) is None
+                ),
+                key=_claim_order,
+            )
+            for entry in candidates[:limit]:
+                run, owner, ttl = validate_acquire(entry.run_id, owner, ttl_ms)
+                token = store.grant(run, owner, ttl)
+                store.index[run] = msgspec.structs.replace(entry, wake=False)
+                guards.append(MemoryLeaseGuard(self, run, owner, token=token, ttl_ms=ttl, grant=None))
+        with self._held_lock:  # the kit's bookkeeping: close() releases what is still held
+            self._held.update(guards)
+        return guards
+
+    def _current_fence(self, run_id: str) -> int:
+        with self.store.lock:
+            return self.store.fences.get(run_id, 0)
+
+    def _close(self) -> None:
+        pass  # the store's state belongs to the store (drop_store forgets it)
+
+
+def _describe(url: str) -> str:
+    name, _ = parse_url(url)
+    return f"in-memory store {name} of this process, durability memory"
+
+
+mayfly_journal_backends, mayfly_lease_backends = backend_hooks(
+    ("memory",),
+    "mayfly-runtime",
+    MemoryJournal,
+    MemoryLeaseStore,
+    describe=_describe,
+    summary="in-memory journal, leases and run index for tests (mayfly.testing), durability memory",
+)
