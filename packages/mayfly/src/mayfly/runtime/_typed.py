@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any, Final, final
 
 import msgspec
+import msgspec.inspect
 
 from mayfly.model.errors import one_line
 from mayfly.model.json import JsonValue
@@ -287,11 +288,38 @@ def _output(ref: str, annotation: Any) -> tuple[Any, msgspec.json.Decoder[Any] |
 
 def _decoder(ref: str, where: str, annotation: Any) -> msgspec.json.Decoder[Any]:
     # Built at registration, so a type msgspec cannot decode fails here, not on a run's first attempt.
+    what = "the return type" if where == "return" else f"parameter `{where}`"
     try:
-        return msgspec.json.Decoder(annotation)
+        decoder = msgspec.json.Decoder(annotation)
+        custom = _custom_type(msgspec.inspect.type_info(annotation), set())
     except (TypeError, ValueError) as exc:
-        what = "the return type" if where == "return" else f"parameter `{where}`"
         raise TypeError(f"handler {ref}: {what} cannot be decoded from JSON: {exc}") from None
+    if custom is not None:
+        raise TypeError(
+            f"handler {ref}: {what} cannot be decoded from JSON: {_type_name(custom)} is not a msgspec "
+            "Struct, dataclass, TypedDict or JSON type"
+        )
+    return decoder
+
+
+def _custom_type(info: msgspec.inspect.Type, seen: set[type]) -> Any:
+    """The first class within ``info`` that msgspec decodes only through a hook it is not given."""
+    if isinstance(info, msgspec.inspect.CustomType):
+        return None if info.cls is object else info.cls  # msgspec reads `object` as any JSON value
+    cls = getattr(info, "cls", None)
+    if isinstance(cls, type):
+        if cls in seen:
+            return None  # a recursive Struct or dataclass, already being looked at
+        seen.add(cls)
+    for name in info.__struct_fields__:  # the inspect types are Structs themselves
+        value = getattr(info, name)
+        for part in value if isinstance(value, tuple | list) else (value,):
+            inner = part.type if isinstance(part, msgspec.inspect.Field) else part
+            if isinstance(inner, msgspec.inspect.Type):
+                found = _custom_type(inner, seen)
+                if found is not None:
+                    return found
+    return None
 
 
 # -- calling -----------------------------------------------------------------------------
