@@ -140,8 +140,11 @@ class Flow:
         self._own(target, "edge target")
         self._edges.append((source, target, OnAnyOutcome() if when is None else when, exclusive))
 
-    def build(self) -> WorkflowSpec:
+    def build(self, *, initial: Iterable[_Ref] | None = None) -> WorkflowSpec:
         """The specification, after checking every id and every upstream output a typed handler reads.
+
+        ``initial`` names the nodes that start the run, as a graph with a
+        correction loop must; by default every node nothing leads to does.
 
         Raises :class:`~mayfly.errors.SpecValidationError` listing every
         problem, an unknown id with the nearest known one.
@@ -164,6 +167,12 @@ class Flow:
                     exclusive=exclusive,
                 )
             )
+        starts = None
+        if initial is not None:
+            starts = []
+            for i, ref in enumerate(initial):
+                self._own(ref, "initial")
+                starts.append(self._resolve(ref, f"initial[{i}]", issues))
         for node in nodes:
             issues += self._reads(node, edges)
         if issues:
@@ -173,6 +182,7 @@ class Flow:
             version=self.version,
             nodes=tuple(nodes),
             edges=tuple(edges),
+            initial=None if starts is None else tuple(starts),
             budgets=self._budgets,
             jitter_seed=self._jitter_seed,
         )
