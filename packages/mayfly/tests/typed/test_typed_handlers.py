@@ -453,3 +453,20 @@ def test_mayfly_run_serves_typed_handlers_from_a_built_json_spec(tmp_path: Path)
         "input of charge@1 does not match Order: Expected `int`, got `str` at $.amount"
         in bad.stdout + bad.stderr
     )
+
+
+def test_a_handler_object_registers_again_as_the_typed_function_it_wraps(tmp_path: Path) -> None:
+    """Registering a Handler (or a functools.wraps wrapper) in another registry reads the wrapped hints."""
+    first = HandlerRegistry()
+
+    @first.handler(version=1)
+    def charge(order: Order) -> Charge:
+        return Charge(charge_id=order.order_id, amount=order.amount)
+
+    second = HandlerRegistry()
+    entry = second.register("charge", 1, charge)
+    assert entry.typed is not None and entry.typed.input is not None and entry.typed.input[1] is Order
+    result, _ = run(
+        tmp_path, second, spec(Node("charge", handler="charge@1")), {"order_id": "o", "amount": 5}
+    )
+    assert result.outputs["charge"] == {"charge_id": "o", "amount": 5}

@@ -235,7 +235,13 @@ def typed_signature(ref: str, fn: Callable[..., Any]) -> TypedSignature | None:
 
 
 def _hinted(fn: Callable[..., Any]) -> Any:
-    """What carries ``fn``'s annotations: the function, or a callable object's ``__call__``."""
+    """What carries ``fn``'s annotations: the function, or a callable object's ``__call__``.
+
+    A wrapper (a :class:`~mayfly.runtime.registry.Handler`, or a decorator
+    using ``functools.wraps``) is read through to what it wraps, as
+    ``inspect.signature`` reads it.
+    """
+    fn = inspect.unwrap(fn)
     if inspect.isfunction(fn) or inspect.ismethod(fn):
         return fn
     if isinstance(fn, functools.partial):
