@@ -20,6 +20,8 @@ parameters) but the node does not depend on.
 from __future__ import annotations
 
 import difflib
+import types
+import typing
 from collections.abc import Iterable
 from typing import Any, final
 
@@ -224,7 +226,17 @@ class Flow:
         upstream = set(node.depends_on) | {e.source for e in edges if e.target == node.id}
         issues = []
         for read in typed.upstream:
-            if read.required and not upstream.intersection(read.node_ids()):
+            source = next((n for n in read.node_ids() if n in upstream), None)
+            mismatch = None if source is None else self._mismatch(source, read.type)
+            if mismatch is not None:
+                issues.append(
+                    ValidationIssue(
+                        f"nodes[{node.id}]",
+                        f"handler {node.handler} reads the output of node {source!r} as "
+                        f"{_name(read.type)} (parameter `{read.param}`), but {mismatch}",
+                    )
+                )
+            if read.required and source is None:
                 issues.append(
                     ValidationIssue(
                         f"nodes[{node.id}]",
@@ -234,6 +246,32 @@ class Flow:
                     )
                 )
         return issues
+
+    def _mismatch(self, source: str, wanted: Any) -> str | None:
+        """Why node ``source``'s declared output cannot be a ``wanted``, when both are plain classes."""
+        handler = self._handlers.get(source)
+        typed = None if handler is None else handler.entry.typed
+        produced = None if typed is None else typed.output
+        wanted_classes = [m for m in _members(wanted) if m is not type(None)]
+        if not isinstance(produced, type) or produced is object:
+            return None  # undeclared, Any, a union or a generic alias: the runtime checks the value
+        if not all(isinstance(m, type) and m is not object for m in wanted_classes):
+            return None
+        if any(issubclass(produced, m) for m in wanted_classes):
+            return None
+        return f"its handler {handler} returns {_name(produced)}"
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _name(annotation: Any) -> str:
+    return (
+        annotation.__qualname__ if isinstance(annotation, type) else repr(annotation).replace("typing.", "")
+    )
 
 
 def _close(name: str, known: list[str]) -> str:

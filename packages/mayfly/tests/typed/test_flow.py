@@ -153,3 +153,24 @@ def test_the_reducer_validation_still_applies_to_a_built_flow() -> None:
     assert flow.build(initial=[a]).initial == ("a",)
     with pytest.raises(SpecValidationError, match=r"initial\[0\]: unknown node 'aa'; did you mean 'a'\?"):
         flow.build(initial=["aa"])
+
+
+def test_reading_an_upstream_output_as_a_class_its_handler_does_not_return_is_refused_at_build() -> None:
+    """ship reads `charge` as a Charge; a node named charge whose handler returns an Order is reported."""
+    local = HandlerRegistry()
+
+    @local.handler("charge", version=9)
+    def wrong(order: Order) -> Order:
+        return order
+
+    flow = Flow("orders.fulfil", version=1)
+    flow.node(ship, after=[flow.node(wrong, id="charge")])
+    with pytest.raises(SpecValidationError) as info:
+        flow.build()
+    assert [str(issue) for issue in info.value.issues] == [
+        "nodes[ship]: handler ship@2 reads the output of node 'charge' as Charge (parameter `charge`), "
+        "but its handler charge@9 returns Order"
+    ]
+    matching = Flow("orders.fulfil", version=1)
+    matching.node(ship, after=[matching.node(charge), matching.node(wrong, id="other")])
+    assert [n.id for n in matching.build().nodes] == ["charge", "other", "ship"]
