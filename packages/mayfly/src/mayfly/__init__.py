@@ -1,6 +1,7 @@
 """Mayfly: durable workflows as a plain Python library.
 
-Build a :class:`WorkflowSpec`, register handlers on a :class:`HandlerRegistry`,
+Build a :class:`WorkflowSpec` (by hand, from JSON, or with a :class:`Flow`),
+register handlers on a :class:`HandlerRegistry`,
 and run it with :class:`WorkflowRuntime` — durably, on the embedded local
 journal by default or any installed backend. :func:`list_runs` lists a
 journal's runs and :class:`RunInspection` shows one (:mod:`mayfly.inspect`).
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from mayfly import errors, ids
 from mayfly.errors import MayflyError, NonRetryable
+from mayfly.flow import Flow
 from mayfly.inspect import RunInspection, list_runs
 from mayfly.model.outcomes import (
     ArtifactRef,
@@ -52,6 +54,7 @@ from mayfly.model.spec import (
 )
 from mayfly.model.state import NodeStatus, RunStatus
 from mayfly.runtime import (
+    Handler,
     HandlerRegistry,
     HandlerRequest,
     RunResult,
@@ -72,6 +75,8 @@ __all__ = [
     "Edge",
     "ExponentialBackoff",
     "FixedBackoff",
+    "Flow",
+    "Handler",
     "HandlerRegistry",
     "HandlerRequest",
     "ImmediateBackoff",

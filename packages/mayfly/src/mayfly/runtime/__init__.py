@@ -2,7 +2,7 @@
 
 from mayfly.runtime._driver import RunDriver, cancel_run_cascade
 from mayfly.runtime.handle import RunHandle
-from mayfly.runtime.registry import HandlerEntry, HandlerFunction, HandlerRegistry
+from mayfly.runtime.registry import Handler, HandlerEntry, HandlerFunction, HandlerRegistry
 from mayfly.runtime.request import DependencyResult, HandlerRequest
 from mayfly.runtime.runtime import (
     NodeSummary,
@@ -15,6 +15,7 @@ from mayfly.runtime.signals import WaitForSignal, new_signal_token
 
 __all__ = [
     "DependencyResult",
+    "Handler",
     "HandlerEntry",
     "HandlerFunction",
     "HandlerRegistry",

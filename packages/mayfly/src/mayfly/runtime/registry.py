@@ -9,26 +9,29 @@ implementation only when that implementation says it is compatible.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, final
+from typing import Any, Generic, ParamSpec, TypeVar, final, overload
 
 from mayfly.model.errors import HandlerUnavailable
 from mayfly.model.outcomes import NodeOutcome
 from mayfly.model.spec import HandlerRef, WorkflowSpec, parse_handler_ref
+from mayfly.runtime._typed import TypedSignature, typed_signature
 
-__all__ = ["HandlerEntry", "HandlerFunction", "HandlerRegistry"]
+__all__ = ["Handler", "HandlerEntry", "HandlerFunction", "HandlerRegistry"]
 
 HandlerFunction = Callable[[Any], NodeOutcome]
 """A handler: ``handler(request: HandlerRequest) -> NodeOutcome`` (or a wait/child request)."""
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @final
 class HandlerEntry:
     """One registered implementation."""
 
-    __slots__ = ("compatible", "cooperative", "fn", "name", "non_retryable", "version")
+    __slots__ = ("compatible", "cooperative", "fn", "name", "non_retryable", "typed", "version")
 
     def __init__(
         self,
@@ -39,6 +42,7 @@ class HandlerEntry:
         cooperative: bool,
         *,
         non_retryable: tuple[type[Exception], ...] = (),
+        typed: TypedSignature | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -47,6 +51,8 @@ class HandlerEntry:
         self.cooperative = cooperative
         self.non_retryable = non_retryable
         """Exception types that fail an attempt permanently instead of being retried."""
+        self.typed = typed
+        """How a typed handler's inputs are decoded and its output checked; ``None`` for ``def h(req)``."""
 
     @property
     def ref(self) -> str:
@@ -57,6 +63,45 @@ class HandlerEntry:
         return f"<HandlerEntry {self.ref} cooperative={self.cooperative}>"
 
 
+@final
+class Handler(Generic[P, R]):
+    """A registered handler function: still callable as written, and named ``name@version`` in specs.
+
+    :meth:`HandlerRegistry.handler` returns one, so a specification built
+    with :class:`mayfly.Flow` can reference the handler object itself;
+    ``str(handler)`` is the ``name@version`` the serialized spec holds.
+    """
+
+    def __init__(self, fn: Callable[P, R], entry: HandlerEntry) -> None:
+        self.fn = fn
+        self.entry = entry
+        functools.update_wrapper(self, fn)
+
+    @property
+    def name(self) -> str:
+        """The stable handler name."""
+        return self.entry.name
+
+    @property
+    def version(self) -> int:
+        """The contract version this implementation registered as."""
+        return self.entry.version
+
+    @property
+    def ref(self) -> str:
+        """``name@version``, as a specification names it."""
+        return self.entry.ref
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return self.entry.ref
+
+    def __repr__(self) -> str:
+        return f"<Handler {self.entry.ref}>"
+
+
 class HandlerRegistry:
     """Maps ``name@version`` to handler implementations; duplicates are errors, never last-wins.
 
@@ -64,6 +109,12 @@ class HandlerRegistry:
     a blocking handler cannot freeze timers, deadlines or cancellation. A
     handler written against substrate primitives (``mayfly.substrate.sleep``...)
     may declare ``cooperative=True`` to run directly on a hub greenlet.
+
+    A handler is request-style (``def h(req) -> NodeOutcome``) or typed
+    (``def charge(order: Order, *, reserve: Stock) -> Charge``): a typed
+    handler's input and upstream outputs are decoded into its annotated
+    types and its return value checked against its return type, each
+    mismatch a ``PermanentFailure`` naming where (:mod:`mayfly.runtime._typed`).
 
     An exception a handler raises is a ``RetryableFailure`` by default, as in
     Temporal: the retry policy decides. ``non_retryable=(KeyError, ...)``
@@ -80,13 +131,17 @@ class HandlerRegistry:
         self,
         name: str,
         version: int,
-        fn: HandlerFunction,
+        fn: Callable[..., Any],
         *,
         compatible_with: Iterable[int] = (),
         cooperative: bool = False,
         non_retryable: Iterable[type[Exception]] = (),
     ) -> HandlerEntry:
         """Register ``fn`` as contract ``name@version`` (and the older versions it is compatible with).
+
+        ``fn`` is request-style (``fn(request) -> outcome``) or typed, its type
+        hints read here: a typed signature msgspec cannot serve raises
+        ``TypeError`` now, not when a run first reaches the node.
 
         ``non_retryable`` lists exception types that fail an attempt
         permanently: they are code, not data, so they belong here with the
@@ -109,7 +164,9 @@ class HandlerRegistry:
                 f"handler {name}@{version}: compatible versions must be between 1 and {version}, "
                 f"got {sorted(versions)}"
             )
-        entry = HandlerEntry(name, version, fn, versions, cooperative, non_retryable=permanent)
+        typed = typed_signature(f"{name}@{version}", fn)
+        call: HandlerFunction = fn if typed is None else typed.adapt(f"{name}@{version}", fn)
+        entry = HandlerEntry(name, version, call, versions, cooperative, non_retryable=permanent, typed=typed)
         for served in versions:
             existing = self._serves.get((name, served))
             if existing is not None:
@@ -122,6 +179,7 @@ class HandlerRegistry:
             self._serves[(name, served)] = entry
         return entry
 
+    @overload
     def handler(
         self,
         name: str,
@@ -130,19 +188,53 @@ class HandlerRegistry:
         compatible_with: Iterable[int] = (),
         cooperative: bool = False,
         non_retryable: Iterable[type[Exception]] = (),
-    ) -> Callable[[F], F]:
-        """Decorator form of :meth:`register`: ``@registry.handler("review", version=1)``."""
+    ) -> Callable[[Callable[P, R]], Handler[P, R]]: ...
 
-        def decorate(fn: F) -> F:
-            self.register(
-                name,
-                version,
+    @overload
+    def handler(
+        self,
+        *,
+        version: int,
+        compatible_with: Iterable[int] = (),
+        cooperative: bool = False,
+        non_retryable: Iterable[type[Exception]] = (),
+    ) -> Callable[[Callable[P, R]], Handler[P, R]]: ...
+
+    def handler(
+        self,
+        name: str | None = None,
+        version: int | None = None,
+        *,
+        compatible_with: Iterable[int] = (),
+        cooperative: bool = False,
+        non_retryable: Iterable[type[Exception]] = (),
+    ) -> Callable[[Callable[P, R]], Handler[P, R]]:
+        """Decorator form of :meth:`register`: ``@registry.handler(version=1)`` or ``("review", version=1)``.
+
+        Without a name, the handler is named for the function (``def charge``
+        registers ``charge@1``), and the version must then be given. The
+        decorated function is returned as a :class:`Handler`: callable as
+        before, and a reference a :class:`mayfly.Flow` node can take.
+        """
+        if name is None and version is None:
+            raise TypeError("registry.handler() needs version=: @registry.handler(version=1)")
+
+        def decorate(fn: Callable[P, R]) -> Handler[P, R]:
+            named = name if name is not None else getattr(fn, "__name__", "")
+            if name is None and parse_handler_ref_or_none(f"{named}@1") is None:
+                raise TypeError(
+                    f"handler function {named!r} is not a valid handler name ([a-z][a-z0-9_.-]*); "
+                    'give one: @registry.handler("name", version=1)'
+                )
+            entry = self.register(
+                named,
+                1 if version is None else version,
                 fn,
                 compatible_with=compatible_with,
                 cooperative=cooperative,
                 non_retryable=non_retryable,
             )
-            return fn
+            return Handler(fn, entry)
 
         return decorate
 
@@ -184,3 +276,11 @@ class HandlerRegistry:
 
     def __contains__(self, ref: object) -> bool:
         return isinstance(ref, str) and self.is_available(ref)
+
+
+def parse_handler_ref_or_none(value: str) -> HandlerRef | None:
+    """``parse_handler_ref(value)``, or ``None`` when ``value`` is not ``name@version``."""
+    try:
+        return parse_handler_ref(value)
+    except ValueError:
+        return None
