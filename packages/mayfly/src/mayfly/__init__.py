@@ -96,7 +96,6 @@ __all__ = [
     "RunInspection",
     "RunResult",
     "RunStatus",
-    "Schedule",
     "Skipped",
     "Succeeded",
     "WaitForSignal",
@@ -139,11 +138,10 @@ _MOVED: dict[str, str] = {
 
 
 if TYPE_CHECKING:  # type checkers see the lazily loaded names' real types
-    from mayfly.schedules import Schedule
     from mayfly.worker import Worker
 
 # Public names whose modules sit above the runtime (a worker imports it): loaded on first use.
-_LAZY: dict[str, str] = {"Worker": "mayfly.worker", "Schedule": "mayfly.schedules"}
+_LAZY: dict[str, str] = {"Worker": "mayfly.worker"}
 
 
 def __getattr__(name: str) -> object:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mayfly import Node, Schedule, WorkflowSpec
+from mayfly import Node, WorkflowSpec
 from mayfly.errors import InvalidRecord
 from mayfly.runtime import WorkflowRuntime
-from mayfly.schedules import Cron, tick_run_id
+from mayfly.schedules import Cron, Schedule, tick_run_id
 
 SPEC = WorkflowSpec(workflow_id="sched.tick", version=1, nodes=(Node("n", handler="tick@1"),))
 
@@ -99,7 +99,8 @@ def test_a_tick_has_one_run_id_everywhere() -> None:
 
 HANDLERS = """
 import os
-from mayfly import HandlerRegistry, Node, Schedule, Succeeded, WorkflowSpec
+from mayfly import HandlerRegistry, Node, Succeeded, WorkflowSpec
+from mayfly.schedules import Schedule
 
 registry = HandlerRegistry()
 
