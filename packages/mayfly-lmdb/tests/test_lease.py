@@ -22,8 +22,11 @@ def test_a_held_lease_refuses_a_second_guard_in_the_same_process(url: str) -> No
     with LmdbLeaseStore(url) as first, LmdbLeaseStore(url) as second:
         guard = first.acquire(run, "first-owner", LONG)
         assert guard.holds_lock
-        with pytest.raises(LeaseHeld, match="first-owner"):
+        with pytest.raises(
+            LeaseHeld, match=r"first-owner .*\(it expires in \d+\.\d s unless renewed\)"
+        ) as held:
             second.acquire(run, "second", LONG)
+        assert held.value.expires_in_ms is not None and 0 < held.value.expires_in_ms <= LONG
         with pytest.raises(LeaseHeld):
             first.acquire(run, "again", LONG)
         guard.release()

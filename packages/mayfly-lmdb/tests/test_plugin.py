@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import mayfly_lmdb
 from mayfly.hookspecs import PLUGIN_API
 from mayfly.plugins import PluginManager
@@ -70,3 +72,26 @@ def test_read_only_commands_refuse_a_missing_environment_and_create_nothing(tmp_
     missing = tmp_path / "typo" / "env"
     assert main(["--journal", f"lmdb://{missing}", "runs"]) == 5
     assert not (tmp_path / "typo").exists()
+
+
+def test_a_lease_held_refusal_says_when_the_lease_expires(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a backend whose leases expire, `mayfly cancel` of an owned run says who holds it and for how long."""
+    from mayfly import Node, WorkflowSpec
+    from mayfly.cli import main
+    from mayfly.runtime import WorkflowRuntime
+
+    url = f"lmdb://{tmp_path}/env"
+    runtime = WorkflowRuntime(url)
+    run_id = runtime.start(
+        WorkflowSpec(workflow_id="held", version=1, nodes=(Node("n", handler="x@1"),))
+    ).run_id
+    with runtime.leases.acquire(run_id, "ops-console", 90_000):
+        assert main(["--journal", url, "cancel", run_id, "--reason", "x"]) == 4
+    message = capsys.readouterr().err
+    assert (
+        "held by ops-console" in message
+        and "it expires in" in message
+        and "unless its holder renews it" in message
+    )

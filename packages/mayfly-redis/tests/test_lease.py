@@ -113,6 +113,15 @@ def test_expired_lease_cannot_be_renewed(aof_server: RedisServer, run_id: str) -
             guard.renew()
 
 
+def test_a_refused_acquire_says_when_the_lease_expires(aof_server: RedisServer, run_id: str) -> None:
+    with RedisLeaseStore(aof_server.url) as leases, leases.acquire(run_id, "holder", 60_000):
+        with pytest.raises(
+            LeaseHeld, match=r"held by holder \(it expires in \d+\.\d s unless renewed\)"
+        ) as held:
+            leases.acquire(run_id, "other", 1_000)
+        assert held.value.expires_in_ms is not None and 50_000 < held.value.expires_in_ms <= 60_000
+
+
 def test_retried_acquire_gets_its_own_grant_back(aof_server: RedisServer, run_id: str) -> None:
     """An acquire re-sent with the same nonce (its reply was lost) returns the same token, not LeaseHeld."""
     with RedisLeaseStore(aof_server.url) as leases:
@@ -122,7 +131,7 @@ def test_retried_acquire_gets_its_own_grant_back(aof_server: RedisServer, run_id
         again = redis_store.script("acquire", _scripts.ACQUIRE, keys, ["nonce-1", "owner", 30_000])
         other = redis_store.script("acquire", _scripts.ACQUIRE, keys, ["nonce-2", "other", 30_000])
         assert first == again == [b"granted", b"1"]
-        assert other == [b"held", b"owner"]
+        assert other[:2] == [b"held", b"owner"] and 0 < other[2] <= 30_000  # and how long it has left
         assert leases.current_fence(run_id) == 1
 
 

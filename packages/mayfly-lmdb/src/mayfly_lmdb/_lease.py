@@ -200,7 +200,11 @@ class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
         try:
             outcome = shared.write(body, operation)
             if isinstance(outcome, _codec.LeaseState):
-                raise LeaseHeld(run_id, f"{outcome.owner} (pid {outcome.pid}, token {outcome.token})")
+                raise LeaseHeld(
+                    run_id,
+                    f"{outcome.owner} (pid {outcome.pid}, token {outcome.token})",
+                    expires_in_ms=max(0, outcome.expires_ms - now_ms()),
+                )
             if not shared.sync:
                 off_hub(shared.flush, operation)
         except BaseException:

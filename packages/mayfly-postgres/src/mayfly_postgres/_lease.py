@@ -46,7 +46,9 @@ class _Statements:
             "SELECT token FROM granted"
         ).format(leases=leases, runs=runs)
         self.holder = sql.SQL(
-            "SELECT owner, token, grant_id::text FROM {leases} WHERE run_id = %s::uuid"
+            "SELECT owner, token, grant_id::text, "
+            "GREATEST(0, floor(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint "
+            "FROM {leases} WHERE run_id = %s::uuid"
         ).format(leases=leases)
         self.renew = sql.SQL(
             "UPDATE {leases} SET expires_at = clock_timestamp() + %s::float8 * interval '1 millisecond' "
@@ -131,7 +133,9 @@ class PostgresLeaseStore(LeaseStoreBase[PostgresLeaseGuard]):
                 delay = min(delay * 2, _RETRY_CEILING_S)
         if row is None:
             holder = self._holder(run)
-            raise LeaseHeld(run, None if holder is None else str(holder[0]))
+            if holder is None:
+                raise LeaseHeld(run)
+            raise LeaseHeld(run, str(holder[0]), expires_in_ms=int(holder[3]))
         return PostgresLeaseGuard(self, run, owner, token=int(row[0]), ttl_ms=ttl_ms, grant=grant)
 
     def _holder(self, run: str) -> tuple[Any, ...] | None:

@@ -72,14 +72,15 @@ class RedisLeaseStore(LeaseStoreBase[RedisLeaseGuard]):
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> RedisLeaseGuard:
         nonce = uuid.uuid4().hex
-        status, detail = self._redis.script(
+        status, detail, *rest = self._redis.script(
             f"acquire lease of run {run_id}",
             _scripts.ACQUIRE,
             [self._lease_key(run_id), self._redis.target.key(run_id, "fence")],
             [nonce, owner, ttl_ms],
         )
         if _text(status) != "granted":
-            raise LeaseHeld(run_id, _text(detail))
+            left = int(rest[0]) if rest and int(rest[0]) >= 0 else None
+            raise LeaseHeld(run_id, _text(detail), expires_in_ms=left)
         token = int(detail)
         return RedisLeaseGuard(
             self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=f"{token} {nonce} {owner}"

@@ -144,7 +144,7 @@ end
 local holder = redis.call('GET', KEYS[1])
 local token, nonce, owner = string.match(holder, '^(%d+) (%S+) (.*)$')
 if nonce == ARGV[1] then return {'granted', token} end
-return {'held', owner or holder}
+return {'held', owner or holder, redis.call('PTTL', KEYS[1])}
 """
 
 RENEW: Final = """

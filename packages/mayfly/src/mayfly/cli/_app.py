@@ -308,6 +308,11 @@ def _failure(err: TextIO, as_json: bool, exit_code: int, message: str) -> int:
     return exit_code
 
 
+def _duration(ms: int) -> str:
+    seconds = max(0, ms) / 1000
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def _lease_message(exc: LeaseHeld, context: Context) -> str:
     """Who holds the run's lease and when it lets go, as far as the backend says."""
     holder = f"held by {exc.holder}" if exc.holder else "held by another process"
@@ -316,7 +321,12 @@ def _lease_message(exc: LeaseHeld, context: Context) -> str:
         expiry = journal.capabilities.lease_expiry
     except MayflyError:
         expiry = None
-    if expiry is False:
+    if exc.expires_in_ms is not None:
+        until = (
+            f"it expires in {_duration(exc.expires_in_ms)} unless its holder renews it "
+            "(a live holder does, every third of its ttl)"
+        )
+    elif expiry is False:
         until = "this backend's leases do not expire: it is held until that process releases it or exits"
     elif expiry:
         until = "it is held until released, or until its ttl passes without a renewal (the holder renews it)"

@@ -197,11 +197,18 @@ class LeaseError(MayflyError):
 class LeaseHeld(LeaseError):
     """Another owner holds the recovery lease of the run; acquisition is non-blocking and refused."""
 
-    def __init__(self, run_id: str, holder: str | None = None) -> None:
+    def __init__(self, run_id: str, holder: str | None = None, *, expires_in_ms: int | None = None) -> None:
         self.run_id = run_id
         self.holder = holder
+        self.expires_in_ms = expires_in_ms
+        """How long the lease lasts unless renewed, where the backend's leases expire (else ``None``)."""
         who = f" by {holder}" if holder else ""
-        super().__init__(f"recovery lease of run {run_id} is held{who}; try again later")
+        until = (
+            ""
+            if expires_in_ms is None
+            else f" (it expires in {max(0, expires_in_ms) / 1000:.1f} s unless renewed)"
+        )
+        super().__init__(f"recovery lease of run {run_id} is held{who}{until}; try again later")
 
 
 class LeaseLost(LeaseError):
