@@ -18,12 +18,12 @@ from typing import Final, final
 
 import lmdb
 
-from mayfly.backend import JournalBase
+from mayfly.backend import FifoWakeupListener, JournalBase, notify_fifo_wakeups
 from mayfly.errors import CorruptionError, InvalidRecord, JournalUnavailable, LeaseHeld
 from mayfly.journal import AppendResult, JournalCapabilities, JournalRecord, SnapshotRecord
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
 from mayfly.runindex import IndexEntry, check_claim
-from mayfly_lmdb import _codec, _index, _wakeups
+from mayfly_lmdb import _codec, _index
 from mayfly_lmdb._env import SharedEnv, acquire_env, off_hub, release_env
 from mayfly_lmdb._lease import LmdbLeaseStore, grant_in, now_ms, try_lock
 from mayfly_lmdb._url import parse_url
@@ -570,14 +570,14 @@ class LmdbJournal(JournalBase):
             self.notify_wakeups()
         return woken
 
-    def listen_wakeups(self) -> _wakeups.WakeupListener:
-        """A FIFO in ``DIR/wakeups`` that is readable when a run became claimable now (see ``_wakeups``)."""
+    def listen_wakeups(self) -> FifoWakeupListener:
+        """A FIFO in ``DIR/wakeups``, readable when a run became claimable now (the kit's FIFO wake-ups)."""
         self.ensure_open("listening for wake-ups")
-        return _wakeups.WakeupListener(self._wakeups)
+        return FifoWakeupListener(self._wakeups)
 
     def notify_wakeups(self) -> None:
         """Write a wake-up into every listening worker's FIFO (never blocks: the FIFOs are non-blocking)."""
-        _wakeups.notify_wakeups(self._wakeups)
+        notify_fifo_wakeups(self._wakeups)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -34,10 +34,6 @@ timeout); a backend whose waits can be long should cross
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import os
-import secrets
 import sqlite3
 import threading
 import time
@@ -50,12 +46,14 @@ import msgspec
 
 from mayfly.backend import (
     BackendURL,
+    FifoWakeupListener,
     JournalBase,
     LeaseGuardBase,
     LeaseStoreBase,
     backend_hooks,
     decode_snapshot,
     encode_snapshot,
+    notify_fifo_wakeups,
     parse_backend_url,
 )
 from mayfly.errors import DurabilityUnavailable, InvalidRecord, JournalUnavailable, LeaseHeld
@@ -75,7 +73,6 @@ __all__ = [
     "SqliteJournal",
     "SqliteLeaseGuard",
     "SqliteLeaseStore",
-    "SqliteWakeupListener",
     "parse_url",
 ]
 
@@ -479,32 +476,14 @@ class SqliteJournal(JournalBase):
 
     # Prompt wake-ups (capabilities.run_wakeups; mayfly.runindex.RunWakeups).
 
-    def listen_wakeups(self) -> SqliteWakeupListener:
+    def listen_wakeups(self) -> FifoWakeupListener:
         """This worker's wake-up channel: a FIFO of its own in ``PATH.wakeups/``."""
         self.ensure_open("listening for wake-ups")
-        return SqliteWakeupListener(self._wakeups)
+        return FifoWakeupListener(self._wakeups)
 
     def notify_wakeups(self) -> None:
-        """Write one byte into every listening worker's FIFO; drop the FIFOs of workers that are gone."""
-        try:
-            names = os.listdir(self._wakeups)
-        except FileNotFoundError:
-            return  # nobody ever listened
-        for name in names:
-            path = self._wakeups / name
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError as error:
-                if error.errno == errno.ENXIO:  # no reader: its worker is gone
-                    with contextlib.suppress(OSError):
-                        path.unlink()
-                continue
-            try:
-                os.write(fd, b"\0")
-            except OSError:
-                pass  # full of unread wake-ups already: that worker will look anyway
-            finally:
-                os.close(fd)
+        """Write one byte into every listening worker's FIFO (the backend kit's FIFO wake-ups)."""
+        notify_fifo_wakeups(self._wakeups)
 
     # Fault injection for the contract suite (capabilities.fault_injection).
 
@@ -531,35 +510,6 @@ class SqliteJournal(JournalBase):
                 "UPDATE mayfly_snapshots SET body = CAST('{\"run_id\": 7' AS BLOB) WHERE run_id = ?",
                 (run_id,),
             )
-
-
-class SqliteWakeupListener:
-    """One idle worker's wake-up channel (``mayfly.runindex.WakeupListener``): readable once woken."""
-
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self._path = directory / f"{os.getpid()}-{secrets.token_hex(4)}.fifo"
-        os.mkfifo(self._path, 0o600)
-        self._read = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        # A write end of our own keeps the FIFO from reading as end-of-file (always readable).
-        self._keep = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-
-    def fileno(self) -> int:
-        """The descriptor a worker waits on for readability (on its hub)."""
-        return self._read
-
-    def drain(self) -> None:
-        """Consume the pending wake-ups."""
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._read, 4096):
-                pass
-
-    def close(self) -> None:
-        """Stop listening: close the FIFO and remove it."""
-        for fd in (self._read, self._keep):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._path.unlink(missing_ok=True)
 
 
 class SqliteLeaseGuard(LeaseGuardBase[None]):

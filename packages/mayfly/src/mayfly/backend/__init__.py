@@ -19,11 +19,13 @@ from mayfly.backend._journal import MAX_LIST_LIMIT, JournalBase, decode_snapshot
 from mayfly.backend._lease import LeaseGuardBase, LeaseStoreBase
 from mayfly.backend._plugin import backend_hooks
 from mayfly.backend._url import BackendURL, parse_backend_url
+from mayfly.backend._wakeups import FifoWakeupListener, notify_fifo_wakeups
 
 __all__ = [
     "MAX_LIST_LIMIT",
     "VOLATILE_FILESYSTEMS",
     "BackendURL",
+    "FifoWakeupListener",
     "JournalBase",
     "LeaseGuardBase",
     "LeaseStoreBase",
@@ -31,5 +33,6 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "filesystem_type",
+    "notify_fifo_wakeups",
     "parse_backend_url",
 ]

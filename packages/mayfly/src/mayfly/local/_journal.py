@@ -66,7 +66,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Final, final
 
-from mayfly.backend import JournalBase
+from mayfly.backend import FifoWakeupListener, JournalBase, notify_fifo_wakeups
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -89,7 +89,6 @@ from mayfly.local._store import (
     sync_data,
     sync_directory,
 )
-from mayfly.local._wakeups import WakeupListener, notify_wakeups
 from mayfly.model.errors import (
     CorruptionError,
     HistoryLost,
@@ -889,13 +888,13 @@ class LocalWorkflowJournal(JournalBase):
         """Ask for the run to be claimed although it waits; ``False`` if it has no entry or ended."""
         return self._run_index().wake(parse_run_id(run_id))
 
-    def listen_wakeups(self) -> WakeupListener:
-        """A FIFO in ``DIR/wakeups`` that is readable when a run became claimable now (see ``_wakeups``)."""
-        return WakeupListener(self._layout.root / "wakeups")
+    def listen_wakeups(self) -> FifoWakeupListener:
+        """A FIFO in ``DIR/wakeups``, readable when a run became claimable now (the kit's FIFO wake-ups)."""
+        return FifoWakeupListener(self._layout.root / "wakeups")
 
     def notify_wakeups(self) -> None:
         """Write a wake-up into every listening worker's FIFO."""
-        notify_wakeups(self._layout.root / "wakeups")
+        notify_fifo_wakeups(self._layout.root / "wakeups")
 
     # -- lifecycle ---------------------------------------------------------------------------
 

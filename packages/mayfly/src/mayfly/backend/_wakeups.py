@@ -1,14 +1,17 @@
-"""Wake-ups for idle workers of an ``lmdb://`` environment: one FIFO per listening worker in ``DIR/wakeups/``.
+"""FIFO wake-ups for idle workers of a store on this host: one FIFO per listening worker in a directory.
 
-A worker with nothing to do sleeps until its poll interval ends, the next
-wake time comes, or someone makes a run claimable now. For the last, a
-listening worker creates a FIFO and waits on its hub for it to become
-readable; whoever makes a run claimable (a submit, a signal, a wake, an
-append or index write leaving a run claimable with no live lease, a
-released run) writes one byte into every FIFO. Nothing here is durable or
-needed for correctness — a worker that misses a byte finds the run at its
-next poll — it only turns a poll interval of latency into a millisecond.
-Every call is non-blocking, so it runs inline on the hub.
+For a backend whose workers share a host (the ``file://``, ``lmdb://`` and
+SQLite stores): its ``listen_wakeups`` returns
+``FifoWakeupListener(DIR)``, its ``notify_wakeups`` calls
+``notify_fifo_wakeups(DIR)``, with ``DIR`` a directory beside the store.
+
+A worker that has nothing to do sleeps until its poll interval ends, the
+next wake time comes, or someone makes a run claimable now. For the last, a
+listening worker creates a FIFO and waits for it to become readable on its
+hub; whoever makes a run claimable (a submit, a signal, a wake, a released
+run) writes one byte into every FIFO. Nothing here is durable or needed for
+correctness — a worker that misses a byte finds the run at its next poll —
+it only turns a poll interval of latency into a millisecond.
 """
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ import contextlib
 import errno
 import os
 import secrets
-from typing import Final, final
+from typing import final
 
-__all__ = ["WakeupListener", "notify_wakeups"]
+__all__ = ["FifoWakeupListener", "notify_fifo_wakeups"]
 
-_SUFFIX: Final = ".fifo"
+_SUFFIX = ".fifo"
 
 
-def notify_wakeups(directory: str) -> None:
+def notify_fifo_wakeups(directory: str | os.PathLike[str]) -> None:
     """Write one byte into every listening worker's FIFO; drop the FIFOs of workers that are gone."""
     try:
         names = os.listdir(directory)
@@ -43,17 +46,19 @@ def notify_wakeups(directory: str) -> None:
             continue
         try:
             os.write(fd, b"\0")
+        except BlockingIOError:
+            pass  # the FIFO is full of unread wake-ups already: the worker will look anyway
         except OSError:
-            pass  # full of unread wake-ups already (the worker will look anyway), or gone meanwhile
+            pass
         finally:
             os.close(fd)
 
 
 @final
-class WakeupListener:
+class FifoWakeupListener:
     """One worker's FIFO: readable when someone made a run claimable; :meth:`drain` it, :meth:`close` it."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
         os.makedirs(directory, exist_ok=True)
         self._path = os.path.join(directory, f"{os.getpid()}-{secrets.token_hex(4)}{_SUFFIX}")
         os.mkfifo(self._path, 0o600)
@@ -61,11 +66,6 @@ class WakeupListener:
         # Holding a write end of our own keeps the FIFO from reading as end-of-file (always readable)
         # between two notifiers.
         self._keep = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-
-    @property
-    def path(self) -> str:
-        """The FIFO's path."""
-        return self._path
 
     def fileno(self) -> int:
         """The descriptor to wait on for readability."""
