@@ -28,16 +28,15 @@ import random
 import select
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import msgspec
 import pytest
 
-import mayfly.recovery
 from mayfly.journal import RUN_PURGE, WorkflowJournal
 from mayfly.lease import MAX_LEASE_TTL_MS, RecoveryLeaseGuard, RecoveryLeaseStore
 from mayfly.model.errors import CorruptionError, FencingRejected, InvalidRecord, LeaseHeld, LeaseLost
-from mayfly.recovery import replay_run
+from mayfly.recovery import rebuild_run_index, replay_run
 from mayfly.runindex import (
     MAX_CLAIM,
     RUN_INDEX,
@@ -660,18 +659,11 @@ def test_a_writer_killed_between_append_and_index_loses_no_wakeup(
 # -- rebuilding -----------------------------------------------------------------------------------------
 
 
-def _rebuild() -> Callable[..., int]:
-    rebuild = getattr(mayfly.recovery, "rebuild_run_index", None)
-    if rebuild is None:
-        pytest.skip("needs mayfly.recovery.rebuild_run_index")
-    return rebuild  # type: ignore[no-any-return]
-
-
-def _rebuild_all(rebuild: Callable[..., int], journal: WorkflowJournal, mine: Sequence[str]) -> None:
+def _rebuild_all(journal: WorkflowJournal, mine: Sequence[str]) -> None:
     """Rebuild the whole store, which also holds other clauses' probe runs (records that are no workflow
     events): those are named as unreadable after every other run is indexed, never one of ``mine``."""
     try:
-        rebuild(journal)
+        rebuild_run_index(journal)
     except CorruptionError as exc:
         named = [run_id for run_id in mine if run_id in str(exc)]
         assert not named, f"rebuild could not read runs of this clause: {named}: {exc}"
@@ -682,7 +674,6 @@ def test_rebuild_indexes_runs_appended_without_an_index(
     mayfly_journal: WorkflowJournal, index: RunIndexJournal, records: Records, queue: str
 ) -> None:
     """Runs written with plain append get index_entry(replayed state) from rebuild_run_index."""
-    rebuild = _rebuild()
     parent = _run(mayfly_journal, records, queue, STARTED, indexed=False)
     runs = [
         _run(mayfly_journal, records, queue, step, indexed=False, delay_ms=step)
@@ -691,13 +682,13 @@ def test_rebuild_indexes_runs_appended_without_an_index(
     child = ScriptedRun(records.new_id(), queue=queue, epoch_ms=_now_ms(), parent=parent.run_id)
     child.advance_to(RETRY_WAIT, mayfly_journal, indexed=False)
     mine = [run.run_id for run in (parent, *runs, child)]
-    indexed = rebuild(mayfly_journal, runs=mine)
+    indexed = rebuild_run_index(mayfly_journal, runs=mine)
     assert indexed == len(mine)
     for run in (parent, *runs, child):
         assert index.index_get(run.run_id) == _truth(mayfly_journal, run.run_id), f"step {run.step}"
     # The same from the journal's own listing of every run.
     later = _run(mayfly_journal, records, queue, RETRY_WAIT, indexed=False)
-    _rebuild_all(rebuild, mayfly_journal, [*mine, later.run_id])
+    _rebuild_all(mayfly_journal, [*mine, later.run_id])
     for run in (parent, *runs, child, later):
         assert index.index_get(run.run_id) == _truth(mayfly_journal, run.run_id), f"step {run.step}"
 
@@ -707,7 +698,6 @@ def test_rebuild_keeps_correct_entries_and_repairs_a_stale_one(
     mayfly_journal: WorkflowJournal, index: RunIndexJournal, records: Records, queue: str
 ) -> None:
     """A rebuild over an index changes no correct entry (nor a stored wake) and repairs a stale entry."""
-    rebuild = _rebuild()
     correct = [_run(mayfly_journal, records, queue, step) for step in (CREATED, RETRY_WAIT, FINISHED)]
     woken = _run(mayfly_journal, records, queue, SIGNAL_WAIT)
     assert index.index_wake(woken.run_id) is True
@@ -716,7 +706,7 @@ def test_rebuild_keeps_correct_entries_and_repairs_a_stale_one(
     # A stale entry as a lost write would leave it: the run looks finished, so no worker would claim it.
     index.index_put([msgspec.structs.replace(truth, status=IndexStatus.TERMINAL, ready_at_ms=None)])
     before = {run.run_id: index.index_get(run.run_id) for run in (*correct, woken)}
-    _rebuild_all(rebuild, mayfly_journal, [run.run_id for run in (*correct, woken, stale)])
+    _rebuild_all(mayfly_journal, [run.run_id for run in (*correct, woken, stale)])
     assert {run.run_id: index.index_get(run.run_id) for run in (*correct, woken)} == before
     assert index.index_get(stale.run_id) == truth
 
