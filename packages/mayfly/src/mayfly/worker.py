@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -93,6 +94,7 @@ class Worker:
         grace_ms: int = 30_000,
         log: Callable[[dict[str, Any]], None] | None = None,
         schedules: Sequence[Schedule] = (),
+        command: str = "mayfly",
         **runtime: Any,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 10**5:
@@ -125,6 +127,7 @@ class Worker:
         self.claimed = 0
         self.ended = 0
         self.schedules = check_schedules(schedules)
+        self.command = command  # how the commands this worker prints start (the CLI: the path it ran by)
         self._ticked: dict[str, int] = {}  # schedule name -> the latest tick whose run this worker started
 
     @property
@@ -435,7 +438,8 @@ class Worker:
                 run_id=oldest[0],
                 error=(
                     f"run {oldest[0]} has no run index entry: this store holds runs written before its "
-                    "index, which no worker can find; run `mayfly index rebuild` on this journal"
+                    f"index, which no worker can find; run `{self.command} index rebuild "
+                    f"--journal {shlex.quote(self.runtime.journal.url)}`"
                 ),
             )
 

@@ -10,6 +10,7 @@ from mayfly.cli._support import (
     UsageError,
     handler_registry,
     handlers_schedules,
+    invoked_command,
     load_spec,
     parse_json,
     print_result,
@@ -73,6 +74,7 @@ def cmd_worker(ctx: Context) -> int:
         plugins=ctx.plugins,
         log=json_log(ctx.err) if args.json else None,
         schedules=schedules,
+        command=invoked_command(),
     )
     code = worker.serve()
     return EXIT["ok"] if code == 0 else EXIT["interrupted"]
