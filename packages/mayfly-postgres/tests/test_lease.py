@@ -95,3 +95,37 @@ def test_released_guard_cannot_renew(leases: PostgresLeaseStore) -> None:
     guard.release()
     with pytest.raises(LeaseLost, match=run):
         guard.renew()
+
+
+def test_a_lease_released_between_the_refusal_and_the_holder_read_is_granted(
+    leases: PostgresLeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder lets go just after a refused grant: the acquirer asks again and wins, never errs.
+
+    A released lease stores ``-infinity`` as its expiry; reading its holder once
+    failed with "cannot subtract infinite timestamps" (seen in CI, four racing
+    recoverers). The interleaving is forced here: the refused grant's holder read
+    runs after the holder's release, on the real server.
+    """
+    run = IDS.new_id()
+    first = leases.acquire(run, "host-a", 60_000)
+    holder = leases._holder
+    calls = []
+
+    def released_first(run_id: str) -> object:
+        if not calls:
+            first.release()
+        calls.append(run_id)
+        return holder(run_id)
+
+    monkeypatch.setattr(leases, "_holder", released_first)
+    second = leases.acquire(run, "host-b", 60_000)
+    assert calls == [run]
+    assert second.fencing_token == first.fencing_token + 1 == leases.current_fence(run)
+    second.release()
+    monkeypatch.undo()
+    third = leases.acquire(run, "host-c", 60_000)
+    assert leases._holder(run) is not None
+    third.release()
+    row = leases._holder(run)
+    assert row is not None and row[3] is None  # a released lease reads as free, not as an error

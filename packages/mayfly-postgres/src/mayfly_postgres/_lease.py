@@ -27,6 +27,7 @@ from mayfly_postgres._store import Store, open_store
 __all__ = ["PostgresLeaseGuard", "PostgresLeaseStore"]
 
 _RETRY_CEILING_S: Final = 1.0
+_FREED_RETRIES: Final = 3  # grant attempts when the lease turns out free right after a refusal
 
 
 class _Statements:
@@ -47,7 +48,8 @@ class _Statements:
         ).format(leases=leases, runs=runs)
         self.holder = sql.SQL(
             "SELECT owner, token, grant_id::text, "
-            "GREATEST(0, floor(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint "
+            "CASE WHEN expires_at > clock_timestamp() "
+            "THEN floor(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint END "
             "FROM {leases} WHERE run_id = %s::uuid"
         ).format(leases=leases)
         self.renew = sql.SQL(
@@ -110,7 +112,19 @@ class PostgresLeaseStore(LeaseStoreBase[PostgresLeaseGuard]):
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> PostgresLeaseGuard:
         """Grant the run's lease now with the next fencing token, or raise ``LeaseHeld``; never waits."""
         run = run_id
-        grant = str(uuid.uuid4())
+        for _ in range(_FREED_RETRIES):
+            grant = str(uuid.uuid4())
+            row = self._try_acquire(run, owner, ttl_ms, grant)
+            if row is not None:
+                return PostgresLeaseGuard(self, run, owner, token=int(row[0]), ttl_ms=ttl_ms, grant=grant)
+            holder = self._holder(run)
+            if holder is not None and holder[3] is not None:
+                raise LeaseHeld(run, str(holder[0]), expires_in_ms=int(holder[3]))
+            # The holder released the lease (or it expired) between the grant and this read: ask again.
+        raise LeaseHeld(run)
+
+    def _try_acquire(self, run: str, owner: str, ttl_ms: int, grant: str) -> tuple[Any, ...] | None:
+        """One grant attempt, retried over transient failures: the token row, or ``None`` if refused."""
         arguments = {"run": run, "owner": owner, "grant": grant, "ttl": ttl_ms}
         settings = self._store.settings
         deadline = time.monotonic() + settings.reconnect_timeout
@@ -131,12 +145,7 @@ class PostgresLeaseStore(LeaseStoreBase[PostgresLeaseGuard]):
                     raise unavailable(self.url, f"acquiring the lease of run {run}", error) from None
                 pause(delay)
                 delay = min(delay * 2, _RETRY_CEILING_S)
-        if row is None:
-            holder = self._holder(run)
-            if holder is None:
-                raise LeaseHeld(run)
-            raise LeaseHeld(run, str(holder[0]), expires_in_ms=int(holder[3]))
-        return PostgresLeaseGuard(self, run, owner, token=int(row[0]), ttl_ms=ttl_ms, grant=grant)
+        return row
 
     def _holder(self, run: str) -> tuple[Any, ...] | None:
         def query(connection: HubConnection) -> tuple[Any, ...] | None:
