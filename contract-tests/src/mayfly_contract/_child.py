@@ -53,6 +53,35 @@ def try_lease(url: str, run_id: str, ttl_ms: int) -> None:
     leases.close()
 
 
+def churn_lease(url: str, run_id: str, rounds: int, seed: int) -> None:
+    """On "go", acquire and release the run's lease ``rounds`` times as fast as it can.
+
+    A refused acquire (``LeaseHeld``) counts as a loss; any other error ends the
+    process with a traceback. Prints one JSON object: every grant won, as
+    ``[token, held_from, held_until]`` on the machine's monotonic clock (one
+    clock for every process here), and the number of refusals.
+    """
+    leases = open_leases(url)
+    chooser = random.Random(seed)
+    _say("ready")
+    sys.stdin.readline()
+    won: list[list[float]] = []
+    refused = 0
+    for _ in range(rounds):
+        try:
+            guard = leases.acquire(run_id, f"contract-churner-{seed}", 30_000)
+        except LeaseHeld:
+            refused += 1
+            continue
+        held_from = time.monotonic()
+        time.sleep(chooser.uniform(0, 0.002))
+        held_until = time.monotonic()
+        guard.release()
+        won.append([guard.fencing_token, held_from, held_until])
+    _say(json.dumps({"won": won, "refused": refused}))
+    leases.close()
+
+
 def append_until_killed(url: str, run_id: str) -> None:
     """Append batches of 1-3 records forever, printing each acknowledgement right after it."""
     journal = open_journal(url)
@@ -171,6 +200,7 @@ def main() -> None:
         "append-until-killed": append_until_killed,
         "race": race,
         "try-lease": try_lease,
+        "churn-lease": churn_lease,
         "claim-race": claim_race,
         "script-until-killed": script_until_killed,
         "notify-wakeups": notify_wakeups,
