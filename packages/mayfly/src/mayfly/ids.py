@@ -8,7 +8,10 @@ makes every generated id predictable in tests.
 """
 
 from mayfly.model.ids import (
+    DEDUP_ID,
+    DEDUP_ID_GRAMMAR,
     NODE_ID_GRAMMAR,
+    PRIORITY_RANGE,
     QUEUE_NAME,
     QUEUE_NAME_GRAMMAR,
     WORKFLOW_ID_GRAMMAR,
@@ -34,7 +37,10 @@ from mayfly.model.ids import (
 )
 
 __all__ = [
+    "DEDUP_ID",
+    "DEDUP_ID_GRAMMAR",
     "NODE_ID_GRAMMAR",
+    "PRIORITY_RANGE",
     "QUEUE_NAME",
     "QUEUE_NAME_GRAMMAR",
     "WORKFLOW_ID_GRAMMAR",

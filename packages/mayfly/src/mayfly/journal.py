@@ -409,6 +409,9 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     :data:`mayfly.runindex.RUN_INDEX`). ``run_wakeups``: idle workers can wait
     for a run to become claimable instead of polling
     (:class:`mayfly.runindex.RunWakeups`, feature :data:`mayfly.runindex.RUN_WAKEUPS`).
+    ``queue_control``: the journal stores queue settings and enforces their
+    concurrency and rate limits and deduplication ids in its claims and
+    appends (:class:`mayfly.queues.QueueControl`, feature :data:`mayfly.queues.QUEUE_CONTROL`).
     """
 
     durability: Durability
@@ -424,6 +427,7 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     network: bool = False
     run_index: bool = False
     run_wakeups: bool = False
+    queue_control: bool = False
 
     @classmethod
     def declare(cls, durability: Durability, *flags: str) -> JournalCapabilities:

@@ -79,6 +79,10 @@ class IndexEntry(msgspec.Struct, frozen=True, kw_only=True):
     sequence, so a late writer cannot undo a newer fact. ``wake`` asks for the
     run to be claimed although it waits (a signal arrived, a parked child
     woke); only a claim clears it. ``parent`` is set on child runs.
+    ``priority`` and ``dedup_id`` come from the run's creation (see
+    :mod:`mayfly.queues`). ``started_ms`` is the wall time of the run's first
+    claim, recorded by a ``queue_control`` backend's claim and kept by every
+    later write of the entry; :func:`index_entry` leaves it ``None``.
     """
 
     run_id: str
@@ -89,6 +93,8 @@ class IndexEntry(msgspec.Struct, frozen=True, kw_only=True):
     wake: bool = False
     parent: str | None = None
     priority: int = 0
+    dedup_id: str | None = None
+    started_ms: int | None = None
 
 
 MAX_CLAIM = 10_000
@@ -145,6 +151,8 @@ def index_entry(state: RunState, *, parked_until: int | None = None, parked: boo
         ready_at_ms=ready_at,
         sequence=state.sequence,
         parent=None if state.parent is None else state.parent.run_id,
+        priority=state.priority,
+        dedup_id=state.dedup_id,
     )
 
 

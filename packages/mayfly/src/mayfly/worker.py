@@ -34,6 +34,7 @@ import shlex
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import Any, TextIO, final
@@ -50,6 +51,7 @@ from mayfly.model.errors import (
     ResumeRefused,
 )
 from mayfly.model.state import RunState
+from mayfly.queues import QUEUE_CONTROL
 from mayfly.recovery import resume_claimed
 from mayfly.runindex import RUN_WAKEUPS, RunIndexJournal, WakeupListener, index_entry
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime
@@ -104,6 +106,7 @@ class Worker:
         if not 0 <= grace_ms <= 86_400_000:
             raise ValueError(f"grace_ms must be in [0, 86400000], got {grace_ms!r}")
         self.runtime = WorkflowRuntime(journal, registry, **runtime)
+        self._control = QUEUE_CONTROL.of(self.runtime.journal)
         if not keeps_run_index(self.runtime.journal):
             raise WorkerUnsupported(
                 f"journal {self.runtime.journal.url} keeps no run index, so a worker cannot find its runs; "
@@ -129,6 +132,9 @@ class Worker:
         self.schedules = check_schedules(schedules)
         self.command = command  # how the commands this worker prints start (the CLI: the path it ran by)
         self._ticked: dict[str, int] = {}  # schedule name -> the latest tick whose run this worker started
+        self._queue_of: dict[str, str] = {}  # active run -> its queue (for per-worker queue limits)
+        self._caps: dict[str, int] = {}  # queue -> its worker_concurrency, re-read every poll interval
+        self._caps_read_at: float | None = None
 
     @property
     def owner(self) -> str:
@@ -249,16 +255,44 @@ class Worker:
 
     def _claim(self, free: int) -> list[RecoveryLeaseGuard]:
         now = self.runtime._wall_ms()
-        guards = self.index.claim(
-            self.owner, limit=free, ttl_ms=self.runtime.lease_ttl_ms, now_ms=now, queues=self.queues
-        )
+        ttl = self.runtime.lease_ttl_ms
+        if self._control is None:
+            guards = self.index.claim(self.owner, limit=free, ttl_ms=ttl, now_ms=now, queues=self.queues)
+        else:
+            self._read_caps()
+            held = Counter(self._queue_of[run] for run in self._active if run in self._queue_of)
+            # The backend enforces every queue limit in the claim: global ones from its settings, this
+            # worker's from what it says it holds.
+            guards = self._control_claim(free, ttl, now, dict(held))
         taken: list[RecoveryLeaseGuard] = []
         for guard in guards:
             if guard.run_id in self._refused or guard.run_id in self._active:
                 guard.release()  # not for this worker: another one (with the handlers) takes it
             else:
                 taken.append(guard)
+                if self._caps:
+                    # Learn the run's queue now, not when its task reads it, so the next claim counts it.
+                    entry = self.index.index_get(guard.run_id)
+                    if entry is not None:
+                        self._queue_of[guard.run_id] = entry.queue
         return taken
+
+    def _control_claim(self, free: int, ttl: int, now: int, held: dict[str, int]) -> list[RecoveryLeaseGuard]:
+        claim: Callable[..., list[RecoveryLeaseGuard]] = self.index.claim
+        return claim(self.owner, limit=free, ttl_ms=ttl, now_ms=now, queues=self.queues, held=held)
+
+    def _read_caps(self) -> None:
+        """Re-read the queues' per-worker limits at most once per poll interval."""
+        assert self._control is not None
+        now = time.monotonic()
+        if self._caps_read_at is not None and now - self._caps_read_at < self.poll_interval_ms / 1000:
+            return
+        self._caps = {
+            queue.name: queue.worker_concurrency
+            for queue in self._control.queue_list()
+            if queue.worker_concurrency is not None
+        }
+        self._caps_read_at = now
 
     def _fire_schedules(self, default_ms: int) -> int:
         """Start the runs of due ticks; return the ms until the next tick (at most ``default_ms``)."""
@@ -352,6 +386,7 @@ class Worker:
             self._drive_claimed(guard, started)
         finally:
             self._active.pop(run_id, None)
+            self._queue_of.pop(run_id, None)
             self._done.send(None)
 
     def _drive_claimed(self, guard: RecoveryLeaseGuard, started: float) -> None:
@@ -377,6 +412,7 @@ class Worker:
             return
         with session:
             state = session.state
+            self._queue_of[run_id] = state.queue
             self._emit("claimed", run_id=run_id, queue=state.queue, status=state.status.value)
             # A stopping worker claims nothing; one that claimed just before it stopped hands over at once.
             driver = RunDriver(

@@ -46,6 +46,9 @@ class CreateRun(_Command, kw_only=True, frozen=True):
     injected clock, so ``decide`` still reads none. Without it the run's
     virtual time counts only the time some process was driving it.
     ``queue`` names the queue workers claim the run from (``default``).
+    ``priority`` orders claims on a queue that enables priorities (higher
+    first). ``dedup_id`` allows at most one live (not ended) run with that id
+    on the queue: the journal refuses a second one while the first lives.
     """
 
     run_id: str
@@ -54,6 +57,8 @@ class CreateRun(_Command, kw_only=True, frozen=True):
     parent: ParentLink | None = None
     epoch_ms: int | None = None
     queue: str = "default"
+    priority: int = 0
+    dedup_id: str | None = None
 
 
 class AttemptStart(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

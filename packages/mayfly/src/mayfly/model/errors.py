@@ -165,6 +165,22 @@ class AppendConflict(JournalError):
         )
 
 
+class DuplicateRun(JournalError):
+    """A submission's deduplication id is held by a live run of the same queue; nothing was written."""
+
+    def __init__(self, run_id: str, queue: str, dedup_id: str, live_run_id: str | None) -> None:
+        self.run_id = run_id
+        self.queue = queue
+        self.dedup_id = dedup_id
+        self.live_run_id = live_run_id
+        """The live run that holds the id (``None`` if it ended between the refusal and the lookup)."""
+        held = f"run {live_run_id}" if live_run_id else "a live run"
+        super().__init__(
+            f"run {run_id} was not created: dedup id {dedup_id!r} on queue {queue} belongs to {held}, "
+            "which has not ended; use that run, or submit again once it ends"
+        )
+
+
 class FencingRejected(JournalError):
     """An append carried a fencing token older than the newest lease grant for the run."""
 

@@ -115,7 +115,9 @@ class RunCreated(BaseEvent, frozen=True):
     have none (an additive optional field: same schema version, and their
     bytes are unchanged); their virtual time counts only driven time.
     ``queue`` is the queue workers claim the run from; ``default`` is left
-    out of the stored bytes (additive, like ``epoch_ms``).
+    out of the stored bytes (additive, like ``epoch_ms``). ``priority`` and
+    ``dedup_id`` (see :class:`~mayfly.model.commands.CreateRun`) are additive
+    the same way: left out at their defaults.
     """
 
     run_id: str
@@ -125,6 +127,8 @@ class RunCreated(BaseEvent, frozen=True):
     parent: ParentLink | None = None
     epoch_ms: int | None = None
     queue: str = "default"
+    priority: int = 0
+    dedup_id: str | None = None
 
 
 class NodeReady(BaseEvent, frozen=True):

@@ -21,7 +21,10 @@ from typing import NewType, Protocol, final
 from mayfly.model.errors import InvalidIdentifier
 
 __all__ = [
+    "DEDUP_ID",
+    "DEDUP_ID_GRAMMAR",
     "NODE_ID_GRAMMAR",
+    "PRIORITY_RANGE",
     "QUEUE_NAME",
     "QUEUE_NAME_GRAMMAR",
     "WORKFLOW_ID_GRAMMAR",
@@ -65,6 +68,15 @@ QUEUE_NAME_GRAMMAR = "[a-z0-9][a-z0-9._-]{0,63}"
 
 QUEUE_NAME = re.compile(QUEUE_NAME_GRAMMAR)
 """The compiled :data:`QUEUE_NAME_GRAMMAR`."""
+
+DEDUP_ID_GRAMMAR = "[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}"
+"""Deduplication ids: a letter or digit, then up to 127 of those or ``. _ : @ / -`` (an order number)."""
+
+DEDUP_ID = re.compile(DEDUP_ID_GRAMMAR)
+"""The compiled :data:`DEDUP_ID_GRAMMAR`."""
+
+PRIORITY_RANGE = (-1_000_000, 1_000_000)
+"""The inclusive range of run priorities (higher is claimed first on a queue that enables priorities)."""
 
 _NODE_ID = re.compile(NODE_ID_GRAMMAR)
 _WORKFLOW_ID = re.compile(WORKFLOW_ID_GRAMMAR)

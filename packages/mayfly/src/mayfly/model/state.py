@@ -259,6 +259,8 @@ class RunStateRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     signals: tuple[ConsumedSignal, ...] = ()
     epoch_ms: int | None = None
     queue: str = "default"
+    priority: int = 0
+    dedup_id: str | None = None
 
 
 class RunState:
@@ -279,6 +281,7 @@ class RunState:
         "_waiting",
         "attempts_used",
         "cancellation",
+        "dedup_id",
         "epoch_ms",
         "exhausted",
         "index",
@@ -292,6 +295,7 @@ class RunState:
         "now",
         "open_nodes",
         "parent",
+        "priority",
         "queue",
         "run_id",
         "sequence",
@@ -311,11 +315,17 @@ class RunState:
         *,
         epoch_ms: int | None = None,
         queue: str = "default",
+        priority: int = 0,
+        dedup_id: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.parent = parent
         self.queue = queue
         """The queue workers claim this run from, from ``RunCreated``."""
+        self.priority = priority
+        """The run's claim priority on its queue (higher first), from ``RunCreated``."""
+        self.dedup_id = dedup_id
+        """The run's deduplication id on its queue, from ``RunCreated`` (``None``: none)."""
         self.epoch_ms = epoch_ms
         """Wall-clock Unix milliseconds at virtual time 0, from ``RunCreated`` (``None`` for older runs)."""
         self.spec = spec
@@ -541,6 +551,8 @@ class RunState:
             signals=tuple(self._signals.values()),
             epoch_ms=self.epoch_ms,
             queue=self.queue,
+            priority=self.priority,
+            dedup_id=self.dedup_id,
         )
 
     @classmethod
@@ -554,6 +566,8 @@ class RunState:
             record.parent,
             epoch_ms=record.epoch_ms,
             queue=record.queue,
+            priority=record.priority,
+            dedup_id=record.dedup_id,
         )
         if len(record.nodes) != len(state.nodes):
             raise ValueError("state record does not match its specification's nodes")

@@ -113,6 +113,8 @@ def new_state(event: RunCreated) -> RunState:
         event.parent,
         epoch_ms=event.epoch_ms,
         queue=event.queue,
+        priority=event.priority,
+        dedup_id=event.dedup_id,
     )
     state.sequence = 1
     return state

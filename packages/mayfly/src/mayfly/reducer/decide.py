@@ -43,7 +43,7 @@ from mayfly.model.events import (
     SignalExpired,
     VirtualTimeAdvanced,
 )
-from mayfly.model.ids import QUEUE_NAME, is_uuid
+from mayfly.model.ids import DEDUP_ID, PRIORITY_RANGE, QUEUE_NAME, is_uuid
 from mayfly.model.limits import MAX_CHILD_DEPTH
 from mayfly.model.outcomes import Cancelled, NodeOutcome, RetryableFailure, check_reason
 from mayfly.model.state import NodeState, NodeStatus, RunState, RunStatus
@@ -136,6 +136,24 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
             RejectionCode.INVALID_INPUT,
             f"run {command.run_id}: queue {command.queue!r:.80} must match {QUEUE_NAME.pattern}",
         )
+    low, high = PRIORITY_RANGE
+    if isinstance(command.priority, bool) or not isinstance(command.priority, int):
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"run {command.run_id}: priority must be an int, got {command.priority!r:.80}",
+        )
+    if not low <= command.priority <= high:
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"run {command.run_id}: priority {command.priority} is outside [{low}, {high}]",
+        )
+    if command.dedup_id is not None and (
+        not isinstance(command.dedup_id, str) or DEDUP_ID.fullmatch(command.dedup_id) is None
+    ):
+        return Rejection(
+            RejectionCode.INVALID_INPUT,
+            f"run {command.run_id}: dedup id {command.dedup_id!r:.80} must match {DEDUP_ID.pattern}",
+        )
     parent = command.parent
     if parent is not None:
         problem = _parent_problem(command)
@@ -149,6 +167,8 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
         parent=parent,
         epoch_ms=command.epoch_ms,
         queue=command.queue,
+        priority=command.priority,
+        dedup_id=command.dedup_id,
     )
     draft = Draft(new_state(created))
     draft.events.append(created)

@@ -66,6 +66,7 @@ from mayfly.model.signals import SignalToken
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.plugins import PluginManager, Upcasters, plugin_manager
+from mayfly.queues import check_queue_options
 from mayfly.recovery import RecoveredRun, RecoveryEffect, inspect_run, replay_run, require_run, resume_run
 from mayfly.reducer import check_input, decide
 from mayfly.runindex import RUN_WAKEUPS
@@ -257,6 +258,8 @@ class WorkflowRuntime:
         *,
         run_id: str | None = None,
         queue: str = "default",
+        priority: int = 0,
+        dedup_id: str | None = None,
     ) -> RunHandle:
         """Create a run of ``spec`` durably and return at once; a worker drives it.
 
@@ -265,17 +268,32 @@ class WorkflowRuntime:
         Choosing ``run_id`` makes the call idempotent: starting a run id that
         exists returns its handle and creates nothing. Works outside a hub and
         inside a hub task alike.
+
+        ``priority`` (higher is claimed first) needs a queue that enables
+        priorities; ``dedup_id`` allows one live run per id on the queue and
+        raises :class:`~mayfly.errors.DuplicateRun` while another lives. Both
+        need a journal that declares ``queue_control`` (:mod:`mayfly.queues`).
         """
         self.plugins.ensure_valid(spec)
         check_input(input, "run input")
         run_id = run_id if run_id is not None else self.ids.new_id()
         handle = RunHandle(self, run_id)
+        if priority != 0 or dedup_id is not None:
+            check_queue_options(self.journal, queue, priority, dedup_id)
         if self.journal.next_sequence(run_id) > 1:
             return handle
         # No lease: creating is a compare-and-append at sequence 1 with no fence, which only a run that
         # nobody ever leased accepts. So of racing starts of one run id exactly one creates it, and a
         # start racing a process that leased the id first (to create and drive it) creates nothing.
-        command = CreateRun(run_id=run_id, spec=spec, input=input, epoch_ms=self._wall_ms(), queue=queue)
+        command = CreateRun(
+            run_id=run_id,
+            spec=spec,
+            input=input,
+            epoch_ms=self._wall_ms(),
+            queue=queue,
+            priority=priority,
+            dedup_id=dedup_id,
+        )
         try:
             commit = commit_command(self.journal, None, command, ids=self.ids, fence=None)
         except (AppendConflict, FencingRejected):

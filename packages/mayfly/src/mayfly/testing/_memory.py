@@ -25,7 +25,7 @@ import itertools
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -43,8 +43,9 @@ from mayfly.backend import (
 )
 from mayfly.journal import AppendResult, Durability, JournalCapabilities, JournalRecord, SnapshotRecord
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
-from mayfly.model.errors import InvalidBackendURL, InvalidRecord, LeaseHeld
-from mayfly.model.ids import parse_run_id
+from mayfly.model.errors import DuplicateRun, InvalidBackendURL, InvalidRecord, LeaseHeld
+from mayfly.model.ids import QUEUE_NAME, parse_run_id
+from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 
 __all__ = [
@@ -58,7 +59,7 @@ __all__ = [
 ]
 
 MEMORY_CAPABILITIES: Final = JournalCapabilities.declare(
-    Durability.MEMORY, "fencing fault_injection snapshots lease_expiry run_purge run_index"
+    Durability.MEMORY, "fencing fault_injection snapshots lease_expiry run_purge run_index queue_control"
 )
 """What ``memory://`` declares: no durability, no second process; fencing, expiring leases, the run index."""
 
@@ -125,6 +126,7 @@ class MemoryStore:
         self.fences: dict[str, int] = {}
         self.leases_held: dict[str, _Lease] = {}
         self.index: dict[str, IndexEntry] = {}
+        self.queues: dict[str, QueueSettings] = {}
         with _REGISTRY_LOCK:
             if name in _REGISTRY:
                 raise InvalidRecord(
@@ -156,6 +158,20 @@ class MemoryStore:
         self.fences[run_id] = token
         self.leases_held[run_id] = _Lease(owner, token, self.clock() + ttl_ms)
         return token
+
+    def usage(self, name: str, now_ms: int) -> QueueUsage:
+        """The queue's runs in progress (live leases) and starts in its rate window (lock held)."""
+        settings = self.queues.get(name)
+        period = None if settings is None else settings.rate_period_ms
+        in_progress = starts = 0
+        for entry in self.index.values():
+            if entry.queue != name or entry.parent is not None:
+                continue
+            if entry.status is not IndexStatus.TERMINAL and self.holder(entry.run_id) is not None:
+                in_progress += 1
+            if period is not None and entry.started_ms is not None and entry.started_ms > now_ms - period:
+                starts += 1
+        return QueueUsage(in_progress=in_progress, recent_starts=starts)
 
     def __repr__(self) -> str:
         return f"MemoryStore({self.name!r}, runs={len(self.runs)})"
@@ -258,6 +274,8 @@ class MemoryJournal(JournalBase):
                         raise self.event_id_taken(run_id, record.event_id, run.event_ids[record.event_id])
             # The batch can no longer be refused: ask for its entry now, and store both together.
             new_entry = None if entry is None else entry()
+            if new_entry is not None:
+                self._check_dedup(new_entry)
             if run is None:
                 run = store.runs[run_id] = _Run()
             for record in batch:
@@ -330,7 +348,59 @@ class MemoryJournal(JournalBase):
             return
         if stored is not None and stored.wake and not entry.wake:
             entry = msgspec.structs.replace(entry, wake=True)
+        if stored is not None and stored.started_ms is not None and entry.started_ms is None:
+            entry = msgspec.structs.replace(entry, started_ms=stored.started_ms)
         self.store.index[entry.run_id] = entry
+
+    def _check_dedup(self, entry: IndexEntry) -> None:
+        """Refuse an entry whose dedup id a live run of its queue holds (lock held)."""
+        if entry.dedup_id is None or entry.status is IndexStatus.TERMINAL:
+            return
+        for other in self.store.index.values():
+            if (
+                other.dedup_id == entry.dedup_id
+                and other.queue == entry.queue
+                and other.run_id != entry.run_id
+                and other.status is not IndexStatus.TERMINAL
+            ):
+                raise DuplicateRun(entry.run_id, entry.queue, entry.dedup_id, other.run_id)
+
+    # -- queue flow control (capabilities.queue_control; mayfly.queues.QueueControl) -------------
+
+    def queue_set(self, settings: QueueSettings) -> None:
+        """Store the queue's settings; claims obey them from now on."""
+        if not isinstance(settings, QueueSettings):
+            raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
+        self.ensure_open("queue settings")
+        with self.store.lock:
+            self.store.queues[settings.name] = settings
+
+    def queue_get(self, name: str) -> QueueSettings | None:
+        """The queue's settings, or ``None``."""
+        self.ensure_open("queue settings")
+        _check_queue(name)
+        with self.store.lock:
+            return self.store.queues.get(name)
+
+    def queue_list(self) -> list[QueueSettings]:
+        """Every queue with settings, by name."""
+        self.ensure_open("queue settings")
+        with self.store.lock:
+            return [self.store.queues[name] for name in sorted(self.store.queues)]
+
+    def queue_remove(self, name: str) -> bool:
+        """Remove the queue's settings; ``False`` if it had none."""
+        self.ensure_open("queue settings")
+        _check_queue(name)
+        with self.store.lock:
+            return self.store.queues.pop(name, None) is not None
+
+    def queue_usage(self, name: str, *, now_ms: int) -> QueueUsage:
+        """The queue's runs in progress and starts within its rate window ending at ``now_ms``."""
+        self.ensure_open("queue usage")
+        _check_queue(name)
+        with self.store.lock:
+            return self.store.usage(name, now_ms)
 
     def claim(
         self,
@@ -340,17 +410,21 @@ class MemoryJournal(JournalBase):
         ttl_ms: int,
         now_ms: int,
         queues: Sequence[str] | None = None,
+        held: Mapping[str, int] | None = None,
     ) -> list[RecoveryLeaseGuard]:
         """Lease up to ``limit`` claimable root runs to ``owner``, selected and granted under one lock.
 
-        ``now_ms`` decides which waiting runs are due; whether a lease is still
-        live is decided by the store's clock, as ``acquire`` does.
+        ``now_ms`` decides which waiting runs are due and when a start is
+        recorded; whether a lease is still live is decided by the store's
+        clock, as ``acquire`` does. Queue limits apply (``held``: what the
+        claimant holds of each queue).
         """
         limit, names = check_claim(limit, queues)
+        holding = check_held(held)
         self.ensure_open("claim")
         if self._claims is None:
             self._claims = MemoryLeaseStore(self.url)
-        return list(self._claims.grant_claimable(owner, limit, ttl_ms, now_ms, names))
+        return list(self._claims.grant_claimable(owner, limit, ttl_ms, now_ms, names, holding))
 
     def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
         """The earliest ``ready_at`` after ``now_ms`` of a waiting root run in ``queues``."""
@@ -454,8 +528,14 @@ class MemoryLeaseStore(LeaseStoreBase[MemoryLeaseGuard]):
             token = store.grant(run_id, owner, ttl_ms)
         return MemoryLeaseGuard(self, run_id, owner, token=token, ttl_ms=ttl_ms, grant=None)
 
-    def grant_claimable(
-        self, owner: str, limit: int, ttl_ms: int, now_ms: int, queues: tuple[str, ...] | None
+    def grant_claimable(  # noqa: PLR0917 - one internal call site passes the checked claim as is
+        self,
+        owner: str,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: tuple[str, ...] | None,
+        held: Mapping[str, int],
     ) -> list[MemoryLeaseGuard]:
         """Select up to ``limit`` claimable runs and lease them to ``owner`` under the store's lock."""
         self.ensure_open("claim")
@@ -481,10 +561,16 @@ class MemoryLeaseStore(LeaseStoreBase[MemoryLeaseGuard]):
                 ),
                 key=_claim_order,
             )
-            for entry in candidates[:limit]:
+            limited = {entry.queue for entry in candidates} & set(store.queues)
+            usage = {name: store.usage(name, now_ms) for name in limited}
+            picked = plan_claim(candidates, limit=limit, settings=store.queues, usage=usage, held=held)
+            for entry in picked:
                 run, owner, ttl = validate_acquire(entry.run_id, owner, ttl_ms)
                 token = store.grant(run, owner, ttl)
-                store.index[run] = msgspec.structs.replace(entry, wake=False)
+                started = now_ms if entry.status is IndexStatus.NEW and entry.started_ms is None else None
+                store.index[run] = msgspec.structs.replace(
+                    entry, wake=False, started_ms=entry.started_ms if started is None else started
+                )
                 guards.append(MemoryLeaseGuard(self, run, owner, token=token, ttl_ms=ttl, grant=None))
         with self._held_lock:  # the kit's bookkeeping: close() releases what is still held
             self._held.update(guards)
@@ -496,6 +582,11 @@ class MemoryLeaseStore(LeaseStoreBase[MemoryLeaseGuard]):
 
     def _close(self) -> None:
         pass  # the store's state belongs to the store (drop_store forgets it)
+
+
+def _check_queue(name: object) -> None:
+    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
+        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
 
 
 def _describe(url: str) -> str:
