@@ -46,6 +46,7 @@ _KEEP_PROBES = "--mayfly-keep-probe-runs"
 _ABSENT = {
     "network": ": it waits on no socket, so no network wait of it can block the hub (its calls run inline)",
     "run_index": " (feature mayfly.runindex.RUN_INDEX): it keeps no run index, no worker can claim from it",
+    "queue_control": " (feature mayfly.queues.QUEUE_CONTROL): it enforces no queue limits or dedup ids",
 }
 _FLAGS = (
     "cross_process",
@@ -60,6 +61,7 @@ _FLAGS = (
     "network",
     "run_index",
     "run_wakeups",
+    "queue_control",
 )
 
 

@@ -141,9 +141,13 @@ class ScriptedRun:
         epoch_ms: int,
         delay_ms: int = 0,
         parent: str | None = None,
+        dedup_id: str | None = None,
+        priority: int = 0,
     ) -> None:
         self.run_id = run_id
         self.queue = queue
+        self.dedup_id = dedup_id
+        self.priority = priority
         self.epoch_ms = epoch_ms
         self.delay_ms = delay_ms
         self.parent = parent
@@ -168,7 +172,15 @@ class ScriptedRun:
         if self.parent is not None:
             link = ParentLink(run_id=self.parent, node_id="a", attempt_id=first, depth=1)
         commands: tuple[Command, ...] = (
-            CreateRun(run_id=self.run_id, spec=_SPEC, epoch_ms=self.epoch_ms, queue=self.queue, parent=link),
+            CreateRun(
+                run_id=self.run_id,
+                spec=_SPEC,
+                epoch_ms=self.epoch_ms,
+                queue=self.queue,
+                parent=link,
+                dedup_id=self.dedup_id,
+                priority=self.priority,
+            ),
             StartNodes((AttemptStart("a", first),)),
             AdvanceTime(self.delay_ms + 1),
             CompleteAttempt("a", first, RetryableFailure(reason="contract probe")),
