@@ -188,6 +188,7 @@ def test_append_indexed_stores_the_entry_of_every_batch(
     while not run.done:
         state = run.advance(mayfly_journal, fence=fence)
         stored = index.index_get(run.run_id)
+        assert stored is not None, f"after step {run.step}"
         assert _unstarted(stored) == index_entry(state) == _truth(mayfly_journal, run.run_id), (
             f"after step {run.step}"
         )
