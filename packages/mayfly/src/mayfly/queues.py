@@ -106,12 +106,19 @@ class QueueSettings(
         """Whether claims from this queue are throttled across workers (a concurrency or a rate limit)."""
         return self.concurrency is not None or self.rate_limit is not None
 
+    @property
+    def rate(self) -> str | None:
+        """The rate limit as ``N/PERIOD`` (``10/1s``), as ``--rate`` takes it, or ``None``."""
+        if self.rate_limit is None:
+            return None
+        return f"{self.rate_limit}/{_period(self.rate_period_ms)}"
+
     def describe(self) -> str:
         """A one-line summary, as ``mayfly queue list`` prints it."""
         parts = [
             f"concurrency {self.concurrency}" if self.concurrency is not None else "concurrency unlimited",
             f"per worker {self.worker_concurrency}" if self.worker_concurrency is not None else None,
-            f"rate {self.rate_limit}/{_period(self.rate_period_ms)}" if self.rate_limit is not None else None,
+            f"rate {self.rate}" if self.rate is not None else None,
             "priorities" if self.priority else "fifo",
         ]
         return ", ".join(part for part in parts if part is not None)

@@ -27,6 +27,7 @@ from mayfly.cli._commands import (
     cmd_signal,
     cmd_watch,
 )
+from mayfly.cli._queues import cmd_queue
 from mayfly.cli._service import cmd_index, cmd_result, cmd_submit, cmd_worker
 from mayfly.cli._support import DEFAULT_JOURNAL, EXIT, Context, Interrupted, UsageError
 from mayfly.inspect import RUN_STATES
@@ -36,6 +37,7 @@ from mayfly.model.errors import (
     CommandRejected,
     CompatibilityError,
     CorruptionError,
+    DuplicateRun,
     HandlerUnavailable,
     InvalidBackendURL,
     JournalError,
@@ -59,6 +61,7 @@ exit codes:
   5    journal, backend or history error: no journal at --journal (read-only commands
        create none), an unreachable store, corruption
   6    the run is parked, waiting for a signal (see `mayfly signal`)
+  7    `mayfly submit --dedup-id`: a live run of the queue holds that id (nothing created)
   124  `mayfly result --wait --timeout`, `mayfly watch --timeout`: the run neither ended
        nor parked in time
   130  interrupted (Ctrl-C), or a worker aborted by a second SIGTERM/SIGINT
@@ -146,6 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="run input as JSON")
     p.add_argument("--queue", default="default", help="the queue workers claim it from (default: default)")
     p.add_argument("--run-id", help="choose the run id (a UUID); submitting an existing id creates nothing")
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="claimed before lower priorities (the queue must enable priorities; default 0)",
+    )
+    p.add_argument(
+        "--dedup-id",
+        metavar="ID",
+        help="at most one live run of the queue per ID: refused (exit 7) while one lives",
+    )
 
     p = command("worker", cmd_worker, "claim and drive runs from the journal until SIGTERM or SIGINT")
     p.add_argument(
@@ -197,6 +211,36 @@ def build_parser() -> argparse.ArgumentParser:
         "action",
         choices=["rebuild"],
         help="rebuild: recompute every run's entry from its history (an old or damaged index)",
+    )
+
+    p = command(
+        "queue",
+        cmd_queue,
+        "show or set a queue's flow control: concurrency (global, per worker), rate limit, priorities",
+    )
+    p.add_argument("action", choices=["set", "show", "list", "remove"], help="what to do")
+    p.add_argument("name", nargs="?", help="the queue (not for list)")
+    p.add_argument(
+        "--concurrency",
+        metavar="N",
+        help="runs of the queue in progress at once across all workers (or unlimited)",
+    )
+    p.add_argument(
+        "--worker-concurrency",
+        metavar="M",
+        help="runs of the queue in progress at once in one worker (or unlimited)",
+    )
+    p.add_argument(
+        "--rate", metavar="N/PERIOD", help="starts per period across workers: 10/s, 100/5m (or unlimited)"
+    )
+    p.add_argument(
+        "--priority",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="claim higher-priority submissions first (--no-priority: first come, first served)",
+    )
+    p.add_argument(
+        "--reset", action="store_true", help="with set: start from no limits, then apply the flags"
     )
 
     p = command("runs", cmd_runs, "list runs in the journal")
@@ -399,6 +443,8 @@ def main(
         return fail("usage", str(exc))
     except RunNotFound as exc:
         return fail("not_found", str(exc))
+    except DuplicateRun as exc:
+        return fail("duplicate", str(exc))
     except LeaseHeld as exc:
         assert context is not None  # raised by a command
         return fail("owned", _lease_message(exc, context))

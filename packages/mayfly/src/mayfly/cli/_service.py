@@ -46,7 +46,9 @@ def cmd_submit(ctx: Context) -> int:
         raise UsageError(f"--run-id {args.run_id!r}: expected a canonical lowercase UUID")
     ctx.plugins.ensure_valid(spec)  # refused before the journal is opened
     runtime = ctx.runtime()
-    handle = runtime.start(spec, run_input, run_id=args.run_id, queue=queue)
+    handle = runtime.start(
+        spec, run_input, run_id=args.run_id, queue=queue, priority=args.priority, dedup_id=args.dedup_id
+    )
     if args.json:
         ctx.emit_json({"run_id": handle.run_id})
     else:

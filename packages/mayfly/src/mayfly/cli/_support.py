@@ -56,6 +56,7 @@ EXIT = {
     "owned": 4,
     "journal": 5,
     "waiting": 6,
+    "duplicate": 7,
     "timeout": 124,
     "interrupted": 130,
 }
