@@ -65,7 +65,11 @@ CREATE FUNCTION {schema}.mayfly_claim(
     p_owner text, p_limit bigint, p_ttl float8, p_now bigint, p_queues text[],
     p_held_names text[], p_held_counts bigint[]
 ) RETURNS TABLE (claimed_run text, claimed_token bigint, claimed_grant text)
-LANGUAGE plpgsql VOLATILE AS $claim$
+LANGUAGE plpgsql VOLATILE
+-- An OLTP statement whose estimates (an unanalysed queues table, generic plans) can pass jit_above_cost:
+-- compiling it would cost seconds and save nothing.
+SET jit = off
+AS $claim$
 DECLARE
     v_locked text[];
 BEGIN
@@ -88,10 +92,12 @@ BEGIN
                 THEN 0
             ELSE greatest(0, least(
                 p_limit,
+                -- The queue's live root runs (run_index_live), each one's lease looked up by key.
                 CASE WHEN q.concurrency IS NOT NULL THEN q.concurrency - (
-                    SELECT count(*) FROM {schema}.run_index i JOIN {schema}.leases l ON l.run_id = i.run_id
+                    SELECT count(*) FROM {schema}.run_index i
                     WHERE i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal'
-                    AND l.expires_at > clock_timestamp()) END,
+                    AND (SELECT l.expires_at FROM {schema}.leases l WHERE l.run_id = i.run_id)
+                        > clock_timestamp()) END,
                 q.worker_concurrency - coalesce((SELECT h.n FROM unnest(p_held_names, p_held_counts)
                     AS h (name, n) WHERE h.name = q.name), 0)))
             END AS room,
@@ -104,7 +110,9 @@ BEGIN
             AND (p_queues IS NULL OR q.name = ANY(p_queues))
     ),
     free AS (
-        SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
+        SELECT i.run_id, i.priority, i.ready_at, i.wake,
+            i.status = 'new' AND i.started_ms IS NULL AS first_start
+        FROM {schema}.run_index i
         WHERE i.parent IS NULL
             AND (i.status IN ('new', 'running') OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
             -- run_index_claim's predicate, implied by the line above, spelt out for the planner
@@ -137,11 +145,17 @@ BEGIN
             ) u ORDER BY u.priority DESC, u.ready_at NULLS LAST, u.run_id LIMIT c.room
         ) p WHERE c.room > 0
     ),
+    -- The planned entries locked (by key, one by one), still claimable in their newest version.
     capped AS (
-        SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
-        WHERE i.run_id IN (SELECT run_id FROM planned) AND i.parent IS NULL
-            AND (i.status IN ('new', 'running') OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
-        FOR UPDATE OF i SKIP LOCKED
+        SELECT c.* FROM planned p CROSS JOIN LATERAL (
+            SELECT i.run_id, i.priority, i.ready_at, i.wake,
+                i.status = 'new' AND i.started_ms IS NULL AS first_start
+            FROM {schema}.run_index i
+            WHERE i.run_id = p.run_id AND i.parent IS NULL
+                AND (i.status IN ('new', 'running')
+                    OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
+            FOR UPDATE OF i SKIP LOCKED
+        ) c
     ),
     picked AS (
         SELECT * FROM free UNION ALL SELECT * FROM capped
@@ -159,11 +173,12 @@ BEGIN
         INSERT INTO {schema}.runs AS r (run_id, fence) SELECT granted.run_id, granted.token FROM granted
         ON CONFLICT (run_id) DO UPDATE SET fence = greatest(r.fence, EXCLUDED.fence) RETURNING 1
     ),
+    -- Clear the wake flags, record the starts: the granted entries that need it, updated by key.
     answered AS (
         UPDATE {schema}.run_index i SET wake = false, started_ms = CASE
             WHEN i.status = 'new' AND i.started_ms IS NULL THEN p_now ELSE i.started_ms END
-        WHERE i.run_id IN (SELECT granted.run_id FROM granted)
-            AND (i.wake OR (i.status = 'new' AND i.started_ms IS NULL))
+        WHERE i.run_id = ANY (ARRAY(SELECT g.run_id FROM granted g JOIN picked p ON p.run_id = g.run_id
+            WHERE p.wake OR p.first_start))
         RETURNING 1
     )
     SELECT g.run_id::text, g.token, g.grant_id::text FROM granted g JOIN picked p ON p.run_id = g.run_id
