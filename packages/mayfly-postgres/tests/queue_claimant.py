@@ -31,7 +31,7 @@ def main(url: str, owner: str, queue: str, seconds: float, ttl_ms: int) -> None:
             owner, limit=rng.randint(1, 3), ttl_ms=ttl_ms, now_ms=int(time.time() * 1000), queues=[queue]
         )
         got.extend((guard.run_id, guard.fencing_token) for guard in guards)
-        time.sleep(rng.random() * 0.02)
+        time.sleep(rng.random() * 0.002)
     sys.stdout.write(json.dumps(got) + "\n")
     sys.stdout.flush()
     sys.stdout.close()

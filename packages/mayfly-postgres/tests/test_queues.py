@@ -31,6 +31,7 @@ from mayfly_postgres import PostgresJournal
 from mayfly_postgres._schema import LATEST_VERSION, MIGRATIONS, applied_version
 
 HERE = Path(__file__).resolve().parent
+SECONDS = 3
 
 
 def _now_ms() -> int:
@@ -256,17 +257,12 @@ def test_four_processes_with_expiring_leases_never_exceed_the_concurrency(
         control = QUEUE_CONTROL.of(journal)
         assert control is not None
         control.queue_set(QueueSettings(name=queue, concurrency=2))
-        now = _now_ms()
         journal.index_put(
             [
                 IndexEntry(
-                    run_id=IDS.new_id(),
-                    queue=queue,
-                    status=IndexStatus.RUNNING,
-                    ready_at_ms=now + n,
-                    sequence=1,
+                    run_id=IDS.new_id(), queue=queue, status=IndexStatus.RUNNING, ready_at_ms=n, sequence=1
                 )
-                for n in range(40)
+                for n in range(10)
             ]
         )
     _audit(server, schema)
@@ -278,7 +274,7 @@ def test_four_processes_with_expiring_leases_never_exceed_the_concurrency(
                 queue_url,
                 f"racer-{n}",
                 queue,
-                "3",
+                str(SECONDS),
                 str(ttl_ms),
             ],
             stdin=subprocess.PIPE,
@@ -294,6 +290,22 @@ def test_four_processes_with_expiring_leases_never_exceed_the_concurrency(
             assert child.stdin is not None
             child.stdin.write("go\n")
             child.stdin.flush()
+        # Meanwhile new runs of rising priority arrive, each first in claim order: claimants whose
+        # snapshots differ by one arrival plan different runs, so a claim counting leases in a snapshot
+        # older than another claim's commit would exceed the limit.
+        name = sql.Identifier(schema)
+        with psycopg.connect(server, autocommit=True) as admin:
+            deadline, priority = time.monotonic() + SECONDS, 1
+            while time.monotonic() < deadline:
+                admin.execute(
+                    sql.SQL(
+                        "INSERT INTO {}.run_index (run_id, queue, status, ready_at, sequence, priority) "
+                        "VALUES (%s, %s, 'running', 0, 1, %s)"
+                    ).format(name),
+                    (IDS.new_id(), queue, priority),
+                )
+                priority += 1
+                time.sleep(0.003)
         reports: list[list[Any]] = []
         for child in children:
             assert child.stdout is not None
