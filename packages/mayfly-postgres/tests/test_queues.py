@@ -331,3 +331,39 @@ def test_four_processes_with_expiring_leases_never_exceed_the_concurrency(
     assert most == 2, f"{most} leases of the queue were live at once under concurrency 2"
     assert len(rows) > 8, f"only {len(rows)} grants in 3 s: the leases did not expire and get re-granted"
     assert sum(1 for report in reports if report) >= 2, f"the processes did not race: {reports}"
+
+
+def test_an_index_put_of_a_second_live_dedup_id_is_refused_and_writes_nothing(queue_url: str) -> None:
+    """index_put of entries one of which repeats a live run's dedup id raises DuplicateRun; no entry is written."""
+    with PostgresJournal(queue_url) as journal:
+        live, other, fresh = IDS.new_id(), IDS.new_id(), IDS.new_id()
+        journal.index_put(
+            [
+                IndexEntry(
+                    run_id=live, queue="q", status=IndexStatus.NEW, ready_at_ms=1, sequence=1, dedup_id="d"
+                )
+            ]
+        )
+        clash = IndexEntry(
+            run_id=other, queue="q", status=IndexStatus.NEW, ready_at_ms=2, sequence=1, dedup_id="d"
+        )
+        unrelated = IndexEntry(run_id=fresh, queue="q", status=IndexStatus.NEW, ready_at_ms=3, sequence=1)
+        with pytest.raises(DuplicateRun) as refused:
+            journal.index_put([unrelated, clash])
+        assert (refused.value.run_id, refused.value.live_run_id) == (other, live)
+        assert journal.index_get(other) is None and journal.index_get(fresh) is None
+        # Once the holder ended, the id is free.
+        journal.index_put(
+            [
+                IndexEntry(
+                    run_id=live,
+                    queue="q",
+                    status=IndexStatus.TERMINAL,
+                    ready_at_ms=None,
+                    sequence=2,
+                    dedup_id="d",
+                )
+            ]
+        )
+        journal.index_put([unrelated, clash])
+        assert journal.index_get(other) == clash
