@@ -128,19 +128,21 @@ def _is_dedup(violation: psycopg.errors.UniqueViolation) -> bool:
     return violation.diag.constraint_name == "run_index_dedup"
 
 
-def _settings_row(row: Sequence[Any]) -> QueueSettings:
-    """The settings one ``queues`` row holds (a row the CHECK constraints let in always validates)."""
+def _settings_row(row: Sequence[Any], *, stored: bool = True) -> QueueSettings:
+    """The settings one ``queues`` row holds, validated (``stored=False``: values to store, InvalidRecord)."""
     name, concurrency, worker_concurrency, rate_limit, rate_period_ms, priority = row
     try:
         return QueueSettings(
-            name=str(name),
-            concurrency=None if concurrency is None else int(concurrency),
-            worker_concurrency=None if worker_concurrency is None else int(worker_concurrency),
-            rate_limit=None if rate_limit is None else int(rate_limit),
-            rate_period_ms=None if rate_period_ms is None else int(rate_period_ms),
-            priority=bool(priority),
+            name=name,
+            concurrency=concurrency,
+            worker_concurrency=worker_concurrency,
+            rate_limit=rate_limit,
+            rate_period_ms=rate_period_ms,
+            priority=priority,
         )
     except InvalidRecord as exc:
+        if not stored:
+            raise
         raise CorruptionError(
             f"queue settings row {name!r:.80} is invalid ({exc}); set them again with `mayfly queue set`"
         ) from None
@@ -875,6 +877,19 @@ class PostgresJournal(JournalBase):
         """
         if not isinstance(settings, QueueSettings):
             raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
+        # Validated again field by field (InvalidRecord), whatever built the value: the table's CHECK
+        # constraints would refuse it otherwise, but as a driver error.
+        settings = _settings_row(
+            (
+                settings.name,
+                settings.concurrency,
+                settings.worker_concurrency,
+                settings.rate_limit,
+                settings.rate_period_ms,
+                settings.priority,
+            ),
+            stored=False,
+        )
         self.ensure_open("queue settings")
         arguments = {
             "name": settings.name,
