@@ -29,7 +29,7 @@ def test_every_python_example_of_the_page_runs(server: str) -> None:
     """The page's python blocks execute in sequence in one namespace without raising."""
     text = PAGE.read_text(encoding="utf-8")
     blocks = _BLOCK.findall(text)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     schema = fresh_schema()
     namespace: dict[str, object] = {"__name__": "__docs__"}
     try:
@@ -53,7 +53,7 @@ def test_documented_grants_are_enough_for_the_runtime_role(server: str) -> None:
         .replace("mayfly_runtime", role)
         for g in _GRANTS.findall(text)
     ]
-    assert len(grants) == 3
+    assert len(grants) == 4
     with psycopg.connect(server, autocommit=True) as admin:
         migrate(admin, parse_url(admin_url))
         admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(role)))

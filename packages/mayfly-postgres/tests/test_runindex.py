@@ -418,7 +418,7 @@ def test_a_claim_cut_off_mid_statement_grants_nothing(index_url: str, server: st
     with PostgresJournal(index_url) as journal, psycopg.connect(server) as blocker:
         journal.index_put([entry(run, IndexStatus.WAITING, None, wake=True) for run in runs])
         schema = psycopg.sql.Identifier(journal.schema)
-        # An uncommitted row for the last run: the claim's fence upsert waits on it, its leases written.
+        # An uncommitted row for the last run: the claim's fence upsert (in mayfly_claim) waits on it.
         blocker.execute(
             psycopg.sql.SQL("INSERT INTO {}.runs (run_id) VALUES (%s)").format(schema), (runs[-1],)
         )
@@ -436,7 +436,7 @@ def test_a_claim_cut_off_mid_statement_grants_nothing(index_url: str, server: st
             while True:
                 waiting = admin.execute(
                     "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                    (f"%{journal.schema}%leases%",),
+                    (f"%{journal.schema}%mayfly_claim%",),
                 ).fetchall()
                 if waiting:
                     break

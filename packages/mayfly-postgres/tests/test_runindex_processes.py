@@ -320,6 +320,7 @@ def test_a_role_with_the_documented_grants_and_run_index_drives_runs_through_a_w
         f"{schema}.leases TO {role}",
         f"GRANT SELECT ON {schema}.mayfly_migrations TO {role}",
         f"GRANT SELECT, INSERT, UPDATE ON {schema}.run_index TO {role}",  # the README's addition
+        f"GRANT SELECT, UPDATE ON {schema}.queues TO {role}",  # queue_control (docs page)
     ]
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(role)))

@@ -13,7 +13,7 @@ from pgserver import IDS, batch, drop_schema, fresh_schema, with_options
 
 from mayfly.model.errors import CompatibilityError, InvalidBackendURL, JournalUnavailable
 from mayfly_postgres import LATEST_VERSION, PostgresJournal, PostgresLeaseStore
-from mayfly_postgres._schema import applied_version, migrate
+from mayfly_postgres._schema import MIGRATIONS, applied_version, migrate
 from mayfly_postgres._url import parse_url
 
 
@@ -54,6 +54,39 @@ def test_racing_migrations_apply_exactly_once(server: str, new_schema: str) -> N
     assert [process.returncode for process in processes] == [0] * 4
     assert sum("applied 1" in output for output in outputs) == 1
     assert sum("nothing (already current)" in output for output in outputs) == 3
+
+
+def test_a_schema_at_migration_2_applies_only_migration_3(server: str, new_schema: str) -> None:
+    """migrate() on a schema at version 2 applies 3 alone: the queues table and the claim function appear."""
+    url = with_options(server, schema=new_schema)
+    name = psycopg.sql.Identifier(new_schema)
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(name))
+        connection.execute(
+            psycopg.sql.SQL(
+                "CREATE TABLE {}.mayfly_migrations (version integer PRIMARY KEY, description text NOT NULL, "
+                "applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(name)
+        )
+        for version, description, statements in MIGRATIONS[:2]:
+            for template in statements:
+                connection.execute(psycopg.sql.SQL(template).format(schema=name))
+            connection.execute(
+                psycopg.sql.SQL(
+                    "INSERT INTO {}.mayfly_migrations (version, description) VALUES (%s, %s)"
+                ).format(name),
+                (version, description),
+            )
+        assert migrate(connection, parse_url(url)) == [3]
+        assert applied_version(connection, new_schema) == 3
+        found = connection.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, to_regprocedure(%s) IS NOT NULL",
+            (
+                f"{new_schema}.queues",
+                f"{new_schema}.mayfly_claim(text,bigint,float8,bigint,text[],text[],bigint[])",
+            ),
+        ).fetchone()
+        assert found == (True, True)
 
 
 def test_migrate_never_refuses_a_stale_schema(server: str, new_schema: str) -> None:

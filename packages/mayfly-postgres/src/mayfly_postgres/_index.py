@@ -7,8 +7,18 @@ claim is one statement: it picks claimable root runs in claim order with
 only those whose lease is absent, released or expired on the server's clock,
 grants each lease with the next fencing token (the same upsert as the lease
 store's ``acquire``, re-checked under the lease row's lock), copies the
-token into ``runs.fence`` and clears ``wake``. Being one statement, a claim
-cut by a server crash has granted nothing or everything it returned.
+token into ``runs.fence``, clears ``wake`` and records the start
+(``started_ms``) of a run claimed for the first time. Being one statement (a
+call of the ``mayfly_claim`` function that migration 3 creates, see
+:data:`mayfly_postgres._schema.CLAIM_FUNCTION`), a claim cut by a server
+crash has granted nothing or everything it returned.
+
+Queue flow control (:mod:`mayfly.queues`): the same call locks the settings
+rows of the limited queues it may take runs from, then, in a fresh snapshot,
+counts each one's leased runs and recent starts and takes no more than the
+queue's limits allow; claims of queues without limits lock nothing. A
+``dedup_id`` is unique per queue among live entries (a partial unique index),
+so the append of a second live run with it fails in its transaction.
 
 Wake-ups are ``NOTIFY`` on a channel named for the schema: sent inside the
 transaction that makes a run claimable at once (an append without a lease, a
@@ -24,6 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, final
 
+import msgspec
 import psycopg
 from psycopg import sql
 
@@ -38,12 +49,8 @@ from mayfly_postgres._url import PostgresSettings
 __all__ = ["IndexStatements", "PostgresWakeupListener", "check_entries", "claimable_now", "wakeup_channel"]
 
 _INT64: Final = 1 << 63
-_COLUMNS: Final = "run_id::text, queue, status, ready_at, sequence, wake, parent::text, priority"
-_CLAIMABLE: Final = (
-    "i.parent IS NULL AND (i.status IN ('new', 'running') "
-    "OR (i.status = 'waiting' AND (i.ready_at <= %(now)s::bigint OR i.wake)))"
-    # The index predicate of run_index_claim, implied by the line above, spelt out for the planner.
-    " AND (i.status IN ('new', 'running') OR (i.status = 'waiting' AND (i.ready_at IS NOT NULL OR i.wake)))"
+_COLUMNS: Final = (
+    "run_id::text, queue, status, ready_at, sequence, wake, parent::text, priority, dedup_id, started_ms"
 )
 _QUEUES: Final = "(%(queues)s::text[] IS NULL OR i.queue = ANY(%(queues)s::text[]))"
 
@@ -91,12 +98,17 @@ def check_entries(entries: object) -> list[IndexEntry]:
             raise InvalidRecord(
                 f"index entry of run {run}: status {entry.status!r:.40} is not an IndexStatus"
             )
+        if entry.dedup_id is not None and (not isinstance(entry.dedup_id, str) or not entry.dedup_id):
+            raise InvalidRecord(
+                f"index entry of run {run}: dedup_id {entry.dedup_id!r:.80} must be a non-empty str"
+            )
         if entry.sequence < 0:
             raise InvalidRecord(f"index entry of run {run}: sequence {entry.sequence} is negative")
         for what, value in (
             ("sequence", entry.sequence),
             ("ready_at_ms", entry.ready_at_ms),
             ("priority", entry.priority),
+            ("started_ms", entry.started_ms),
         ):
             _int64(what, run, value)
         known = folded.get(run)
@@ -109,16 +121,7 @@ def check_entries(entries: object) -> list[IndexEntry]:
 
 
 def _woken(entry: IndexEntry) -> IndexEntry:
-    return IndexEntry(
-        run_id=entry.run_id,
-        queue=entry.queue,
-        status=entry.status,
-        ready_at_ms=entry.ready_at_ms,
-        sequence=entry.sequence,
-        wake=True,
-        parent=entry.parent,
-        priority=entry.priority,
-    )
+    return msgspec.structs.replace(entry, wake=True)
 
 
 def entry_parameters(entry: IndexEntry) -> dict[str, Any]:
@@ -132,6 +135,8 @@ def entry_parameters(entry: IndexEntry) -> dict[str, Any]:
         "wake": entry.wake,
         "parent": entry.parent,
         "priority": entry.priority,
+        "dedup": entry.dedup_id,
+        "started": entry.started_ms,
     }
 
 
@@ -146,12 +151,14 @@ def batch_parameters(entries: Sequence[IndexEntry]) -> dict[str, Any]:
         "wakes": [e.wake for e in entries],
         "parents": [e.parent for e in entries],
         "priorities": [e.priority for e in entries],
+        "dedups": [e.dedup_id for e in entries],
+        "starts": [e.started_ms for e in entries],
     }
 
 
 def row_entry(row: Sequence[Any]) -> IndexEntry:
     """The entry one ``run_index`` row holds."""
-    run_id, queue, status, ready_at, sequence, wake, parent, priority = row
+    run_id, queue, status, ready_at, sequence, wake, parent, priority, dedup_id, started_ms = row
     try:
         return IndexEntry(
             run_id=str(run_id),
@@ -162,6 +169,8 @@ def row_entry(row: Sequence[Any]) -> IndexEntry:
             wake=bool(wake),
             parent=None if parent is None else str(parent),
             priority=int(priority),
+            dedup_id=None if dedup_id is None else str(dedup_id),
+            started_ms=None if started_ms is None else int(started_ms),
         )
     except (TypeError, ValueError) as exc:
         raise CorruptionError(
@@ -173,26 +182,30 @@ class IndexStatements:
     """The run index SQL of one schema."""
 
     def __init__(self, store: Store) -> None:
-        index, leases, runs = store.table("run_index"), store.table("leases"), store.table("runs")
+        index, leases = store.table("run_index"), store.table("leases")
         self.channel = wakeup_channel(store.settings.schema)
         channel = sql.Literal(self.channel)
         # Insert, or replace a stored entry unless it reflects a later sequence; a stored wake is kept.
         insert = (
-            "INSERT INTO {index} AS i (run_id, queue, status, ready_at, sequence, wake, parent, priority) "
+            "INSERT INTO {index} AS i (run_id, queue, status, ready_at, sequence, wake, parent, priority, "
+            "dedup_id, started_ms) "
         )
         conflict = (
             " ON CONFLICT (run_id) DO UPDATE SET queue = EXCLUDED.queue, status = EXCLUDED.status, "
             "ready_at = EXCLUDED.ready_at, sequence = EXCLUDED.sequence, wake = i.wake OR EXCLUDED.wake, "
-            "parent = EXCLUDED.parent, priority = EXCLUDED.priority WHERE EXCLUDED.sequence >= i.sequence"
+            "parent = EXCLUDED.parent, priority = EXCLUDED.priority, dedup_id = EXCLUDED.dedup_id, "
+            # A recorded start is kept: only a claim records one.
+            "started_ms = COALESCE(i.started_ms, EXCLUDED.started_ms) WHERE EXCLUDED.sequence >= i.sequence"
         )
         many = sql.SQL(
             insert + "SELECT * FROM unnest(%(runs)s::uuid[], %(queues)s::text[], %(statuses)s::text[], "
             "%(ready)s::bigint[], %(sequences)s::bigint[], %(wakes)s::boolean[], %(parents)s::uuid[], "
-            "%(priorities)s::bigint[])" + conflict
+            "%(priorities)s::bigint[], %(dedups)s::text[], %(starts)s::bigint[])" + conflict
         ).format(index=index)
         one = sql.SQL(
             insert + "VALUES (%(run)s::uuid, %(queue)s::text, %(status)s::text, %(ready)s::bigint, "
-            "%(sequence)s::bigint, %(wake)s::boolean, %(parent)s::uuid, %(priority)s::bigint)" + conflict
+            "%(sequence)s::bigint, %(wake)s::boolean, %(parent)s::uuid, %(priority)s::bigint, "
+            "%(dedup)s::text, %(started)s::bigint)" + conflict
         ).format(index=index)
         notify = "WITH put AS ({upsert}) SELECT pg_notify({channel}, '')"
         self.put, self.put_one = many, one
@@ -211,31 +224,43 @@ class IndexStatements:
             "(SELECT FROM {leases} l WHERE l.run_id = w.run_id AND l.expires_at > clock_timestamp())) "
             "SELECT (SELECT count(*) FROM woken), (SELECT count(*) FROM told)"
         ).format(index=index, leases=leases, channel=channel)
-        # The claim (see the module doc). The lease upsert is the lease store's acquire, row by row:
-        # a lease granted after this statement's snapshot is seen by its WHERE, under the row lock.
+        # The claim (see the module doc): one call of the migration's function, one statement.
         self.claim = sql.SQL(
-            "WITH picked AS (SELECT i.run_id, i.priority, i.ready_at FROM {index} i WHERE "
-            + _CLAIMABLE
-            + " AND "
-            + _QUEUES
-            + " "
-            "AND NOT EXISTS (SELECT FROM {leases} l WHERE l.run_id = i.run_id "
-            "AND l.expires_at > clock_timestamp()) "
-            "ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT %(limit)s::bigint "
-            "FOR UPDATE OF i SKIP LOCKED), "
-            "granted AS (INSERT INTO {leases} AS l (run_id, owner, token, grant_id, expires_at) "
-            "SELECT run_id, %(owner)s::text, 1, gen_random_uuid(), "
-            "clock_timestamp() + %(ttl)s::float8 * interval '1 millisecond' FROM picked "
-            "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1, "
-            "grant_id = EXCLUDED.grant_id, expires_at = EXCLUDED.expires_at "
-            "WHERE l.expires_at <= clock_timestamp() RETURNING l.run_id, l.token, l.grant_id), "
-            "fenced AS (INSERT INTO {runs} AS r (run_id, fence) SELECT run_id, token FROM granted "
-            "ON CONFLICT (run_id) DO UPDATE SET fence = GREATEST(r.fence, EXCLUDED.fence) RETURNING 1), "
-            "answered AS (UPDATE {index} i SET wake = false "
-            "WHERE i.wake AND i.run_id IN (SELECT run_id FROM granted) RETURNING 1) "
-            "SELECT g.run_id::text, g.token, g.grant_id::text FROM granted g JOIN picked p USING (run_id) "
-            "ORDER BY p.priority DESC, p.ready_at NULLS LAST, g.run_id"
-        ).format(index=index, leases=leases, runs=runs)
+            "SELECT claimed_run, claimed_token, claimed_grant FROM {claim}(%(owner)s::text, "
+            "%(limit)s::bigint, %(ttl)s::float8, %(now)s::bigint, %(queues)s::text[], "
+            "%(held_names)s::text[], %(held_counts)s::bigint[])"
+        ).format(claim=store.table("mayfly_claim"))
+        queues = store.table("queues")
+        self.queue_columns = "name, concurrency, worker_concurrency, rate_limit, rate_period_ms, priority"
+        self.queue_set = sql.SQL(
+            "INSERT INTO {queues} AS q (" + self.queue_columns + ") VALUES (%(name)s::text, "
+            "%(concurrency)s::integer, %(worker_concurrency)s::integer, %(rate_limit)s::integer, "
+            "%(rate_period_ms)s::bigint, %(priority)s::boolean) ON CONFLICT (name) DO UPDATE SET "
+            "concurrency = EXCLUDED.concurrency, worker_concurrency = EXCLUDED.worker_concurrency, "
+            "rate_limit = EXCLUDED.rate_limit, rate_period_ms = EXCLUDED.rate_period_ms, "
+            "priority = EXCLUDED.priority, updated_at = now()"
+        ).format(queues=queues)
+        self.queue_get = sql.SQL(
+            "SELECT " + self.queue_columns + " FROM {queues} WHERE name = %s::text"
+        ).format(queues=queues)
+        self.queue_list = sql.SQL("SELECT " + self.queue_columns + " FROM {queues} ORDER BY name").format(
+            queues=queues
+        )
+        self.queue_remove = sql.SQL("DELETE FROM {queues} WHERE name = %s::text").format(queues=queues)
+        # The facts the claim counts, as it counts them (one snapshot).
+        self.queue_usage = sql.SQL(
+            "SELECT (SELECT count(*) FROM {index} i JOIN {leases} l ON l.run_id = i.run_id "
+            "WHERE i.queue = %(name)s::text AND i.parent IS NULL AND i.status <> 'terminal' "
+            "AND l.expires_at > clock_timestamp()), "
+            "(SELECT count(*) FROM {index} i JOIN {queues} q ON q.name = i.queue "
+            "WHERE i.queue = %(name)s::text AND q.rate_period_ms IS NOT NULL AND i.started_ms IS NOT NULL "
+            "AND i.started_ms > %(now)s::bigint - q.rate_period_ms AND i.parent IS NULL)"
+        ).format(index=index, leases=leases, queues=queues)
+        # The live run holding a dedup id on a queue (read after a refused append rolled back).
+        self.dedup_holder = sql.SQL(
+            "SELECT run_id::text FROM {index} WHERE queue = %s::text AND dedup_id = %s::text "
+            "AND status <> 'terminal' AND run_id <> %s::uuid LIMIT 1"
+        ).format(index=index)
         self.notify = sql.SQL("SELECT pg_notify({channel}, '')").format(channel=channel)
 
 

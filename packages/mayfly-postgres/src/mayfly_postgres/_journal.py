@@ -31,7 +31,7 @@ import datetime
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, final
 
 import psycopg
@@ -41,10 +41,12 @@ from mayfly.backend import JournalBase
 from mayfly.errors import (
     ConflictingRecord,
     CorruptionError,
+    DuplicateRun,
     InvalidRecord,
     JournalUnavailable,
     LeaseHeld,
 )
+from mayfly.ids import QUEUE_NAME
 from mayfly.journal import (
     AppendResult,
     JournalCapabilities,
@@ -55,7 +57,8 @@ from mayfly.journal import (
     WorkflowJournal,
 )
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
-from mayfly.runindex import IndexEntry, check_claim
+from mayfly.queues import QueueSettings, QueueUsage, check_held
+from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 from mayfly_postgres._index import (
     IndexStatements,
     PostgresWakeupListener,
@@ -118,6 +121,37 @@ def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]
             result = body.get("result")
             status = result if isinstance(result, str) else status
     return workflow, status
+
+
+def _is_dedup(violation: psycopg.errors.UniqueViolation) -> bool:
+    """Whether a unique violation is the dedup index's (a second live run with a queue's dedup id)."""
+    return violation.diag.constraint_name == "run_index_dedup"
+
+
+def _settings_row(row: Sequence[Any], *, stored: bool = True) -> QueueSettings:
+    """The settings one ``queues`` row holds, validated (``stored=False``: values to store, InvalidRecord)."""
+    name, concurrency, worker_concurrency, rate_limit, rate_period_ms, priority = row
+    try:
+        return QueueSettings(
+            name=name,
+            concurrency=concurrency,
+            worker_concurrency=worker_concurrency,
+            rate_limit=rate_limit,
+            rate_period_ms=rate_period_ms,
+            priority=priority,
+        )
+    except InvalidRecord as exc:
+        if not stored:
+            raise
+        raise CorruptionError(
+            f"queue settings row {name!r:.80} is invalid ({exc}); set them again with `mayfly queue set`"
+        ) from None
+
+
+def _check_queue(name: object) -> str:
+    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
+        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
+    return name
 
 
 def _unverified(run: str, columns: Sequence[Any]) -> JournalRecord:
@@ -307,7 +341,7 @@ class PostgresJournal(JournalBase):
             capabilities=JournalCapabilities.declare(
                 self._store.settings.durability,
                 "cross_process fencing crash_durable fault_injection snapshots lease_expiry",
-                "run_summaries run_purge network run_index run_wakeups",
+                "run_summaries run_purge network run_index run_wakeups queue_control",
             ),
         )
 
@@ -378,6 +412,10 @@ class PostgresJournal(JournalBase):
                         inserted = self._append_with_entry(
                             connection, parameters, len(batch), entry=entry, fence=fence
                         )
+            except psycopg.errors.UniqueViolation as violation:
+                if entry is not None and _is_dedup(violation):
+                    raise self._duplicate(entry.get()) from None
+                inserted = 0  # an event id already used in the run: classified below
             except psycopg.IntegrityError:
                 inserted = 0  # an event id already used in the run: classified below
             except psycopg.Error as error:
@@ -725,16 +763,20 @@ class PostgresJournal(JournalBase):
         ttl_ms: int,
         now_ms: int,
         queues: Sequence[str] | None = None,
+        held: Mapping[str, int] | None = None,
     ) -> list[RecoveryLeaseGuard]:
         """Lease up to ``limit`` claimable root runs to ``owner`` in claim order: one statement.
 
         Each lease expires ``ttl_ms`` after the grant on the server's clock,
         as the lease store's do; ``now_ms`` (wall ms) decides which wake times
-        have come. A lost connection raises ``JournalUnavailable``: a claim
-        whose reply was lost may have granted leases nobody holds, which
-        expire after ``ttl_ms``.
+        have come and is the start recorded on runs claimed for the first
+        time. Queue limits apply (:mod:`mayfly.queues`; ``held``: the runs of
+        each queue the claimant holds). A lost connection raises
+        ``JournalUnavailable``: a claim whose reply was lost may have granted
+        leases nobody holds, which expire after ``ttl_ms``.
         """
         limit, names = check_claim(limit, queues)
+        holding = check_held(held)
         _, owner, ttl = validate_acquire(_NIL_RUN, owner, ttl_ms)
         if isinstance(now_ms, bool) or not isinstance(now_ms, int):
             raise InvalidRecord(f"claim now_ms must be an int (wall-clock Unix ms), got {now_ms!r}")
@@ -746,6 +788,8 @@ class PostgresJournal(JournalBase):
             "limit": limit,
             "owner": owner,
             "ttl": ttl,
+            "held_names": list(holding),
+            "held_counts": list(holding.values()),
         }
         try:
             with self._store.pool.connection() as connection:
@@ -791,7 +835,115 @@ class PostgresJournal(JournalBase):
         announce = any(claimable_now(entry, now) for entry in folded)
         statement = self._index_sql.put_notify if announce else self._index_sql.put
         arguments = batch_parameters(folded)
-        self._execute(f"writing {len(folded)} run index entries", statement, arguments)
+
+        def run(connection: HubConnection) -> bool:
+            try:
+                connection.execute(statement, arguments)
+            except psycopg.errors.UniqueViolation as violation:
+                if not _is_dedup(violation):
+                    raise
+                return False  # the statement wrote nothing
+            return True
+
+        if self._store.pool.retrying(f"writing {len(folded)} run index entries", run):
+            return
+        # An entry would be a second live run with its queue's dedup id: name one such entry.
+        refusals = [
+            self._duplicate(candidate)
+            for candidate in folded
+            if candidate.dedup_id is not None and candidate.status is not IndexStatus.TERMINAL
+        ]
+        raise next((r for r in refusals if r.live_run_id is not None), refusals[0])
+
+    def _duplicate(self, entry: IndexEntry) -> DuplicateRun:
+        """The refusal of ``entry``, naming the live run holding its dedup id (read after the rollback)."""
+        assert entry.dedup_id is not None
+        arguments = (entry.queue, entry.dedup_id, entry.run_id)
+
+        def query(connection: HubConnection) -> str | None:
+            row = connection.execute(self._index_sql.dedup_holder, arguments).fetchone()
+            return None if row is None else str(row[0])
+
+        live = self._store.pool.retrying(f"reading the run holding dedup id {entry.dedup_id!r}", query)
+        return DuplicateRun(entry.run_id, entry.queue, entry.dedup_id, live)
+
+    # -- queue flow control (capabilities.queue_control; mayfly.queues.QueueControl) -------------
+
+    def queue_set(self, settings: QueueSettings) -> None:
+        """Store the queue's settings in one statement, replacing any; claims obey them from now on.
+
+        A claim holding the queue's row lock finishes first (the upsert waits
+        for it), so no claim counts against half-old, half-new settings.
+        """
+        if not isinstance(settings, QueueSettings):
+            raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
+        # Validated again field by field (InvalidRecord), whatever built the value: the table's CHECK
+        # constraints would refuse it otherwise, but as a driver error.
+        settings = _settings_row(
+            (
+                settings.name,
+                settings.concurrency,
+                settings.worker_concurrency,
+                settings.rate_limit,
+                settings.rate_period_ms,
+                settings.priority,
+            ),
+            stored=False,
+        )
+        self.ensure_open("queue settings")
+        arguments = {
+            "name": settings.name,
+            "concurrency": settings.concurrency,
+            "worker_concurrency": settings.worker_concurrency,
+            "rate_limit": settings.rate_limit,
+            "rate_period_ms": settings.rate_period_ms,
+            "priority": settings.priority,
+        }
+        self._execute(f"setting queue {settings.name}", self._index_sql.queue_set, arguments)
+
+    def queue_get(self, name: str) -> QueueSettings | None:
+        """The queue's settings, or ``None`` if it has none."""
+        queue = _check_queue(name)
+        self.ensure_open("queue settings")
+
+        def query(connection: HubConnection) -> tuple[Any, ...] | None:
+            return connection.execute(self._index_sql.queue_get, (queue,)).fetchone()
+
+        row = self._store.pool.retrying(f"reading queue {queue}", query)
+        return None if row is None else _settings_row(row)
+
+    def queue_list(self) -> list[QueueSettings]:
+        """Every queue with settings, by name."""
+        self.ensure_open("queue settings")
+
+        def query(connection: HubConnection) -> list[tuple[Any, ...]]:
+            return connection.execute(self._index_sql.queue_list).fetchall()
+
+        return [_settings_row(row) for row in self._store.pool.retrying("listing queues", query)]
+
+    def queue_remove(self, name: str) -> bool:
+        """Remove the queue's settings (its runs are claimed without limits); ``False`` if it had none."""
+        queue = _check_queue(name)
+        self.ensure_open("queue settings")
+
+        def query(connection: HubConnection) -> int:
+            return connection.execute(self._index_sql.queue_remove, (queue,)).rowcount
+
+        return self._store.pool.retrying(f"removing queue {queue}", query) > 0
+
+    def queue_usage(self, name: str, *, now_ms: int) -> QueueUsage:
+        """The queue's live leased runs and its starts in the rate window ending at ``now_ms``."""
+        queue = _check_queue(name)
+        if isinstance(now_ms, bool) or not isinstance(now_ms, int):
+            raise InvalidRecord(f"queue usage now_ms must be an int (wall-clock Unix ms), got {now_ms!r}")
+        self.ensure_open("queue usage")
+
+        def query(connection: HubConnection) -> tuple[Any, ...] | None:
+            return connection.execute(self._index_sql.queue_usage, {"name": queue, "now": now_ms}).fetchone()
+
+        row = self._store.pool.retrying(f"reading the usage of queue {queue}", query)
+        assert row is not None  # two scalar subqueries: always one row
+        return QueueUsage(in_progress=int(row[0]), recent_starts=int(row[1]))
 
     def index_wake(self, run_id: str) -> bool:
         """Set the run's ``wake``, telling listeners if it is claimable now; ``False`` if none or ended."""

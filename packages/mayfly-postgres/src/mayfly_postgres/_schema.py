@@ -15,6 +15,15 @@ Tables (all inside the configured schema):
                        Derived data: a store upgraded from migration 1 has
                        no entries for its older runs until ``mayfly index
                        rebuild`` writes them from the histories.
+``queues``             (migration 3) per queue with flow control: its
+                       settings (:class:`mayfly.queues.QueueSettings`).
+                       Migration 3 also gives ``run_index`` the columns
+                       ``dedup_id`` (unique per queue among live runs) and
+                       ``started_ms`` (the run's first claim), and creates
+                       the claim function ``mayfly_claim`` (see
+                       :data:`CLAIM_FUNCTION`). A store at migration 2
+                       upgrades in place: its entries have no dedup id and
+                       no recorded start (they count as never started).
 """
 
 from __future__ import annotations
@@ -29,6 +38,153 @@ from mayfly.errors import CompatibilityError, JournalUnavailable
 from mayfly_postgres._url import PostgresSettings
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "applied_version", "drop_schema", "ensure_schema", "migrate"]
+
+# The claim (migration 3), a server-side function so that it stays one round trip and one transaction
+# while counting what limits a queue in a snapshot taken *after* the queue's lock was granted.
+#
+# Under READ COMMITTED a statement's snapshot is taken when the statement starts, before any row lock
+# it waits for: a single statement that locked a queue's settings row and then counted the queue's
+# leases would count from before the claim it waited for committed, and both claims would fill the
+# same slots. A VOLATILE PL/pgSQL function takes a fresh snapshot for each of its statements, so:
+#
+# 1. the settings rows of the limited queues (a concurrency or a rate limit) this claim may take runs
+#    from (those with a claimable run) are locked FOR UPDATE, in name order (claimants never deadlock;
+#    queue_set and queue_remove wait for the claim, which holds no other lock yet);
+# 2. the claim statement, in a snapshot that sees every claim that held those locks before, computes
+#    each queue's room (concurrency less its live leased runs, worker_concurrency less what the
+#    claimant holds, and the claim's limit) and its starts left (rate_limit less the starts recorded
+#    within the window), plans the runs of limited queues by those rules (mayfly.queues.plan_claim),
+#    locks them with SKIP LOCKED, takes runs of queues without limits as the claim always did (in one
+#    index scan, FOR UPDATE SKIP LOCKED, LIMIT), grants the leases, copies the fencing tokens, clears
+#    wake flags and records the starts (started_ms) of runs claimed for the first time.
+#
+# A limited queue whose row was not locked in step 1 (its settings were created since) gets no room in
+# step 2: its runs wait for the next claim. Claims of queues without settings lock nothing.
+CLAIM_FUNCTION: Final = """
+CREATE FUNCTION {schema}.mayfly_claim(
+    p_owner text, p_limit bigint, p_ttl float8, p_now bigint, p_queues text[],
+    p_held_names text[], p_held_counts bigint[]
+) RETURNS TABLE (claimed_run text, claimed_token bigint, claimed_grant text)
+LANGUAGE plpgsql VOLATILE
+-- An OLTP statement whose estimates (an unanalysed queues table, generic plans) can pass jit_above_cost:
+-- compiling it would cost seconds and save nothing.
+SET jit = off
+AS $claim$
+DECLARE
+    v_locked text[];
+BEGIN
+    SELECT coalesce(array_agg(l.name), '{{}}') INTO v_locked FROM (
+        SELECT q.name FROM {schema}.queues q
+        WHERE (q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)
+            AND (p_queues IS NULL OR q.name = ANY(p_queues))
+            AND EXISTS (SELECT FROM {schema}.run_index i
+                WHERE i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal'
+                AND (i.status IN ('new', 'running')
+                    OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
+                AND NOT EXISTS (SELECT FROM {schema}.leases l
+                    WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp()))
+        ORDER BY q.name FOR UPDATE OF q
+    ) l;
+    RETURN QUERY
+    WITH caps AS (
+        SELECT q.name,
+            CASE WHEN (q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL) AND q.name <> ALL(v_locked)
+                THEN 0
+            ELSE greatest(0, least(
+                p_limit,
+                -- The queue's live root runs (run_index_live), each one's lease looked up by key.
+                CASE WHEN q.concurrency IS NOT NULL THEN q.concurrency - (
+                    SELECT count(*) FROM {schema}.run_index i
+                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal'
+                    AND (SELECT l.expires_at FROM {schema}.leases l WHERE l.run_id = i.run_id)
+                        > clock_timestamp()) END,
+                q.worker_concurrency - coalesce((SELECT h.n FROM unnest(p_held_names, p_held_counts)
+                    AS h (name, n) WHERE h.name = q.name), 0)))
+            END AS room,
+            CASE WHEN q.rate_limit IS NULL THEN p_limit ELSE greatest(0, q.rate_limit - (
+                SELECT count(*) FROM {schema}.run_index i
+                WHERE i.queue = q.name AND i.started_ms IS NOT NULL
+                AND i.started_ms > p_now - q.rate_period_ms AND i.parent IS NULL)) END AS starts
+        FROM {schema}.queues q
+        WHERE (q.concurrency IS NOT NULL OR q.worker_concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)
+            AND (p_queues IS NULL OR q.name = ANY(p_queues))
+    ),
+    free AS (
+        SELECT i.run_id, i.priority, i.ready_at, i.wake,
+            i.status = 'new' AND i.started_ms IS NULL AS first_start
+        FROM {schema}.run_index i
+        WHERE i.parent IS NULL
+            AND (i.status IN ('new', 'running') OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
+            -- run_index_claim's predicate, implied by the line above, spelt out for the planner
+            AND (i.status IN ('new', 'running')
+                OR (i.status = 'waiting' AND (i.ready_at IS NOT NULL OR i.wake)))
+            AND (p_queues IS NULL OR i.queue = ANY(p_queues))
+            AND NOT EXISTS (SELECT FROM caps c WHERE c.name = i.queue)
+            AND NOT EXISTS (SELECT FROM {schema}.leases l
+                WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+        ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT p_limit
+        FOR UPDATE OF i SKIP LOCKED
+    ),
+    planned AS (
+        SELECT p.run_id FROM caps c CROSS JOIN LATERAL (
+            SELECT u.run_id FROM (
+                (SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
+                    WHERE i.queue = c.name AND i.parent IS NULL AND i.status = 'new' AND i.started_ms IS NULL
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+                    ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT least(c.starts, c.room))
+                UNION ALL
+                (SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
+                    WHERE i.queue = c.name AND i.parent IS NULL AND i.status <> 'terminal'
+                    AND NOT (i.status = 'new' AND i.started_ms IS NULL)
+                    AND (i.status IN ('new', 'running')
+                        OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+                    ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT c.room)
+            ) u ORDER BY u.priority DESC, u.ready_at NULLS LAST, u.run_id LIMIT c.room
+        ) p WHERE c.room > 0
+    ),
+    -- The planned entries locked (by key, one by one), still claimable in their newest version.
+    capped AS (
+        SELECT c.* FROM planned p CROSS JOIN LATERAL (
+            SELECT i.run_id, i.priority, i.ready_at, i.wake,
+                i.status = 'new' AND i.started_ms IS NULL AS first_start
+            FROM {schema}.run_index i
+            WHERE i.run_id = p.run_id AND i.parent IS NULL
+                AND (i.status IN ('new', 'running')
+                    OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
+            FOR UPDATE OF i SKIP LOCKED
+        ) c
+    ),
+    picked AS (
+        SELECT * FROM free UNION ALL SELECT * FROM capped
+        ORDER BY priority DESC, ready_at NULLS LAST, run_id LIMIT p_limit
+    ),
+    granted AS (
+        INSERT INTO {schema}.leases AS l (run_id, owner, token, grant_id, expires_at)
+        SELECT picked.run_id, p_owner, 1, gen_random_uuid(),
+            clock_timestamp() + p_ttl * interval '1 millisecond' FROM picked
+        ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1,
+            grant_id = EXCLUDED.grant_id, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at <= clock_timestamp() RETURNING l.run_id, l.token, l.grant_id
+    ),
+    fenced AS (
+        INSERT INTO {schema}.runs AS r (run_id, fence) SELECT granted.run_id, granted.token FROM granted
+        ON CONFLICT (run_id) DO UPDATE SET fence = greatest(r.fence, EXCLUDED.fence) RETURNING 1
+    ),
+    -- Clear the wake flags, record the starts: the granted entries that need it, updated by key.
+    answered AS (
+        UPDATE {schema}.run_index i SET wake = false, started_ms = CASE
+            WHEN i.status = 'new' AND i.started_ms IS NULL THEN p_now ELSE i.started_ms END
+        WHERE i.run_id = ANY (ARRAY(SELECT g.run_id FROM granted g JOIN picked p ON p.run_id = g.run_id
+            WHERE p.wake OR p.first_start))
+        RETURNING 1
+    )
+    SELECT g.run_id::text, g.token, g.grant_id::text FROM granted g JOIN picked p ON p.run_id = g.run_id
+    ORDER BY p.priority DESC, p.ready_at NULLS LAST, g.run_id;
+END
+$claim$"""
 
 # Each migration is a list of statements; {schema} is replaced by the quoted schema name.
 MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
@@ -103,6 +259,34 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
                 WHERE parent IS NULL AND status = 'waiting'""",
             # The few woken runs, so a claim clears their wake without scanning the table.
             "CREATE INDEX run_index_woken ON {schema}.run_index (run_id) WHERE wake",
+        ),
+    ),
+    (
+        3,
+        "queue flow control: queue settings, dedup ids and recorded starts on entries, the claim function",
+        (
+            """CREATE TABLE {schema}.queues (
+                name text PRIMARY KEY,
+                concurrency integer CHECK (concurrency BETWEEN 1 AND 1000000),
+                worker_concurrency integer CHECK (worker_concurrency BETWEEN 1 AND 1000000),
+                rate_limit integer CHECK (rate_limit BETWEEN 1 AND 1000000),
+                rate_period_ms bigint CHECK (rate_period_ms BETWEEN 1 AND 2592000000),
+                priority boolean NOT NULL DEFAULT false,
+                updated_at timestamptz NOT NULL DEFAULT now(),
+                CHECK ((rate_limit IS NULL) = (rate_period_ms IS NULL))
+            )""",
+            "ALTER TABLE {schema}.run_index ADD COLUMN dedup_id text, ADD COLUMN started_ms bigint",
+            # One live run per (queue, dedup id): the append that would create a second one fails here.
+            """CREATE UNIQUE INDEX run_index_dedup ON {schema}.run_index (queue, dedup_id)
+                WHERE dedup_id IS NOT NULL AND status <> 'terminal'""",
+            # Starts per queue within a rate window.
+            """CREATE INDEX run_index_started ON {schema}.run_index (queue, started_ms)
+                WHERE started_ms IS NOT NULL""",
+            # A queue's live root runs in claim order: its runs in progress (joined with their leases)
+            # and its claimable runs, for the claims of a queue with limits.
+            """CREATE INDEX run_index_live ON {schema}.run_index (queue, priority DESC, ready_at, run_id)
+                WHERE parent IS NULL AND status <> 'terminal'""",
+            CLAIM_FUNCTION,
         ),
     ),
 )
