@@ -93,8 +93,33 @@ def background_rate(server: str, seconds: float) -> float:
     return max(0, after - before - 2) / (seconds + 1.2)
 
 
-def drive(url: str, queue: str, *, workers: int, concurrency: int, runs: int, handlers: Path) -> float:
-    """Start ``workers`` ``mayfly worker`` processes on ``queue``; seconds from first claim to last end."""
+def host_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of every core of this host so far, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [float(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` used so far, from /proc/PID/stat."""
+    ticks = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def drive(
+    url: str, queue: str, *, workers: int, concurrency: int, runs: int, handlers: Path
+) -> tuple[float, float, float]:
+    """Start ``workers`` ``mayfly worker`` processes on ``queue`` and wait until ``runs`` runs ended.
+
+    Returns the seconds from the first claim to the last end, and over that
+    time the CPU seconds the worker processes used and the share of the
+    host's cores busy.
+    """
     command = [sys.executable, "-m", "mayfly", "--journal", url, "worker", "--json"]
     command += ["--handlers", str(handlers), "--queue", queue, "--concurrency", str(concurrency)]
     command += ["--poll-interval", "100", "--grace", "5"]
@@ -110,6 +135,8 @@ def drive(url: str, queue: str, *, workers: int, concurrency: int, runs: int, ha
         chooser.register(process.stderr, selectors.EVENT_READ, process)
         buffers[process.stderr.fileno()] = b""
     first: float | None = None
+    cpu_at, used_at = (0.0, 0.0), 0.0
+    pids = [process.pid for process in processes]
     ended = 0
     deadline = time.monotonic() + max(120.0, runs * 0.5)
     try:
@@ -131,12 +158,12 @@ def drive(url: str, queue: str, *, workers: int, concurrency: int, runs: int, ha
                         print(f"  worker: {line.decode(errors='replace')}", file=sys.stderr)
                         continue
                     if event.get("event") == "claimed" and first is None:
-                        first = now
+                        first, cpu_at, used_at = now, host_cpu(), process_cpu(pids)
                     elif event.get("event") == "ended":
                         ended += 1
                     elif event.get("event") in ("error", "lost", "refused"):
                         print(f"  worker event: {event}", file=sys.stderr)
-        finished = time.perf_counter()
+        finished, cpu_end, used = time.perf_counter(), host_cpu(), process_cpu(pids) - used_at
     finally:
         for process in processes:
             if process.poll() is None:
@@ -149,7 +176,8 @@ def drive(url: str, queue: str, *, workers: int, concurrency: int, runs: int, ha
                 process.wait()
         chooser.close()
     assert first is not None
-    return finished - first
+    busy = (cpu_end[0] - cpu_at[0]) / max(1.0, cpu_end[1] - cpu_at[1])
+    return finished - first, used, busy
 
 
 def insert_floor(server: str, connections: int, seconds: float) -> float:
@@ -222,7 +250,8 @@ def main() -> None:
         print(f"background commits/s of other clients of the database: {background:,.0f}")
         print(
             f"{'workers':>7} {'seconds':>8} {'runs/s':>8} {'nodes/s':>9} {'scaling':>8} "
-            f"{'db commits':>10} {'commits/s':>9} {'of floor(4)':>11} {'commits/node':>12}"
+            f"{'db commits':>10} {'commits/s':>9} {'of floor(4)':>11} {'commits/node':>12} "
+            f"{'worker CPU':>10} {'host busy':>9}"
         )
         base = None
         for count in counts:
@@ -230,7 +259,7 @@ def main() -> None:
             for _ in range(args.runs):
                 runtime.start(workflow, queue=queue)
             before = settled_commits(args.server)
-            seconds = drive(
+            seconds, used, busy = drive(
                 url, queue, workers=count, concurrency=args.concurrency, runs=args.runs, handlers=handlers
             )
             made = settled_commits(args.server) - before
@@ -239,12 +268,13 @@ def main() -> None:
             print(
                 f"{count:>7} {seconds:>8.2f} {rate:>8,.0f} {rate * args.nodes:>9,.0f} {rate / base:>7.2f}x "
                 f"{made:>10,} {made / seconds:>9,.0f} {made / seconds / four:>10.0%} "
-                f"{made / (args.runs * args.nodes):>12.2f}"
+                f"{made / (args.runs * args.nodes):>12.2f} {used / seconds:>6.2f} cpu {busy:>9.0%}"
             )
         runtime.journal.close()
         print(
             "(db commits: the whole phase, worker start and stop included, over the timed seconds; "
-            "of floor(4): that rate against the 4-connection INSERT floor)"
+            "of floor(4): that rate against the 4-connection INSERT floor; worker CPU: cores the worker "
+            f"processes used over the timed part; host busy: share of this host's {os.cpu_count()} cores)"
         )
     finally:
         with psycopg.connect(args.server, autocommit=True) as admin:
