@@ -166,7 +166,8 @@ def server_stats(client: redis.Redis) -> dict[str, float]:
     commands: dict[str, Any] = client.info("commandstats")
     persistence: dict[str, Any] = client.info("persistence")
     evalsha = commands.get("cmdstat_evalsha", {})
-    return {
+    calls = {f"calls:{name[8:]}": float(value["calls"]) for name, value in commands.items()}
+    return calls | {
         "commands": float(stats["total_commands_processed"]),
         "evalsha": float(evalsha.get("calls", 0)),
         "evalsha_usec": float(evalsha.get("usec", 0)),
@@ -257,7 +258,7 @@ def main() -> None:
                 url, queue, workers=count, concurrency=args.concurrency, runs=args.runs, handlers=handlers
             )
             after = server_stats(client)
-            delta = {name: after[name] - before[name] for name in after}
+            delta = {name: after[name] - before.get(name, 0.0) for name in after}
             rate = args.runs / seconds
             base = base or rate
             evalsha = delta["evalsha"] / seconds
@@ -267,6 +268,13 @@ def main() -> None:
                 f"{delta['evalsha'] / (args.runs * args.nodes):>12.2f} "
                 f"{delta['evalsha_usec'] / 1e6 / seconds:>10.0%} {delta['aof_bytes'] / 1024 / seconds:>9,.0f}"
                 f" {used / seconds:>6.2f} cpu {busy:>9.0%}"
+            )
+            top = sorted(
+                ((delta[name], name[6:]) for name in delta if name.startswith("calls:")), reverse=True
+            )[:5]
+            print(
+                "        busiest commands: "
+                + ", ".join(f"{name} {calls / seconds:,.0f}/s" for calls, name in top)
             )
         runtime.journal.close()
         print(
