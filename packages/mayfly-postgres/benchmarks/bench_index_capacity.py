@@ -1,7 +1,7 @@
 """Benchmark: what a claim and a wake-up cost as the PostgreSQL run index grows to 10k, 100k and 1M rows.
 
 Usage: python bench_index_capacity.py [SERVER_URL] [--sizes 10000,100000,1000000] [--claimable 0.01]
-[--repeat 20] [--quick]
+[--repeat 20] [--explain] [--quick]
 
 SERVER_URL defaults to ``MAYFLY_TEST_POSTGRES_URL`` or
 ``postgresql://postgres@127.0.0.1:5432/test``. Everything runs in a fresh
@@ -22,7 +22,9 @@ rest parked on a signal with no wake time. At each size:
   time from calling it to an idle ``LISTEN`` connection (``listen_wakeups``)
   becoming readable with the ``NOTIFY``.
 
-Numbers are printed, never asserted.
+``--explain`` also prints the server's plan (``EXPLAIN ANALYZE``) of a
+claim of 100 at the largest size, with the claimable runs free and leased
+(printed before that size's row). Numbers are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -140,12 +142,29 @@ def wakeups(journal: PostgresJournal, parked: list[str], repeat: int) -> tuple[f
     return statistics.median(calls), statistics.median(notified)
 
 
-def measure(journal: PostgresJournal, parked: list[str], repeat: int) -> str:
+def explain(journal: PostgresJournal, server: str, label: str) -> None:
+    """Print the plan of a claim of 100 as the server runs it now (in a transaction rolled back)."""
+    now = int(time.time() * 1000)
+    arguments = {"now": now, "queues": None, "limit": 100, "owner": "bench", "ttl": 1000.0}
+    statement = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ") + journal._index_sql.claim
+    with psycopg.connect(server) as conn:
+        plan = [str(row[0]) for row in conn.execute(statement, arguments).fetchall()]
+        conn.rollback()
+    print(f"  plan of a claim of 100, {label}:")
+    for line in plan:
+        print(f"    {line}")
+
+
+def measure(journal: PostgresJournal, parked: list[str], repeat: int, explained: str | None) -> str:
     """One table row's measurements (after the size column and the fill rate)."""
     one, _ = claims(journal, 1, repeat)
     ten, _ = claims(journal, 10, repeat)
     hundred, got = claims(journal, 100, repeat)
+    if explained:
+        explain(journal, explained, "every claimable run free")
     held = hold_all(journal)
+    if explained:
+        explain(journal, explained, "every claimable run leased (an idle claim)")
     idle = timed(
         lambda: journal.claim("bench", limit=100, ttl_ms=600_000, now_ms=int(time.time() * 1000)), repeat
     )
@@ -168,6 +187,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000,1000000", help="index sizes, comma-separated")
     parser.add_argument("--claimable", type=float, default=0.01, help="share of runnable entries")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--explain", action="store_true", help="print the claim's plans at the largest size")
     parser.add_argument("--quick", action="store_true", help="sizes 10k and 100k, 5 repeats")
     args = parser.parse_args()
     if args.quick:
@@ -187,9 +207,10 @@ def main() -> None:
             for size in sizes:
                 rate = fill(journal, size - rows, args.claimable, parked)
                 rows = size
+                explained = args.server if args.explain and size == sizes[-1] else None
                 with psycopg.connect(args.server, autocommit=True) as admin:
                     admin.execute(sql.SQL("ANALYZE {}.run_index").format(sql.Identifier(schema)))
-                print(f"{size:>9,} {rate:>8,.0f} | {measure(journal, parked, args.repeat)}")
+                print(f"{size:>9,} {rate:>8,.0f} | {measure(journal, parked, args.repeat, explained)}")
         print(
             "(medians; claims/s: claims of 1 per second at that median, one caller; runs/s: runs a claim of "
             "100 leases per second; idle claim: a claim of 100 with every claimable run leased; "

@@ -251,7 +251,7 @@ def main() -> None:
         print(
             f"{'workers':>7} {'seconds':>8} {'runs/s':>8} {'nodes/s':>9} {'scaling':>8} "
             f"{'db commits':>10} {'commits/s':>9} {'of floor(4)':>11} {'commits/node':>12} "
-            f"{'worker CPU':>10} {'host busy':>9}"
+            f"{'worker CPU':>10} {'host busy':>9} {'load':>5}"
         )
         base = None
         for count in counts:
@@ -268,13 +268,15 @@ def main() -> None:
             print(
                 f"{count:>7} {seconds:>8.2f} {rate:>8,.0f} {rate * args.nodes:>9,.0f} {rate / base:>7.2f}x "
                 f"{made:>10,} {made / seconds:>9,.0f} {made / seconds / four:>10.0%} "
-                f"{made / (args.runs * args.nodes):>12.2f} {used / seconds:>6.2f} cpu {busy:>9.0%}"
+                f"{made / (args.runs * args.nodes):>12.2f} {used / seconds:>6.2f} cpu {busy:>9.0%} "
+                f"{os.getloadavg()[0]:>5.1f}"
             )
         runtime.journal.close()
         print(
             "(db commits: the whole phase, worker start and stop included, over the timed seconds; "
             "of floor(4): that rate against the 4-connection INSERT floor; worker CPU: cores the worker "
-            f"processes used over the timed part; host busy: share of this host's {os.cpu_count()} cores)"
+            f"processes used over the timed part; host busy: share of this host's {os.cpu_count()} cores; "
+            "load: its 1-minute load average after the phase)"
         )
     finally:
         with psycopg.connect(args.server, autocommit=True) as admin:

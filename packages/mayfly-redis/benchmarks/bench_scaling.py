@@ -248,7 +248,7 @@ def main() -> None:
         print(
             f"{'workers':>7} {'seconds':>8} {'runs/s':>8} {'nodes/s':>9} {'scaling':>8} {'commands/s':>10} "
             f"{'evalsha/s':>9} {'of floor(4)':>11} {'evalsha/node':>12} {'server busy':>11} {'AOF KB/s':>9} "
-            f"{'worker CPU':>10} {'host busy':>9}"
+            f"{'worker CPU':>10} {'host busy':>9} {'load':>5}"
         )
         base = None
         for count in counts:
@@ -271,7 +271,7 @@ def main() -> None:
                 f"{delta['commands'] / seconds:>10,.0f} {evalsha:>9,.0f} {evalsha / four:>10.0%} "
                 f"{delta['evalsha'] / (args.runs * args.nodes):>12.2f} "
                 f"{delta['evalsha_usec'] / 1e6 / seconds:>10.0%} {aof:>9}"
-                f" {used / seconds:>6.2f} cpu {busy:>9.0%}"
+                f" {used / seconds:>6.2f} cpu {busy:>9.0%} {os.getloadavg()[0]:>5.1f}"
             )
             top = sorted(
                 ((delta[name], name[6:]) for name in delta if name.startswith("calls:")), reverse=True
@@ -285,7 +285,8 @@ def main() -> None:
             "(deltas over the whole phase, worker start and stop included, per timed second; of floor(4): "
             "EVALSHA/s against the 4-connection RPUSH floor; server busy: share of the phase the server "
             "spent running scripts; worker CPU: cores the worker processes used over the timed part; "
-            f"host busy: share of this host's {os.cpu_count()} cores)"
+            f"host busy: share of this host's {os.cpu_count()} cores; "
+            "load: its 1-minute load average after the phase)"
         )
     finally:
         if server is not None:
