@@ -1,11 +1,13 @@
 """Benchmark: 1, 2 and 4 ``mayfly worker`` processes sharing one PostgreSQL database, and where the limit is.
 
 Usage: python bench_scaling.py [SERVER_URL] [--runs 1000] [--nodes 10] [--shape chain|fan]
-[--workers 1,2,4] [--concurrency 32] [--quick]
+[--workers 1,2,4] [--concurrency 32] [--own-database] [--quick]
 
 SERVER_URL defaults to ``MAYFLY_TEST_POSTGRES_URL`` or
 ``postgresql://postgres@127.0.0.1:5432/test``. Everything runs in a fresh
-schema that is dropped at the end.
+schema that is dropped at the end; with ``--own-database`` the schema is in a scratch
+database created for the run and dropped after it, so no other client's commits reach the
+counter.
 
 For each worker count K, ``--runs`` runs of ``--nodes`` cooperative no-op
 nodes (a chain, or a fan-out under one root) are submitted to a queue of
@@ -36,6 +38,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -224,11 +227,22 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4", help="worker process counts, comma-separated")
     parser.add_argument("--concurrency", type=int, default=32, help="runs each worker drives at once")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each floor measurement")
+    parser.add_argument(
+        "--own-database",
+        action="store_true",
+        help="run in a scratch database (a commit counter no other client touches), dropped after",
+    )
     parser.add_argument("--quick", action="store_true", help="100 runs x 5 nodes, 1 and 2 workers")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.nodes, args.workers, args.seconds = 100, 5, "1,2", 0.5
     counts = [int(part) for part in args.workers.split(",")]
+    admin_server, database = args.server, None
+    if args.own_database:
+        database = f"mayfly_bench_scaling_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(admin_server, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+        args.server = urlunsplit(urlsplit(admin_server)._replace(path=f"/{database}"))
     schema = f"mayfly_pgbench_scaling_{uuid.uuid4().hex[:8]}"
     url = url_with(args.server, schema=schema)
     scratch = Path(tempfile.mkdtemp(prefix="mayfly-bench-scaling-"))
@@ -283,6 +297,9 @@ def main() -> None:
     finally:
         with psycopg.connect(args.server, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        if database is not None:
+            with psycopg.connect(admin_server, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(database)))
 
 
 if __name__ == "__main__":
