@@ -1,0 +1,305 @@
+"""Hosts, not just processes: PostgreSQL workers in network namespaces, partitioned and killed.
+
+Each worker is a real :class:`mayfly.worker.Worker` process (``nsworker_pg.py``)
+in a namespace of its own, reaching a PostgreSQL cluster of this session's own
+only through a veth pair and a bridge (``netns_pg.py``). A partition is the
+worker's link going down: its packets are lost, its connections stay open and
+come back when the link does. Every verdict is read from the journal; the
+workers' JSON logs only say when to look.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from netns_pg import Hosts, netns_problem, remove_stale
+from pgserver import PrivateCluster, drop_schema, with_options
+
+from mayfly import Node, WorkflowSpec
+from mayfly.model.events import NodeOutcomeCommitted, NodeStarted, RunCompleted
+from mayfly.reducer import decode_event
+from mayfly.runtime import WorkflowRuntime
+from mayfly_postgres import PostgresJournal, PostgresLeaseStore
+
+HERE = Path(__file__).parent
+WORKER = HERE / "nsworker_pg.py"
+TTL_MS = 2_000
+POLL_MS = 200
+
+
+@pytest.fixture(scope="session")
+def hosts() -> Iterator[Hosts]:
+    """Three namespaces on a bridge; a skip naming the reason where they cannot be made (never in CI)."""
+    problem = netns_problem()
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"network namespaces are required in CI: {problem}", pytrace=False)
+        pytest.skip(f"network namespaces unavailable: {problem}")
+    remove_stale()
+    made = Hosts(3)
+    try:
+        yield made
+    finally:
+        made.destroy()
+
+
+@pytest.fixture(scope="session")
+def bridged_server(hosts: Hosts, cluster_binaries: None) -> Iterator[str]:
+    """A private cluster listening on the bridge address, trusting the namespaces' subnet."""
+    config = Path(tempfile.mkdtemp(prefix="mayfly-pg-hba-"))
+    config.chmod(0o755)
+    hba = config / "pg_hba.conf"
+    hba.write_text(
+        "local all all trust\nhost all all 127.0.0.1/32 trust\n"
+        f"host all all {hosts.subnet.with_prefixlen} trust\n"
+    )
+    hba.chmod(0o644)
+    cluster = PrivateCluster(f"listen_addresses=127.0.0.1,{hosts.gateway}", f"hba_file={hba}")
+    try:
+        yield f"postgresql://postgres@{hosts.gateway}:{cluster.port}/postgres"
+    finally:
+        cluster.destroy()
+        hba.unlink()
+        config.rmdir()
+
+
+@pytest.fixture
+def url(bridged_server: str) -> Iterator[str]:
+    """A schema of this test's own; workers keep retrying a lost server for two minutes."""
+    schema = f"mayfly_netns_{uuid.uuid4().hex[:12]}"
+    yield with_options(bridged_server, schema=schema, reconnect_timeout=120)
+    drop_schema(bridged_server, schema)
+
+
+class WorkerProcess:
+    """A worker in a namespace, its JSON events written to a file the test reads back."""
+
+    def __init__(self, hosts: Hosts, n: int, url: str, owner: str, log: Path, *, step_s: float, slots: int):
+        self.owner = owner
+        self.log = log
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONUNBUFFERED": "1",
+            "TEST_STEP_S": str(step_s),
+        }
+        argv = [sys.executable, str(WORKER), url, owner, str(TTL_MS), str(POLL_MS), str(slots)]
+        with log.open("w") as out:
+            self.process = subprocess.Popen(
+                hosts.command(n, *argv), stdout=subprocess.DEVNULL, stderr=out, env=env
+            )
+
+    def events(self) -> list[dict[str, Any]]:
+        """The events written so far (a line still being written is left for the next read)."""
+        found = []
+        for line in self.log.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return found
+
+    def runs(self, event: str) -> set[str]:
+        """The runs this worker logged ``event`` for."""
+        return {e["run_id"] for e in self.events() if e["event"] == event and "run_id" in e}
+
+    def held(self) -> set[str]:
+        """Runs claimed and neither ended, parked, nor let go by this worker."""
+        return self.runs("claimed") - self.runs("ended") - self.runs("parked") - self.runs("lost")
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit; its exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait(timeout=30)
+
+
+def wait_for(
+    condition: Callable[[], bool], timeout: float, what: str, detail: Callable[[], str] = lambda: ""
+) -> float:
+    """Poll ``condition`` until true; the seconds it took. Fails naming ``what`` (and ``detail``) after ``timeout``."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}{detail()}", pytrace=False)
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def activity(url: str) -> list[tuple[Any, ...]]:
+    """What the server's sessions are doing (for a failure's message)."""
+    with psycopg.connect(url.split("?", 1)[0], autocommit=True) as admin:
+        return admin.execute(
+            "SELECT client_addr::text, state, wait_event_type, wait_event, left(query, 80) FROM pg_stat_activity "
+            "WHERE backend_type = 'client backend' AND state <> 'idle'"
+        ).fetchall()
+
+
+def started(worker: WorkerProcess) -> bool:
+    """Whether the worker logged ``started`` (and is alive)."""
+    assert worker.process.poll() is None, f"worker {worker.owner} exited: {worker.log.read_text()[-2000:]}"
+    return any(e["event"] == "started" for e in worker.events())
+
+
+def chain(name: str, steps: int) -> WorkflowSpec:
+    nodes = tuple(
+        Node(f"n{i}", handler="step@1", depends_on=(f"n{i - 1}",) if i else ()) for i in range(steps)
+    )
+    return WorkflowSpec(workflow_id=f"netns.{name}", version=1, nodes=nodes)
+
+
+def history(journal: PostgresJournal, run: str) -> list[Any]:
+    return [decode_event(r.event_type, r.schema_version, r.payload) for r in journal.read(run)]
+
+
+def check_history(run: str, events: list[Any], steps: int) -> dict[str, NodeOutcomeCommitted]:
+    """Assert the run succeeded once, every node has one outcome, attempts numbered 1..n with no gap or repeat."""
+    completed = [e for e in events if isinstance(e, RunCompleted)]
+    assert len(completed) == 1, f"run {run}: {len(completed)} RunCompleted events"
+    assert completed[0].result == "succeeded", f"run {run}: {completed[0].result}"
+    starts: dict[str, list[NodeStarted]] = collections.defaultdict(list)
+    for event in events:
+        if isinstance(event, NodeStarted):
+            starts[event.node_id].append(event)
+    outcomes: dict[str, list[NodeOutcomeCommitted]] = collections.defaultdict(list)
+    for event in events:
+        if isinstance(event, NodeOutcomeCommitted):
+            outcomes[event.node_id].append(event)
+    nodes = {f"n{i}" for i in range(steps)}
+    assert set(outcomes) == nodes and set(starts) == nodes, f"run {run}: nodes {sorted(outcomes)}"
+    for node, started_ in starts.items():
+        numbers = [s.attempt for s in started_]
+        assert numbers == list(range(1, len(numbers) + 1)), f"run {run} node {node}: attempts {numbers}"
+        assert len({s.attempt_id for s in started_}) == len(started_), f"run {run} node {node}: reused id"
+        committed = outcomes[node]
+        assert len(committed) == 1, f"run {run} node {node}: {len(committed)} committed outcomes"
+        assert committed[0].attempt_id == started_[-1].attempt_id, f"run {run} node {node}: stray outcome"
+    return {node: committed[0] for node, committed in outcomes.items()}
+
+
+def test_a_partitioned_worker_is_fenced_when_it_returns_and_its_runs_finish_elsewhere(
+    hosts: Hosts, url: str, tmp_path: Path
+) -> None:
+    """A's link goes down mid-run; B finishes A's runs; A's link comes back and every append of A is refused."""
+    steps = 6
+    a = WorkerProcess(hosts, 0, url, "host-a", tmp_path / "a.log", step_s=0.3, slots=4)
+    b = WorkerProcess(hosts, 1, url, "host-b", tmp_path / "b.log", step_s=0.3, slots=4)
+    try:
+        wait_for(lambda: started(a) and started(b), 60, "both workers to start")
+        with PostgresJournal(url) as journal, PostgresLeaseStore(url) as leases:
+            runtime = WorkflowRuntime(journal, leases=leases)
+            runs = [runtime.start(chain("partition", steps)).run_id for _ in range(8)]
+
+            def outcomes_of(run: str) -> int:
+                return sum(isinstance(e, NodeOutcomeCommitted) for e in history(journal, run))
+
+            # A holds runs that are under way: some of their nodes are committed, the rest still to run.
+            wait_for(lambda: len(a.held()) >= 2, 60, "worker A to claim runs")
+            held = a.held()
+            wait_for(lambda: all(outcomes_of(run) >= 1 for run in held), 60, "A's runs to make progress")
+            hosts.cut(0)
+            cut_at = time.monotonic()
+            held = a.held()  # a run A finished just before the cut is not A's any more
+            assert held, "A finished its runs before the cut: nothing was partitioned"
+            assert all(outcomes_of(run) < steps for run in held)
+            finished = wait_for(
+                lambda: b.runs("ended") | a.runs("ended") >= set(runs),
+                90,
+                "every run to end while A is cut off",
+                lambda: (
+                    f"; A held {sorted(held)}; server: {activity(url)}; B logged: {b.log.read_text()[-3000:]}"
+                ),
+            )
+            takeover = time.monotonic() - cut_at
+            assert held <= b.runs("claimed") and held <= b.runs("ended"), "B did not finish A's runs"
+            assert not held & a.runs("ended")
+            before = {run: [(r.sequence, r.event_id) for r in journal.read(run)] for run in held}
+            hosts.restore(0)
+            back = wait_for(lambda: held <= a.runs("lost"), 120, f"A to let go of {sorted(held)} once back")
+            lost = {e["run_id"]: e["error"] for e in a.events() if e["event"] == "lost"}
+            for run in held:
+                assert "fenc" in lost[run].lower() or "lease" in lost[run].lower(), lost[run]
+                after = [(r.sequence, r.event_id) for r in journal.read(run)]
+                assert after == before[run], f"A wrote to run {run} after it came back"
+            for run in runs:
+                committed = check_history(run, history(journal, run), steps)
+                if run in held:
+                    assert committed[f"n{steps - 1}"].outcome.output["worker"] == "host-b"
+            assert runtime.handle(runs[0]).status() == "succeeded"
+        assert a.process.poll() is None, "A crashed instead of letting go"
+        errors = [e for e in a.events() if e["event"] == "error" and e.get("run_id") in held]
+        print(
+            f"A held {len(held)} runs at the cut; all {len(runs)} runs ended {finished:.2f} s later "
+            f"(A's runs taken over and finished in {takeover:.2f} s; TTL {TTL_MS} ms, poll {POLL_MS} ms); "
+            f"A let go {back:.2f} s after its link came back: {sorted(set(lost.values()))[:1]}; "
+            f"A's store errors on those runs: {len(errors)}"
+        )
+    finally:
+        hosts.restore(0)
+        for worker in (a, b):
+            worker.stop()
+    assert a.process.returncode == 0 and b.process.returncode == 0
+
+
+def test_three_workers_share_200_runs_one_is_sigkilled_and_every_run_succeeds(
+    hosts: Hosts, url: str, tmp_path: Path
+) -> None:
+    """200 runs over 3 worker processes in 3 namespaces; one is SIGKILLed mid-way; all succeed, none renumbered."""
+    steps = 3
+    workers = [
+        WorkerProcess(hosts, n, url, f"host-{n}", tmp_path / f"w{n}.log", step_s=0.02, slots=16)
+        for n in range(3)
+    ]
+    victim = workers[0]
+    try:
+        wait_for(lambda: all(started(w) for w in workers), 60, "three workers to start")
+        with PostgresJournal(url) as journal, PostgresLeaseStore(url) as leases:
+            runtime = WorkflowRuntime(journal, leases=leases)
+            runs = [runtime.start(chain("kill", steps)).run_id for _ in range(200)]
+
+            def ended() -> set[str]:
+                return set().union(*(w.runs("ended") for w in workers))
+
+            wait_for(lambda: len(ended()) >= 60 and len(victim.held()) >= 1, 90, "a third of the runs to end")
+            victim.process.send_signal(signal.SIGKILL)
+            victim.process.wait(timeout=30)
+            orphans = victim.held()
+            killed_at = time.monotonic()
+            survivors = workers[1:]
+            wait_for(lambda: ended() >= set(runs), 120, "every run to end after the SIGKILL")
+            recovered = time.monotonic() - killed_at
+            assert orphans, "the victim held no run when it was killed: nothing was recovered"
+            reclaimed = set().union(*(w.runs("claimed") for w in survivors))
+            assert orphans <= reclaimed, "a run the victim held was not claimed by a survivor"
+            ends = collections.Counter(
+                e["run_id"] for w in workers for e in w.events() if e["event"] == "ended"
+            )
+            assert max(ends.values()) == 1, "a run ended in two workers"
+            for run in runs:
+                check_history(run, history(journal, run), steps)
+        share = {w.owner: len(w.runs("ended")) for w in workers}
+        print(
+            f"ended per worker {share}; the victim held {len(orphans)} runs at the SIGKILL; "
+            f"every run ended {recovered:.2f} s after it (TTL {TTL_MS} ms, poll {POLL_MS} ms)"
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+    assert [w.process.returncode for w in workers[1:]] == [0, 0]
