@@ -238,7 +238,8 @@ def test_a_partitioned_worker_is_fenced_when_it_returns_and_its_runs_finish_else
             cut_at = time.monotonic()
             finished = Finished(journal, runs)
             wait_for(
-                finished.all,
+                # Every run terminal in the store, and B's log caught up with the runs it took from A.
+                lambda: finished.all() and a.runs("claimed") & b.runs("claimed") <= b.runs("ended"),
                 90,
                 "every run to end while A is cut off",
                 lambda: f"; server: {activity(url)}; B logged: {b.log.read_text()[-3000:]}",
@@ -327,3 +328,61 @@ def test_three_workers_share_200_runs_one_is_sigkilled_and_every_run_succeeds(
         for worker in workers:
             worker.stop()
     assert [w.process.returncode for w in survivors] == [0, 0]
+
+
+HOLDER = """
+import sys, time
+from psycopg import sql
+from mayfly_postgres import PostgresJournal
+
+with PostgresJournal(sys.argv[1]) as journal:
+    runs = journal._store.table("runs")
+    # The shape of an indexed append: a statement run and fetched in a pipeline, no Sync yet.
+    with journal._store.pool.connection() as connection, connection.pipeline():
+        locked = sql.SQL("SELECT FROM {} WHERE run_id = %s::uuid FOR UPDATE").format(runs)
+        connection.execute(locked, (sys.argv[2],)).fetchall()
+        print("locked", flush=True)
+        time.sleep(600)
+"""
+
+
+def test_a_host_cut_off_mid_transaction_has_its_session_ended_by_the_server(hosts: Hosts, url: str) -> None:
+    """A journal connection cut off inside a pipelined transaction stops holding the run's row lock.
+
+    An indexed append waits on the client between its statement and its Sync,
+    holding the run's rows locked; if the client's host is cut off there, no
+    other worker can take the run over until the server drops the session. The
+    journal's connections ask the server to notice a vanished client (TCP
+    keepalives and user timeout), so the lock goes within seconds, not hours.
+    """
+    with PostgresJournal(url) as journal, PostgresLeaseStore(url) as leases:
+        run = WorkflowRuntime(journal, leases=leases).start(chain("held", 1)).run_id
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        holder = subprocess.Popen(
+            hosts.command(2, sys.executable, "-c", HOLDER, url, run),
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            hosts.cut(2)
+            with psycopg.connect(url.split("?", 1)[0], autocommit=True) as admin:
+                statement = psycopg.sql.SQL("SELECT FROM {}.runs WHERE run_id = %s::uuid FOR UPDATE NOWAIT")
+                probe = statement.format(psycopg.sql.Identifier(journal.schema))
+
+                def lock_free() -> bool:
+                    try:
+                        with admin.transaction():
+                            admin.execute(probe, (run,))
+                    except psycopg.errors.LockNotAvailable:
+                        return False
+                    return True
+
+                assert not lock_free(), "the holder's lock was not held: nothing was tested"
+                freed = wait_for(lock_free, 60, "the server to end the cut-off session and free its lock")
+            print(f"the cut-off session's row lock was freed {freed:.2f} s after the cut")
+        finally:
+            hosts.restore(2)
+            holder.kill()
+            holder.wait(timeout=30)
