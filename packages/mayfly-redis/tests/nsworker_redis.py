@@ -8,7 +8,9 @@ which attempt. Events are written to stderr as JSON lines (``mayfly worker
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -28,7 +30,8 @@ def step(request: Any) -> Succeeded:
 
 
 def main(url: str, owner: str, ttl_ms: int, poll_ms: int, concurrency: int) -> int:
-    """Serve until SIGTERM; the exit status of ``Worker.serve``."""
+    """Serve until SIGTERM (SIGUSR1 writes every thread's stack to stderr); the exit status of ``Worker.serve``."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     worker = Worker(
         url,
         registry,
