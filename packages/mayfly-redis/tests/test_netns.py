@@ -320,7 +320,7 @@ def test_three_workers_share_200_runs_one_is_sigkilled_and_every_run_succeeds(
     """200 runs over 3 worker processes in 3 namespaces; one is SIGKILLed mid-way; all succeed, none renumbered."""
     steps = 3
     workers = [
-        WorkerProcess(hosts, n, url, f"host-{n}", tmp_path / f"w{n}.log", step_s=0.02, slots=16)
+        WorkerProcess(hosts, n, url, f"host-{n}", tmp_path / f"w{n}.log", step_s=0.05, slots=16)
         for n in range(3)
     ]
     victim, survivors = workers[0], workers[1:]
@@ -335,7 +335,11 @@ def test_three_workers_share_200_runs_one_is_sigkilled_and_every_run_succeeds(
             def ended() -> int:
                 return sum(len(w.runs("ended")) for w in workers)
 
-            wait_for(lambda: ended() >= 60 and len(victim.held()) >= 1, 90, "a third of the runs to end")
+            wait_for(
+                lambda: ended() >= 60 and len(victim.runs("ended")) >= 10 and len(victim.held()) >= 4,
+                90,
+                "a third of the runs to end, ten of them in the victim",
+            )
             victim.process.send_signal(signal.SIGKILL)
             victim.process.wait(timeout=30)
             killed_at = time.monotonic()
