@@ -296,7 +296,7 @@ def test_three_workers_share_200_runs_one_is_sigkilled_and_every_run_succeeds(
     """200 runs over 3 worker processes in 3 namespaces; one is SIGKILLed mid-way; all succeed, none renumbered."""
     steps = 3
     workers = [
-        WorkerProcess(hosts, n, url, f"host-{n}", tmp_path / f"w{n}.log", step_s=0.05, slots=16)
+        WorkerProcess(hosts, n, url, f"host-{n}", tmp_path / f"w{n}.log", step_s=0.3, slots=16)
         for n in range(3)
     ]
     victim, survivors = workers[0], workers[1:]
@@ -304,21 +304,29 @@ def test_three_workers_share_200_runs_one_is_sigkilled_and_every_run_succeeds(
         boot = wait_for(lambda: all(started(w) for w in workers), 60, "three workers to start")
         with PostgresJournal(url) as journal, PostgresLeaseStore(url) as leases:
             runtime = WorkflowRuntime(journal, leases=leases)
+
+            def due() -> bool:
+                """Mid-way: 60 runs ended, ten of them in the victim, which holds at least four under way."""
+                ended = sum(len(w.runs("ended")) for w in workers)
+                return ended >= 60 and len(victim.runs("ended")) >= 10 and len(victim.held()) >= 4
+
+            def kill() -> float:
+                victim.process.send_signal(signal.SIGKILL)
+                victim.process.wait(timeout=30)
+                return time.monotonic()
+
+            # Workers keep pace with one submitter, so the victim is killed while runs are still submitted.
             submitting = time.monotonic()
-            runs = [runtime.start(chain("kill", steps)).run_id for _ in range(200)]
+            runs: list[str] = []
+            killed_at: float | None = None
+            for n in range(200):
+                runs.append(runtime.start(chain("kill", steps)).run_id)
+                if killed_at is None and n % 5 == 4 and due():
+                    killed_at = kill()
             submitted = time.monotonic() - submitting
-
-            def ended() -> int:
-                return sum(len(w.runs("ended")) for w in workers)
-
-            wait_for(
-                lambda: ended() >= 60 and len(victim.runs("ended")) >= 10 and len(victim.held()) >= 4,
-                90,
-                "a third of the runs to end, ten of them in the victim",
-            )
-            victim.process.send_signal(signal.SIGKILL)
-            victim.process.wait(timeout=30)
-            killed_at = time.monotonic()
+            if killed_at is None:
+                wait_for(due, 90, "a third of the runs to end, ten of them in the victim")
+                killed_at = kill()
             wait_for(Finished(journal, runs).all, 120, "every run to end after the SIGKILL")
             recovered = time.monotonic() - killed_at
             # A survivor claims a run the victim claimed only once the victim's lease expired.
