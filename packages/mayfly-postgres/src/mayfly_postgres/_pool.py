@@ -41,6 +41,13 @@ _READY_NONE: Final = 0
 # serialization/deadlock classes, and a read-only server (25006: a demoted
 # primary; reconnecting with target_session_attrs=read-write finds the new one).
 _TRANSIENT_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01", "25006"})
+# A vanished client (its host cut off by a partition) is noticed by the server, which ends its session
+# within about 8 s, and with it a transaction left open mid-pipeline (an indexed append waits on the client
+# between its statement and its Sync): the run's row locks do not outlive the partition. The URL's own
+# options come later and may override these.
+_DEAD_CLIENT_OPTIONS: Final = (
+    "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 -c tcp_user_timeout=8000"
+)
 # libpq reports a refused login without a SQLSTATE; these texts mean retrying cannot help.
 _PERMANENT_LOGIN: Final = (
     "does not exist",
@@ -158,7 +165,7 @@ class ConnectionPool:
             settings.conninfo,
             autocommit=True,
             # Part of the startup packet: no extra round trip, and no role default can weaken it.
-            options=settings.startup_options,
+            options=f"{_DEAD_CLIENT_OPTIONS} {settings.startup_options}",
         )
         with self._registry_lock:
             if self._closed:
