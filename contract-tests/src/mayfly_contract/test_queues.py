@@ -322,18 +322,28 @@ def test_a_dedup_id_allows_one_live_run_per_queue(
 def test_processes_racing_claims_never_exceed_the_queue_concurrency(
     mayfly_journal: WorkflowJournal, control: QueueControl, records: Records, queue: str
 ) -> None:
-    """Four processes claim from a queue with concurrency 3 over 30 runs, holding all they get: 3 in total."""
+    """Four processes claim from a queue with concurrency 3, holding all they get, while runs of rising
+    priority keep arriving (so the claimants' plans differ): 3 runs are granted in total, never more."""
     control.queue_set(QueueSettings(name=queue, concurrency=3))
-    _runs(mayfly_journal, records, queue, 30)
+    _runs(mayfly_journal, records, queue, 10)
     children = [
         Child("claim-race", url=mayfly_journal.url, queue=queue, ttl_ms=TTL_MS, seed=seed)
         for seed in range(4)
     ]
+    arrivals: list[ScriptedRun] = []
     try:
         for child in children:
             assert child.readline() == "ready"
         for child in children:
             child.send("go")
+        # Arrivals during the race: each outranks everything before it, so a claimant that planned
+        # before an arrival and one that planned after it pick different runs; only the queue's
+        # serialisation keeps them from exceeding the limit together.
+        epoch = _now_ms()
+        for priority in range(1, 21):
+            arrivals.append(ScriptedRun(records.new_id(), queue=queue, epoch_ms=epoch, priority=priority))
+            arrivals[-1].advance(mayfly_journal)
+            time.sleep(0.002)
         held = [json.loads(child.readline()) for child in children]
         for child in children:
             child.send("release")
@@ -345,3 +355,14 @@ def test_processes_racing_claims_never_exceed_the_queue_concurrency(
             child.close()
     claimed = [run for got in held for run, _ in got]
     assert len(claimed) == 3 == len(set(claimed)), f"claims under concurrency 3: {held}"
+    # Leave nothing that outranks other clauses' runs claimable: drive the arrivals to their end.
+    control.queue_remove(queue)
+    index = RUN_INDEX.of(mayfly_journal)
+    assert index is not None
+    by_id = {run.run_id: run for run in arrivals}
+    for guard in index.claim("contract-cleanup", limit=100, ttl_ms=TTL_MS, now_ms=_now_ms(), queues=[queue]):
+        with guard:
+            run = by_id.get(guard.run_id)
+            while run is not None and not run.done:
+                run.advance(mayfly_journal, fence=guard.fencing_token)
+    assert all(run.done for run in arrivals)
