@@ -10,6 +10,11 @@ A :class:`Flow` collects nodes and edges and builds the same serializable
     ship = flow.node(ship_order, after=[charge])
     spec = flow.build()
 
+A node may also run another workflow as its work (:meth:`Flow.call`): a
+child :class:`Flow` (or a :class:`~mayfly.model.spec.ChildDefinition`) goes
+into the built spec's catalog, as a JSON ``"child"`` node and ``"catalog"``
+entry would.
+
 Dependencies are :class:`NodeRef` handles returned by :meth:`Flow.node`, so a
 misspelled one is a name the type checker does not know. A node id written
 as a string is checked when the spec is built, with a "did you mean" hint,
@@ -23,13 +28,15 @@ import difflib
 import types
 import typing
 from collections.abc import Iterable
-from typing import Any, final
+from typing import Any, Literal, final
 
 from mayfly.model.errors import SpecValidationError, ValidationIssue
 from mayfly.model.ids import parse_node_id
 from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import ArtifactRef
 from mayfly.model.spec import (
+    ChildCall,
+    ChildDefinition,
     DependencyPolicy,
     Edge,
     EdgePredicate,
@@ -74,11 +81,20 @@ class Flow:
         *,
         budgets: RunBudgets | None = None,
         jitter_seed: str = "",
+        inputs: Iterable[str] = (),
+        outputs: Iterable[str] = (),
     ) -> None:
+        """``inputs`` and ``outputs`` are this flow's interface when another flow calls it (:meth:`call`).
+
+        They are the top-level input fields a call may copy in and the output
+        fields it may copy out (each declared in the ``outputs`` of one of its nodes).
+        """
         self.workflow_id = workflow_id
         self.version = version
         self._budgets = RunBudgets() if budgets is None else budgets
         self._jitter_seed = jitter_seed
+        self._interface = (tuple(inputs), tuple(outputs))
+        self._catalog: dict[tuple[str, int], ChildDefinition] = {}
         self._nodes: dict[str, dict[str, Any]] = {}
         self._after: dict[str, tuple[_Ref, ...]] = {}
         self._handlers: dict[str, Handler[..., Any]] = {}
@@ -111,11 +127,7 @@ class Flow:
                 f"Flow.node takes a registered handler or 'name@version', got {type(handler).__name__}; "
                 "decorate the function with @registry.handler(version=1)"
             )
-        node_id = parse_node_id(name.replace(".", "-") if id is None else id)
-        if node_id in self._nodes:
-            raise ValueError(
-                f"flow {self.workflow_id}@{self.version} already has a node {node_id!r}; give this one id="
-            )
+        node_id = self._new_id(parse_node_id(name.replace(".", "-") if id is None else id))
         upstream = tuple(after)
         for dependency in upstream:
             self._own(dependency, f"node {node_id!r} after=")
@@ -123,11 +135,98 @@ class Flow:
         fields |= {"outputs": tuple(outputs), "artifacts": tuple(artifacts), "max_attempts": max_attempts}
         if retry is not None:
             fields["retry"] = retry
-        self._nodes[node_id] = fields
-        self._after[node_id] = upstream
         if isinstance(handler, Handler):
             self._handlers[node_id] = handler
+        return self._add(node_id, fields, upstream)
+
+    def call(
+        self,
+        child: Flow | ChildDefinition,
+        *,
+        id: str | None = None,
+        after: Iterable[_Ref] = (),
+        mode: Literal["propagate", "require_success"] = "require_success",
+        inputs: Iterable[str] | None = None,
+        outputs: Iterable[str] | None = None,
+        input: JsonValue = None,
+        retry: RetryPolicy | None = None,
+        policy: DependencyPolicy = "all_succeeded",
+        max_attempts: int | None = None,
+    ) -> NodeRef:
+        """Add a node whose work is a run of the workflow ``child``; it joins the built spec's catalog.
+
+        ``child`` is a :class:`Flow` (built, with its own interface and any
+        workflows it calls) or a :class:`~mayfly.model.spec.ChildDefinition`.
+        ``inputs`` and ``outputs`` are the fields the call copies in (from the
+        node's input: the run input overlaid with ``input``) and out (into the
+        node's output); by default all of the child's interface. ``mode`` says
+        what a non-success child means here: ``require_success`` fails the node,
+        ``propagate`` gives it the child's outcome class. The node id defaults
+        to the child's workflow id, dots written ``-``.
+        """
+        if isinstance(child, Flow):
+            definition, nested = child._definition(), child._catalog
+        elif isinstance(child, ChildDefinition):
+            definition, nested = child, {}
+        else:
+            raise TypeError(
+                f"Flow.call takes a Flow or a ChildDefinition, got {type(child).__name__}; "
+                "for a handler use Flow.node"
+            )
+        node_id = self._new_id(parse_node_id(definition.workflow_id.replace(".", "-") if id is None else id))
+        upstream = tuple(after)
+        for dependency in upstream:
+            self._own(dependency, f"node {node_id!r} after=")
+        for entry in (*nested.values(), definition):
+            self._catalogue(entry)
+        call = ChildCall(
+            definition.workflow_id,
+            definition.version,
+            mode,
+            inputs=definition.inputs if inputs is None else tuple(inputs),
+            outputs=definition.outputs if outputs is None else tuple(outputs),
+        )
+        # The node's output holds the fields the call copies out: it declares them, as a handler node would.
+        fields: dict[str, Any] = {"child": call, "input": input, "policy": policy, "outputs": call.outputs}
+        fields["max_attempts"] = max_attempts
+        if retry is not None:
+            fields["retry"] = retry
+        return self._add(node_id, fields, upstream)
+
+    def _new_id(self, node_id: str) -> str:
+        if node_id in self._nodes:
+            raise ValueError(
+                f"flow {self.workflow_id}@{self.version} already has a node {node_id!r}; give this one id="
+            )
+        return node_id
+
+    def _add(self, node_id: str, fields: dict[str, Any], upstream: tuple[_Ref, ...]) -> NodeRef:
+        self._nodes[node_id] = fields
+        self._after[node_id] = upstream
         return NodeRef(self, node_id)
+
+    def _catalogue(self, definition: ChildDefinition) -> None:
+        key = (definition.workflow_id, definition.version)
+        if key == (self.workflow_id, self.version):
+            raise ValueError(f"flow {self.workflow_id}@{self.version} cannot call itself")
+        if self._catalog.setdefault(key, definition) != definition:
+            raise ValueError(
+                f"flow {self.workflow_id}@{self.version} already calls a different "
+                f"{key[0]}@{key[1]}; a catalog holds one definition per workflow id and version"
+            )
+
+    def _definition(self) -> ChildDefinition:
+        """This flow as a catalog entry: its built nodes, edges and budgets, and its interface."""
+        spec = self.build()
+        return ChildDefinition(
+            workflow_id=spec.workflow_id,
+            version=spec.version,
+            nodes=spec.nodes,
+            edges=spec.edges,
+            budgets=spec.budgets,
+            inputs=self._interface[0],
+            outputs=self._interface[1],
+        )
 
     def edge(
         self,
@@ -186,6 +285,7 @@ class Flow:
             edges=tuple(edges),
             initial=None if starts is None else tuple(starts),
             budgets=self._budgets,
+            catalog=tuple(self._catalog.values()),
             jitter_seed=self._jitter_seed,
         )
         return ensure_valid(spec)

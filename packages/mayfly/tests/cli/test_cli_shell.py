@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pty
@@ -147,6 +148,9 @@ def test_a_unique_run_id_prefix_works_everywhere_and_an_ambiguous_one_lists_the_
     assert f"run {first}: waiting" in run(tmp_path, "result", prefix, code=6).stdout
     assert f"run {first}" in run(tmp_path, "replay", prefix).stdout
     assert f"run {first}: waiting" in run(tmp_path, "watch", prefix, code=6).stdout
+    assert (
+        f"run {first}: waiting" in run(tmp_path, "resume", prefix, "--handlers", "mayfly.demo", code=6).stdout
+    )
     assert "rejected" in run(tmp_path, "signal", prefix, "approval", "--token", "x" * 20,
                              "--decision", "approve", code=2).stdout  # fmt: skip
     assert f"run {second}: cancelled" in run(tmp_path, "cancel", second[: len(shared) + 1],
@@ -257,6 +261,21 @@ def test_a_lease_held_refusal_names_the_holder_and_when_it_lets_go(tmp_path: Pat
         token = lease.fencing_token
     assert f"held by ops-console (pid {os.getpid()}, token {token})" in refused.stderr
     assert "do not expire: it is held until that process releases it or exits" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+
+
+def test_a_lease_held_refusal_on_a_backend_whose_leases_expire_says_when(tmp_path: Path) -> None:
+    """On LMDB (expiring leases) exit 4 names the holder and says the lease expires in N s unless renewed."""
+    pytest.importorskip("mayfly_lmdb")
+    from mayfly.runtime import WorkflowRuntime
+
+    url = f"lmdb://{tmp_path}/env"
+    run_id = run(tmp_path, "--journal", url, "-q", "submit", str(write_spec(tmp_path))).stdout.strip()
+    with WorkflowRuntime(url).leases.acquire(run_id, "ops-console", 90_000):
+        refused = run(tmp_path, "--journal", url, "cancel", run_id, "--reason", "x", code=4)
+    assert "its recovery lease is held by ops-console" in refused.stderr
+    expires = re.search(r"it expires in (\d+\.\d) s unless its holder renews it", refused.stderr)
+    assert expires is not None and 0 < float(expires.group(1)) <= 90, refused.stderr
     assert refused.stderr.count("\n") == 1
 
 
@@ -395,3 +414,72 @@ def test_demo_json_carries_the_approval_token_and_the_command_that_uses_it(tmp_p
     assert f"--token {approval['token']}" in approval["signal"]
     assert "accepted" in run(tmp_path, argv=shlex.split(approval["signal"])).stdout
     assert "run succeeded" in run(tmp_path, argv=shlex.split(approval["resume"])).stdout
+
+
+# -- the reference pages say what the command does ---------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[4] / "docs"
+
+
+def test_cli_md_names_the_real_flags_of_every_command(tmp_path: Path) -> None:
+    """Each command's row in docs/cli.md names each of its flags, and no flag it does not have."""
+    from mayfly.cli import build_parser
+
+    parser = build_parser()
+    common = {o for action in parser._actions for o in action.option_strings}
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    rows = {}
+    for line in (DOCS / "cli.md").read_text().splitlines():
+        found = re.match(r"\| `mayfly (\w+)", line)
+        if found:
+            rows[found.group(1)] = line
+    assert set(rows) == set(commands.choices)
+    for name, command in commands.choices.items():
+        own = {o for action in command._actions for o in action.option_strings if o.startswith("--")}
+        # A row may mention another command's flag as part of that command (`mayfly run --timeline`).
+        row = re.sub(rf"`mayfly (?!{name}\b)[^`]*`", "", rows[name])
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", row))
+        assert own - common - {"--help"} <= named, (name, own - common - named)
+        assert named <= own | common, (name, named - own - common)
+    # The flags the issue found missing are the real command's: its help says so.
+    signal = run(tmp_path, "signal", "--help").stdout
+    assert all(flag in signal for flag in ("--by BY", "--name NAME", "--signal-id SIGNAL_ID", "--wait S"))
+    assert "--requester REQUESTER" in run(tmp_path, "cancel", "--help").stdout
+
+
+ROUTED = """
+from mayfly import HandlerRegistry, Succeeded
+
+registry = HandlerRegistry()
+
+@registry.handler("check")
+def check(req):
+    return Succeeded(output={"verdict": "ok"})
+
+@registry.handler("ship")
+def ship(req):
+    return Succeeded(output={"shipped": True})
+"""
+
+
+def test_an_edge_predicate_written_as_transitions_md_shows_it_runs(tmp_path: Path) -> None:
+    """`{"type": "field", ...}` (as docs/transitions.md writes it) routes; the old `"match"` key is refused."""
+    (tmp_path / "routed.py").write_text(ROUTED)
+
+    def spec(when: dict[str, object]) -> str:
+        document = {
+            "workflow_id": "cli.routed",
+            "version": 1,
+            "nodes": [{"id": "check", "handler": "check@1"}, {"id": "ship", "handler": "ship@1"}],
+            "edges": [{"source": "check", "target": "ship", "when": when}],
+        }
+        path = tmp_path / f"spec-{len(list(tmp_path.glob('spec-*')))}.json"
+        path.write_text(json.dumps(document))
+        return str(path)
+
+    documented = spec({"type": "field", "field": "verdict", "equals": "ok"})
+    shipped = json.loads(run(tmp_path, "--json", "run", documented, "--handlers", "routed.py").stdout)
+    assert shipped["status"] == "succeeded" and shipped["outputs"]["ship"] == {"shipped": True}
+    old = spec({"match": "field", "field": "verdict", "equals": "ok"})
+    refused = run(tmp_path, "run", old, "--handlers", "routed.py", code=2)
+    assert refused.stderr.startswith("mayfly: error: specification ") and "edges[0].when" in refused.stderr

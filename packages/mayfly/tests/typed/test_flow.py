@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
 from mayfly import (
+    ChildCall,
+    ChildDefinition,
     Edge,
     Flow,
     HandlerRegistry,
@@ -16,6 +20,7 @@ from mayfly import (
     RetryPolicy,
     RunBudgets,
     Succeeded,
+    WorkflowRuntime,
     WorkflowSpec,
 )
 from mayfly.errors import InvalidIdentifier, SpecValidationError
@@ -174,3 +179,82 @@ def test_reading_an_upstream_output_as_a_class_its_handler_does_not_return_is_re
     matching = Flow("orders.fulfil", version=1)
     matching.node(ship, after=[matching.node(charge), matching.node(wrong, id="other")])
     assert [n.id for n in matching.build().nodes] == ["charge", "other", "ship"]
+
+
+# -- child workflow calls ------------------------------------------------------------------------------
+
+
+class Repo(msgspec.Struct):
+    repo: str
+
+
+class Scan(msgspec.Struct):
+    warnings: int
+
+
+@registry.handler("acme.scan", version=1)
+def scan(source: Repo) -> Scan:
+    return Scan(warnings=len(source.repo))
+
+
+def lint_flow() -> Flow:
+    lint = Flow("acme.lint", version=2, inputs=["repo"], outputs=["warnings"])
+    lint.node(scan, outputs=["warnings"])
+    return lint
+
+
+def test_a_child_flow_call_builds_the_spec_a_json_child_node_and_catalog_entry_hold(tmp_path: Path) -> None:
+    """`Flow.call(child_flow)` is a `child` node plus a catalog entry; the built spec runs the child."""
+    flow = Flow("acme.ci", version=1)
+    linted = flow.call(lint_flow(), id="lint")
+    flow.node(notify, after=[linted])
+    built = flow.build()
+    by_hand = WorkflowSpec.from_json(
+        b"""{"workflow_id": "acme.ci", "version": 1,
+        "nodes": [
+          {"id": "lint", "child": {"workflow_id": "acme.lint", "version": 2, "mode": "require_success",
+                                   "inputs": ["repo"], "outputs": ["warnings"]},
+           "outputs": ["warnings"]},
+          {"id": "orders-notify", "handler": "orders.notify@1", "depends_on": ["lint"]}],
+        "catalog": [{"workflow_id": "acme.lint", "version": 2, "inputs": ["repo"], "outputs": ["warnings"],
+                     "nodes": [{"id": "acme-scan", "handler": "acme.scan@1", "outputs": ["warnings"]}]}]}"""
+    )
+    assert built == by_hand and built.to_json() == by_hand.to_json()
+    assert built.content_hash() == by_hand.content_hash()
+    result = WorkflowRuntime(f"file://{tmp_path}/journal", registry).execute(built, input={"repo": "mayfly"})
+    assert result.succeeded and result.outputs["lint"] == {"warnings": 6}
+
+
+def test_a_call_picks_fields_and_mode_and_nested_calls_reach_the_root_catalog() -> None:
+    """`inputs=`/`outputs=`/`mode=` shape the ChildCall; a child's own callees join the root catalog."""
+    middle = Flow("acme.review", version=1, inputs=["repo"], outputs=["warnings"])
+    middle.call(lint_flow(), id="lint", outputs=["warnings"])
+    root = Flow("acme.ci", version=1)
+    root.call(middle, id="review", mode="propagate", inputs=["repo"], input={"repo": "fixed"})
+    spec = root.build()
+    (node,) = spec.nodes
+    assert node.child == ChildCall("acme.review", 1, "propagate", inputs=("repo",), outputs=("warnings",))
+    assert node.input == {"repo": "fixed"}
+    assert [(c.workflow_id, c.version) for c in spec.catalog] == [("acme.lint", 2), ("acme.review", 1)]
+
+
+def test_calls_are_refused_for_a_handler_a_clashing_definition_and_the_flow_itself() -> None:
+    """A handler is not a workflow; one catalog holds one definition per id and version; no self-calls."""
+    flow = Flow("acme.ci", version=1)
+    with pytest.raises(TypeError, match=r"Flow\.call takes a Flow or a ChildDefinition, got Handler"):
+        flow.call(scan)  # type: ignore[arg-type]
+    flow.call(lint_flow(), id="lint")
+    other = Flow("acme.lint", version=2)
+    other.node(notify)
+    with pytest.raises(ValueError, match=r"already calls a different acme\.lint@2"):
+        flow.call(other, id="lint-again")
+    with pytest.raises(ValueError, match="already has a node 'lint'"):
+        flow.call(lint_flow(), id="lint")
+    itself = Flow("acme.ci", version=1)
+    itself.node(notify)
+    with pytest.raises(ValueError, match="cannot call itself"):
+        flow.call(itself, id="me")
+    unknown = Flow("acme.ci", version=2)
+    unknown.call(ChildDefinition("acme.lint", 2, nodes=(Node("scan", handler="acme.scan@1"),)), after=["lnt"])
+    with pytest.raises(SpecValidationError, match=r"depends_on\[0\]: unknown node 'lnt'"):
+        unknown.build()

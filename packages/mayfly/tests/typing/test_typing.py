@@ -30,7 +30,10 @@ def test_the_typed_api_type_checks_and_reveals_the_declared_types(tmp_path: Path
 
 
 def test_misuses_are_reported_on_their_lines_with_their_codes(tmp_path: Path) -> None:
-    """A wrong input type, a misspelled node handle, an unregistered function, a nameless unversioned decorator."""
+    """A wrong input type, a misspelled node handle, an unregistered function, a nameless unversioned decorator.
+
+    Also a handler, or an unknown mode, given to Flow.call.
+    """
     source = HERE / "typed_api_errors.py"
     expected = {
         (number, code)
@@ -43,7 +46,7 @@ def test_misuses_are_reported_on_their_lines_with_their_codes(tmp_path: Path) ->
         (int(m.group("line")), m.group("code")) for m in map(_REPORTED.match, done.stdout.splitlines()) if m
     }
     assert done.returncode == 1, done.stdout + done.stderr
-    assert len(expected) == 8
+    assert len(expected) == 10
     assert reported == expected, done.stdout
 
 

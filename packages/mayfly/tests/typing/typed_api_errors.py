@@ -37,3 +37,5 @@ flow.node(charge, id="again", after=[piad])  # noqa: F821  # E: name-defined
 flow.node(charge, id="twice", after=[1])  # E: list-item
 flow.node(lambda req: None)  # E: arg-type
 flow.edge(paid, 2)  # E: arg-type
+flow.call(charge)  # E: arg-type
+flow.call(Flow("acme.lint", version=1), mode="ignore")  # E: arg-type

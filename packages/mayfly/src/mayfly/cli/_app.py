@@ -60,7 +60,8 @@ exit codes:
   4    another process owns the run (its recovery lease is held)
   5    journal, backend or history error: no journal at --journal (read-only commands
        create none), an unreachable store, corruption
-  6    the run is parked, waiting for a signal (see `mayfly signal`)
+  6    the run has not ended: it is waiting (for a signal, see `mayfly signal`, or
+       a backoff), or `mayfly result` found it still running
   7    `mayfly submit --dedup-id`: a live run of the queue holds that id (nothing created)
   124  `mayfly result --wait --timeout`, `mayfly watch --timeout`: the run neither ended
        nor parked in time

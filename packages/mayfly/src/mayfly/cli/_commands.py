@@ -24,18 +24,31 @@ from mayfly.cli._support import (
     resolve_run,
     result_code,
     signal_id_argument,
-    status_word,
+    status_of,
     timeline_line,
+    timer_wait,
+    when_text,
 )
 from mayfly.identity import Uuid7IdSource
-from mayfly.inspect import build_inspection, list_runs, load_inspection, render_mermaid, render_table, to_json
+from mayfly.inspect import (
+    WAITING,
+    build_inspection,
+    journal_children,
+    list_runs,
+    load_inspection,
+    render_mermaid,
+    render_table,
+    run_status,
+    to_json,
+    wake_at_ms,
+)
 from mayfly.journal import RUN_VERIFICATION
 from mayfly.model.errors import InvalidJSONValue, LeaseHeld, LimitExceeded, ResumeRefused
 from mayfly.model.signals import SignalToken
-from mayfly.model.state import RunState
+from mayfly.model.state import RunState, RunStatus
 from mayfly.recovery import RecoveryEffect, inspect_run, replay_run
 from mayfly.reducer import check_input, decode_event
-from mayfly.runtime import HandlerRegistry, RunHandle, cancel_run_cascade
+from mayfly.runtime import HandlerRegistry, cancel_run_cascade
 
 __all__ = [
     "cmd_backends",
@@ -76,7 +89,7 @@ def cmd_run(ctx: Context) -> int:
     runtime = ctx.runtime(registry, _observer(ctx, len(spec.nodes)))
     run_id = runtime.ids.new_id()
     result = driving(ctx, run_id, args.handlers, lambda: runtime.execute(spec, run_input, run_id=run_id))
-    print_result(ctx, result)
+    print_result(ctx, runtime, result)
     return result_code(result)
 
 
@@ -90,6 +103,17 @@ def cmd_resume(ctx: Context) -> int:
         registry, Timeline(ctx.out, verbose=True, progress=False) if not args.json else None
     )
     run_id = resolve_run(runtime.journal, args.run)
+    state = runtime.inspect(run_id).state
+    wake = timer_wait(state, status_of(runtime, state))
+    if wake is not None:
+        # Taking the run over would only sleep until then, holding it: leave it parked, as a worker does.
+        print_result(ctx, runtime, runtime.summary_of(state))
+        if not args.json:
+            ctx.hint(
+                f"run {run_id} only waits for a timer, due {when_text(wake)}; a worker on this journal "
+                f"takes it then ({ctx.mayfly} worker --handlers MODULE), or run this resume after that time"
+            )
+        return EXIT["waiting"]
 
     def plan(state: RunState, effects: tuple[RecoveryEffect, ...]) -> None:
         # Printed only once this process holds the run: an owned run gets no misleading plan.
@@ -115,7 +139,7 @@ def cmd_resume(ctx: Context) -> int:
             f"{exc}; {given}: continue with `{ctx.resume_command(run_id, 'MODULE')}`, where MODULE "
             "registers them (installed plugins are always loaded)"
         ) from None
-    print_result(ctx, result)
+    print_result(ctx, runtime, result)
     return result_code(result)
 
 
@@ -167,7 +191,12 @@ def cmd_inspect(ctx: Context) -> int:
     recovered = inspect_run(journal, run_id, upcasters=upcasters)
     # Every record is scanned (attempt numbers and times come from them); --history caps only the lines.
     inspection = build_inspection(
-        recovered, journal.read(run_id), args.history, journal_url=journal.url, upcasters=upcasters
+        recovered,
+        journal.read(run_id),
+        args.history,
+        journal_url=journal.url,
+        upcasters=upcasters,
+        children=journal_children(journal, upcasters),
     )
     if args.mermaid:
         ctx.out.write(render_mermaid(inspection, recovered.state.spec) + "\n")
@@ -192,9 +221,10 @@ def cmd_replay(ctx: Context) -> int:
     elapsed = time.monotonic() - started
     cached = inspect_run(journal, run_id, upcasters=upcasters)
     same = msgspec.json.encode(full.state.to_record()) == msgspec.json.encode(cached.state.to_record())
+    word = run_status(full.state, journal_children(journal, upcasters))
     report = {
         "run_id": run_id,
-        "status": full.state.status.value,
+        "status": word,
         "events": full.records_reduced,
         "seconds": round(elapsed, 6),
         "snapshot_agrees": same,
@@ -206,7 +236,7 @@ def cmd_replay(ctx: Context) -> int:
     else:
         ctx.out.write(
             f"run {run_id}: replayed {full.records_reduced} events in {elapsed * 1000:.1f} ms; "
-            f"status {status_word(full.state)}; snapshot {'agrees' if same else 'DISAGREES'} "
+            f"status {word}; snapshot {'agrees' if same else 'DISAGREES'} "
             f"(inspection used {cached.source})\n"
         )
         for diagnostic in cached.diagnostics:
@@ -288,11 +318,11 @@ def cmd_cancel(ctx: Context) -> int:
         ids=Uuid7IdSource(),
         upcasters=runtime.upcasters,
     )
-    state = runtime.inspect(run_id).state
+    word = status_of(runtime, runtime.inspect(run_id).state)
     if args.json:
-        ctx.emit_json({"run_id": run_id, "status": state.status.value})
+        ctx.emit_json({"run_id": run_id, "status": word})
     else:
-        ctx.out.write(f"run {run_id}: {state.status.value}\n")
+        ctx.out.write(f"run {run_id}: {word}\n")
     return EXIT["ok"]
 
 
@@ -397,6 +427,7 @@ def cmd_demo(ctx: Context) -> int:
         result = driving(ctx, run_id, handlers, lambda: runtime.resume(run_id))
     if args.json:
         document = msgspec.to_builtins(result)
+        document["status"] = status_of(runtime, runtime.inspect(run_id).state)
         if result.waiting and run_id in tokens:
             # The demo asks for approval: a script needs the token to give it (the text mode prints it).
             document["approval"] = {
@@ -427,8 +458,19 @@ def cmd_watch(ctx: Context) -> int:
     runtime = ctx.runtime()
     journal = runtime.journal
     run_id = resolve_run(journal, args.run)
-    handle = RunHandle(runtime, run_id)
-    handle.status()  # RunNotFound (exit 3) before anything is printed
+    children = journal_children(journal, runtime.upcasters)
+
+    def parked() -> bool:
+        """Whether the run ended, or parked: it only waits, and not just for a timer due within a second."""
+        state = runtime.inspect(run_id).state
+        word = run_status(state, children)
+        if word != WAITING:
+            return word != RunStatus.RUNNING.value
+        # Waiting only for a timer due this soon: whoever drives the run sleeps through it, and goes on.
+        only_a_timer = not state.waiting_count and wake_at_ms(state) is not None
+        return not only_a_timer or timer_wait(state, word) is not None
+
+    parked()  # RunNotFound (exit 3) before anything is printed
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     if not args.json:
         ctx.hint(f"watching run {run_id} on {ctx.journal_url} (Ctrl-C stops watching, not the run)")
@@ -454,7 +496,7 @@ def cmd_watch(ctx: Context) -> int:
         show()
         if getattr(ctx.out, "closed_pipe", False):
             return EXIT["ok"]  # nobody reads any more (`mayfly watch RUN | head`)
-        if handle.status() != "running":
+        if parked():
             show()  # the facts committed between the last read and the status
             break
         if deadline is not None and time.monotonic() >= deadline:
@@ -463,5 +505,5 @@ def cmd_watch(ctx: Context) -> int:
         left = args.interval if deadline is None else deadline - time.monotonic()
         time.sleep(max(0.0, min(args.interval, left)))
     result = runtime.summary(run_id)
-    print_result(ctx, result)
+    print_result(ctx, runtime, result)
     return result_code(result)

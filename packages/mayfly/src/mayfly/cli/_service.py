@@ -97,7 +97,7 @@ def cmd_result(ctx: Context) -> int:
             return EXIT["timeout"]
     else:
         result = runtime.summary(run_id)
-    print_result(ctx, result)
+    print_result(ctx, runtime, result)
     return result_code(result)
 
 

@@ -21,7 +21,8 @@ from typing import Any, TextIO, assert_never, final
 
 import msgspec
 
-from mayfly.inspect import narrate
+from mayfly.inspect import WAITING, journal_children, narrate, run_status, wake_at_ms
+from mayfly.inspect.render import duration, wall_time
 from mayfly.journal import WorkflowJournal
 from mayfly.model.errors import (
     InvalidIdentifier,
@@ -457,21 +458,47 @@ def result_code(result: RunResult) -> int:
     return EXIT["waiting"]
 
 
-def status_word(state: RunState) -> str:
-    """The run's status as every command words it: ``waiting`` for a running run parked on a signal."""
-    if not state.status.is_terminal and any(node.wait is not None for node in state.nodes):
-        return "waiting"
-    return state.status.value
+def status_of(runtime: WorkflowRuntime, state: RunState) -> str:
+    """The run's status word, the one every command shows (:func:`mayfly.inspect.run_status`).
+
+    ``waiting`` for a running run that can only wait: for a signal, a
+    backoff or a deadline, or for child runs (read from the journal) that wait.
+    """
+    return run_status(state, journal_children(runtime.journal, runtime.upcasters))
 
 
-def print_result(ctx: Context, result: RunResult) -> None:
-    """Print a run's result: JSON with ``--json``, else one line per node and per wait."""
+FOLLOW_TIMERS_MS = 1_000
+"""A timer due within this long is slept through, as a worker does before parking (its default poll)."""
+
+
+def timer_wait(state: RunState, word: str) -> int | None:
+    """When a run that waits only for a timer further away than a second wakes (wall ms), else ``None``.
+
+    Such a run is parked as a worker parks it: `watch` stops following it, and
+    `resume` does not take it over only to sleep until then.
+    """
+    if word != WAITING or state.waiting_count:
+        return None
+    wake = wake_at_ms(state)
+    if wake is None or wake - int(time.time() * 1000) <= FOLLOW_TIMERS_MS:
+        return None
+    return wake
+
+
+def print_result(ctx: Context, runtime: WorkflowRuntime, result: RunResult) -> None:
+    """Print a run's result: JSON with ``--json``, else one line per node and per wait.
+
+    The status is the run's status word (``waiting``, ``running`` or the terminal
+    status), read from the journal as it is now: the same word in every command.
+    """
+    state = runtime.inspect(result.run_id).state
+    word = status_of(runtime, state)
     if ctx.args.json:
-        ctx.emit_json(result)
+        document = msgspec.to_builtins(result)
+        document["status"] = word
+        ctx.emit_json(document)
         return
     out = ctx.out
-    # A running run parked on a signal is "waiting", as `mayfly runs` and `mayfly result` call it.
-    word = "waiting" if result.waiting and not result.status.is_terminal else result.status.value
     out.write(f"run {result.run_id}: {paint(ctx, word, word)}\n")
     for node_id, summary in result.nodes.items():
         outcome = "-" if summary.outcome is None else summary.outcome.value
@@ -481,6 +508,22 @@ def print_result(ctx: Context, result: RunResult) -> None:
         )
     for node_id, name in result.waiting.items():
         out.write(f"  waiting: node {node_id} for signal {name!r}\n")
+    if word == WAITING:
+        for index, deadline in sorted(state.pending_retries(), key=lambda retry: retry[1]):
+            node = state.node(index)
+            when = _when(state, deadline)
+            out.write(f"  waiting: node {node.node_id} to retry (attempt {node.attempt + 1}) {when}\n")
+
+
+def when_text(wall_ms: int) -> str:
+    """A wall-clock time as a person reads it: ``at 2026-12-08T13:21:15.908Z (in 7d)``."""
+    left = wall_ms - int(time.time() * 1000)
+    return f"at {wall_time(wall_ms)} ({f'in {duration(left)}' if left > 0 else 'due now'})"
+
+
+def _when(state: RunState, deadline: int) -> str:
+    # A run recorded before epochs has only virtual milliseconds.
+    return f"at {deadline} ms" if state.epoch_ms is None else when_text(state.epoch_ms + deadline)
 
 
 def _flat(text: str) -> str:

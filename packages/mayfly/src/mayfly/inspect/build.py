@@ -18,6 +18,7 @@ from mayfly.inspect.model import (
     RunInspection,
 )
 from mayfly.inspect.narrate import history_line
+from mayfly.inspect.status import ChildStates, journal_children, run_status
 from mayfly.journal import JournalRecord, WorkflowJournal, redact_url
 from mayfly.model.errors import InvalidRecord
 from mayfly.model.events import ChildStarted, NodeFailed, NodeOutcomeCommitted, NodeStarted, SignalWaitOpened
@@ -209,6 +210,7 @@ def build_inspection(
     *,
     journal_url: str | None = None,
     upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
+    children: ChildStates | None = None,
 ) -> RunInspection:
     """Build the payload-free inspection of a reconstructed run.
 
@@ -221,6 +223,9 @@ def build_inspection(
     ``upcasters`` lift older event versions as the records are decoded; left
     out, they are those of the process's plugin manager
     (:func:`mayfly.plugins.plugin_manager`), and ``{}`` means none.
+    ``children`` reads child runs, so that a run whose attempts in flight
+    call child runs that wait is ``waiting`` (:func:`~mayfly.inspect.run_status`;
+    :func:`~mayfly.inspect.journal_children` reads them from a journal).
     """
     _check_history_limit(history_limit)
     state = recovered.state
@@ -263,7 +268,7 @@ def build_inspection(
         workflow_id=state.spec.workflow_id,
         workflow_version=state.spec.version,
         spec_hash=state.spec_hash,
-        status=state.status,
+        status=run_status(state, children),
         result=state.status.value if state.status.is_terminal else None,
         now=state.now,
         sequence=state.sequence,
@@ -333,4 +338,11 @@ def load_inspection(
     upcasters = plugins.event_upcasters()
     recovered = inspect_run(journal, run_id, upcasters=upcasters)
     records = journal.read(run_id, after=max(recovered.state.sequence - history_limit, 0))
-    return build_inspection(recovered, records, history_limit, journal_url=journal.url, upcasters=upcasters)
+    return build_inspection(
+        recovered,
+        records,
+        history_limit,
+        journal_url=journal.url,
+        upcasters=upcasters,
+        children=journal_children(journal, upcasters),
+    )

@@ -8,7 +8,7 @@ import msgspec
 
 from mayfly.model.events import FailureCause
 from mayfly.model.outcomes import NodeOutcomeKind
-from mayfly.model.state import NodeStatus, RunStatus
+from mayfly.model.state import NodeStatus
 
 __all__ = [
     "DEFAULT_HISTORY_LIMIT",
@@ -23,8 +23,12 @@ __all__ = [
     "RunInspection",
 ]
 
-INSPECTION_SCHEMA_VERSION: Final = 1
-"""Version of :class:`RunInspection` and its JSON form."""
+INSPECTION_SCHEMA_VERSION: Final = 2
+"""Version of :class:`RunInspection` and its JSON form.
+
+2: ``status`` is the run's status word (a run status value, or ``waiting``), no longer a
+:class:`~mayfly.model.state.RunStatus`.
+"""
 
 DEFAULT_HISTORY_LIMIT: Final = 200
 """How many diagnostic history lines an inspection keeps by default (the most recent)."""
@@ -144,6 +148,10 @@ class DiagnosticHistory(_Frozen, frozen=True):
 class RunInspection(_Frozen, frozen=True):
     """A schema-versioned, payload-free view of one run, built by :func:`build_inspection`.
 
+    ``status`` is the run's status word (:func:`~mayfly.inspect.run_status`,
+    as every listing and CLI command words it): the terminal status,
+    ``running``, or ``waiting`` for a running run that can only wait (for a
+    signal, a backoff, a deadline or child runs that wait).
     ``result`` is the terminal result (``None`` while running), ``now`` the
     run's virtual time as of its last recorded fact and ``sequence`` the last
     event it reflects. Inspection is read-only, so ``now`` does not include
@@ -160,7 +168,7 @@ class RunInspection(_Frozen, frozen=True):
     workflow_id: str
     workflow_version: int
     spec_hash: str
-    status: RunStatus
+    status: str
     result: str | None
     now: int
     sequence: int

@@ -7,6 +7,7 @@ from typing import Final, final
 
 import msgspec
 
+from mayfly.inspect.status import WAITING, ChildStates, journal_children, run_status
 from mayfly.journal import RUN_SUMMARIES, WorkflowJournal
 from mayfly.model.errors import CompatibilityError, CorruptionError, JournalError
 from mayfly.model.state import RunStatus
@@ -15,10 +16,8 @@ from mayfly.recovery import inspect_run
 
 __all__ = ["RUN_STATES", "RunListing", "list_runs"]
 
-WAITING: Final = "waiting"
-
 RUN_STATES: Final = (*(status.value for status in RunStatus), WAITING)
-"""The states :func:`list_runs` filters by: each run status, and ``waiting`` (running, parked on a signal)."""
+"""The states :func:`list_runs` filters by: each run status, and ``waiting`` (running, only waiting)."""
 
 _PAGE: Final = 1_000
 
@@ -27,9 +26,11 @@ _PAGE: Final = 1_000
 class RunListing(msgspec.Struct, frozen=True, omit_defaults=True):
     """One run as a listing shows it: id, workflow, state, progress and the nodes parked on a signal.
 
-    ``status`` is the run's status, or ``waiting`` for a running run with a
-    node parked on a signal, or ``unreadable`` when its history could not be
-    read (``error`` then says why, and ``workflow`` is ``"?"``).
+    ``status`` is the run's status word (:func:`~mayfly.inspect.run_status`):
+    its terminal status, ``running``, or ``waiting`` for a running run that
+    can only wait (for a signal, a backoff, a deadline or child runs that
+    wait), or ``unreadable`` when its history could not be read (``error``
+    then says why, and ``workflow`` is ``"?"``).
     """
 
     run_id: str
@@ -54,7 +55,8 @@ def list_runs(
     ``journal`` is a journal or its URL (opened through ``plugins``), and
     ``plugins`` the plugin context whose event upcasters read each history
     (default: the process's entry-point manager). ``state`` is a
-    :class:`~mayfly.model.state.RunStatus`, its value, or ``"waiting"``; a
+    :class:`~mayfly.model.state.RunStatus`, its value, or ``"waiting"`` (see
+    :func:`~mayfly.inspect.run_status`); a
     ``running`` filter includes the waiting runs. Without filters, a run whose
     history cannot be read is listed as ``unreadable`` rather than hiding
     every other run. A journal that keeps
@@ -70,9 +72,10 @@ def list_runs(
     upcasters = plugins.event_upcasters()
     filtered = wanted is not None or workflow is not None
     rows: list[RunListing] = []
+    children = journal_children(journal, upcasters)
     for page in _candidate_pages(journal, wanted, workflow, limit):
         for run_id in page:
-            row = _listing(journal, run_id, upcasters)
+            row = _listing(journal, run_id, upcasters, children)
             if row.status == "unreadable":
                 if not filtered:
                     rows.append(row)
@@ -93,25 +96,25 @@ def _state(state: RunStatus | str | None) -> str | None:
 
 
 def _matches(row: RunListing, state: str | None) -> bool:
-    # A run parked on a signal is listed as waiting, and is still a running run.
+    # A waiting run is listed as waiting, and is still a running run.
     if state is None or row.status == state:
         return True
     return state == RunStatus.RUNNING.value and row.status == WAITING
 
 
-def _listing(journal: WorkflowJournal, run_id: str, upcasters: Upcasters) -> RunListing:
+def _listing(
+    journal: WorkflowJournal, run_id: str, upcasters: Upcasters, children: ChildStates
+) -> RunListing:
     try:
         state = inspect_run(journal, run_id, upcasters=upcasters).state
     except (JournalError, CorruptionError, CompatibilityError) as exc:
         # One unreadable history must not hide every other run; `mayfly inspect` explains it.
         return RunListing(run_id, "?", "unreadable", 0, 0, error=str(exc))
     waiting = tuple(node.node_id for node in state.nodes if node.wait is not None)
-    # "waiting" is not a run status: a waiting run is running, parked on a signal.
-    status = WAITING if waiting and not state.status.is_terminal else state.status.value
     return RunListing(
         run_id=run_id,
         workflow=f"{state.spec.workflow_id}@{state.spec.version}",
-        status=status,
+        status=run_status(state, children),
         nodes_done=len(state.nodes) - state.open_nodes,
         nodes=len(state.nodes),
         waiting_on=waiting,
@@ -125,8 +128,8 @@ def _candidate_pages(
 
     A backend that keeps an indexed run summary (``run_summaries``, e.g.
     PostgreSQL) preselects the most recently updated runs matching the
-    filters. "waiting" is not indexed (it is a running run parked on a
-    signal), so it always pages through the runs.
+    filters. "waiting" is not a run status (it is a running run that only
+    waits), so it always pages through the runs.
     """
     summaries = RUN_SUMMARIES.of(journal)
     if summaries is not None and state != WAITING:

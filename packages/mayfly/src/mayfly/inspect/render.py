@@ -58,7 +58,7 @@ def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def _wall_time(ms: int) -> str:
+def wall_time(ms: int) -> str:
     """Unix milliseconds as an ISO 8601 UTC time, or as a number when no calendar date holds it."""
     try:
         when = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
@@ -108,7 +108,7 @@ class _Clock:
     def wall(self, ms: int) -> str:
         if self.epoch is None:
             return ""
-        return _wall_time(self.epoch + ms)
+        return wall_time(self.epoch + ms)
 
     def when(self, ms: int | None, *, relative: bool = True) -> str:
         """``604800459 ms (2026-12-08T13:21:15.908Z, in 7d)``; a bare ``-`` for no time."""
@@ -158,11 +158,14 @@ _AT_MS = re.compile(r"\b(at|since|deadline) (\d+)(?: \(in (\d+) ms\))?(?![\d ]*m
 
 def _status_text(ins: RunInspection) -> str:
     if ins.result is not None:
-        return f"{ins.status.value} (terminal)"
-    waits = [n.node_id for n in ins.nodes if n.waiting_for is not None]
-    if waits and ins.status is RunStatus.RUNNING:
-        return f"waiting (a running run parked on a signal: {', '.join(waits)})"
-    return ins.status.value
+        return f"{ins.status} (terminal)"
+    if ins.status != "waiting":
+        return ins.status
+    waits = [f"{n.node_id} (signal {n.waiting_for})" for n in ins.nodes if n.waiting_for is not None]
+    waits += [f"{n.node_id} (retry)" for n in ins.nodes if n.retry_deadline is not None]
+    waits += [f"{n.node_id} (child run)" for n in ins.nodes if n.child_run_id and n.active_attempt_id]
+    on = f": {', '.join(waits)}" if waits else ""
+    return f"waiting (a running run that only waits{on}; see BLOCKING)"
 
 
 def render_table(inspection: RunInspection, *, wall_ms: int | None = None) -> str:
@@ -194,10 +197,10 @@ def render_table(inspection: RunInspection, *, wall_ms: int | None = None) -> st
     if ins.journal_url is not None:
         facts.insert(6, ("journal", ins.journal_url))
     if ins.epoch_ms is not None:
-        facts.insert(6, ("epoch", f"{_wall_time(ins.epoch_ms)} (wall clock at virtual 0 ms)"))
+        facts.insert(6, ("epoch", f"{wall_time(ins.epoch_ms)} (wall clock at virtual 0 ms)"))
         if wall_ms is not None:
             last = ins.epoch_ms + ins.now
-            facts.insert(6, ("last fact", f"{_wall_time(last)} ({_relative(last - wall_ms)})"))
+            facts.insert(6, ("last fact", f"{wall_time(last)} ({_relative(last - wall_ms)})"))
     if ins.parent_run_id is not None:
         facts.append(("parent", f"run {ins.parent_run_id} node {ins.parent_node_id} (depth {ins.depth})"))
     if b.exhausted is not None:
