@@ -246,8 +246,10 @@ def test_inspect_tables_have_headers_and_legends_and_a_short_history_keeps_attem
     assert re.search(r"^ATTEMPT ID\s+NODE\s+ATTEMPT\s+OUTCOME", table, re.M)
     rows = [line.split() for line in table.split("ATTEMPTS", 1)[1].splitlines() if "  qa  " in line]
     assert [row[2] for row in rows] == ["1", "2"]
-    assert "HISTORY (complete 29, retained 2, omitted 27)" in table
-    assert "the first 27 events are left out; `--history N` keeps more" in table
+    # The demo writes 29 events, or 30 when time advances once more on a slow machine.
+    found = re.search(r"HISTORY \(complete (\d+), retained 2, omitted (\d+)\)", table)
+    assert found is not None and int(found[1]) in (29, 30) and int(found[2]) == int(found[1]) - 2, table
+    assert f"the first {found[2]} events are left out; `--history N` keeps more" in table
 
 
 # -- refusals, ids, errors -----------------------------------------------------------------------------
