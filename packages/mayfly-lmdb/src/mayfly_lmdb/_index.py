@@ -230,13 +230,15 @@ def _replace(
     """
     new_dedup = _dedup_key(new)
     old_dedup = None if old is None else _dedup_key(old)
-    if new_dedup is not None and new_dedup != old_dedup:
+    hold = False
+    if new_dedup is not None:
         holder = txn.get(new_dedup, db=shared.dedup)
         if holder is not None and holder != run:
             if strict:
                 assert new.dedup_id is not None
                 raise DuplicateRun(new.run_id, new.queue, new.dedup_id, _codec.run_text(holder))
             new_dedup = None
+        hold = holder is None
     if old is not None:
         for db, key in _order(old, run, shared):
             txn.delete(key, db=db)
@@ -249,7 +251,7 @@ def _replace(
     queue = new.queue.encode("ascii")
     for db, key in _order(new, run, shared):
         txn.put(key, queue, db=db)
-    if new_dedup is not None:
+    if hold and new_dedup is not None:
         txn.put(new_dedup, run, db=shared.dedup)
     new_start = _start_key(new, run)
     if new_start is not None:

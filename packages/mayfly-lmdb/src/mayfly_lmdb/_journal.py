@@ -63,6 +63,7 @@ class LmdbJournal(JournalBase):
         self._source = target.url
         self._shared: SharedEnv | None = acquire_env(target)
         self._wakeups = os.path.join(target.path, "wakeups")
+        self._lock_dir = os.path.join(target.path, "leases")  # the lease store's file locks
         self._guard = threading.Lock()
         self._leases: LmdbLeaseStore | None = None
         super().__init__(
@@ -490,7 +491,7 @@ class LmdbJournal(JournalBase):
             mine = dict(holding)
             limited = {name.encode("ascii"): name for name in settings}
             full = {key for key, name in limited.items() if _room(settings[name], usage[name], mine) <= 0}
-            if names is not None and len(full) == len(names) and full >= {n.encode("ascii") for n in names}:
+            if names is not None and full >= {name.encode("ascii") for name in names}:
                 return granted
             for run, queue in _index.OrderScan(txn, shared, now, names):
                 if queue in full:
@@ -585,7 +586,6 @@ class LmdbJournal(JournalBase):
         claimant's runs free their slots as soon as its file locks are gone.
         """
         shared = self._env
-        store = self._lease_store()
         prefix = _index.queue_prefix(queue.name)
         cursor = txn.cursor(db=shared.qruns)
         dead: list[bytes] = []
@@ -601,7 +601,14 @@ class LmdbJournal(JournalBase):
                     entry is not None
                     and entry.status is not IndexStatus.TERMINAL
                     and entry.parent is None
-                    and lease_live(txn, shared, run, run_id, path=store.lock_path(run_id), wall_ms=wall)
+                    and lease_live(
+                        txn,
+                        shared,
+                        run,
+                        run_id,
+                        path=os.path.join(self._lock_dir, f"{run_id}.lock"),
+                        wall_ms=wall,
+                    )
                 )
                 if live:
                     in_progress += 1
@@ -612,6 +619,10 @@ class LmdbJournal(JournalBase):
         period = queue.rate_period_ms
         starts = 0 if period is None else _index.starts_since(txn, shared, queue.name, now - period)
         return QueueUsage(in_progress=in_progress, recent_starts=starts)
+
+    def _lock_path(self, run_id: str) -> str:
+        """The run's lease file lock (as ``LmdbLeaseStore.lock_path``)."""
+        return os.path.join(self._lock_dir, f"{run_id}.lock")
 
     # -- queue flow control (capabilities.queue_control; mayfly.queues.QueueControl) ---------
 
