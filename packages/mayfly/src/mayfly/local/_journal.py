@@ -968,9 +968,7 @@ class LocalWorkflowJournal(JournalBase):
         """Store the queue's settings durably, replacing any it had; claims obey them from now on."""
         if not isinstance(settings, QueueSettings):
             raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
-        db = self._run_index()
-        with self._queue_lock():
-            db.queue_set(settings)
+        off_hub(self._locked_queue_op, self._run_index().queue_set, settings)
 
     def queue_get(self, name: str) -> QueueSettings | None:
         """The queue's settings, or ``None`` if it has none."""
@@ -984,17 +982,24 @@ class LocalWorkflowJournal(JournalBase):
     def queue_remove(self, name: str) -> bool:
         """Remove the queue's settings (its runs are claimed without limits); ``False`` if it had none."""
         _check_queue(name)
-        db = self._run_index()
-        with self._queue_lock():
-            return db.queue_remove(name)
+        removed: bool = off_hub(self._locked_queue_op, self._run_index().queue_remove, name)
+        return removed
 
     def queue_usage(self, name: str, *, now_ms: int) -> QueueUsage:
         """The queue's runs in progress now and its starts within its rate window ending at ``now_ms``."""
         _check_queue(name)
+        usage: QueueUsage = off_hub(self._locked_queue_op, self._queue_usage, name, now_ms)
+        return usage
+
+    def _queue_usage(self, name: str, now_ms: int) -> QueueUsage:
         db = self._run_index()
+        queue = db.queue_settings([name]).get(name) or QueueSettings(name=name)
+        return self._usage(db, queue, now_ms)
+
+    def _locked_queue_op(self, operation: Callable[..., Any], *args: object) -> Any:
+        """Run ``operation`` under the queue lock (it may wait for another process's claim: off the hub)."""
         with self._queue_lock():
-            queue = db.queue_settings([name]).get(name) or QueueSettings(name=name)
-            return self._usage(db, queue, now_ms)
+            return operation(*args)
 
     def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
         """The earliest wake time after ``now_ms`` of a waiting root run."""
