@@ -6,6 +6,7 @@ import select
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 from lmdb_support import Worker, batch, new_id
 
@@ -292,11 +293,13 @@ def test_an_append_fenced_by_a_claim_that_was_taken_over_is_refused(journal: Lmd
     with pytest.raises(FencingRejected):
         journal.append_indexed(run.run_id, 1, batch(run.run_id, 1), first.fencing_token, new_entry)
     assert calls == []
-    assert journal.index_get(run.run_id) == run
+    started = msgspec.structs.replace(run, started_ms=NOW)  # the first claim recorded the run's start
+    assert journal.index_get(run.run_id) == started
     assert journal.next_sequence(run.run_id) == 1
     journal.append_indexed(run.run_id, 1, batch(run.run_id, 1), second.fencing_token, new_entry)
     assert calls == [1]
-    assert journal.index_get(run.run_id) == entry(run.run_id, IndexStatus.TERMINAL, None, sequence=1)
+    ended = entry(run.run_id, IndexStatus.TERMINAL, None, sequence=1)
+    assert journal.index_get(run.run_id) == msgspec.structs.replace(ended, started_ms=NOW)
     second.release()
 
 

@@ -77,10 +77,17 @@ _DATABASES: Final = (
     b"claims",
     b"timers",
     b"waits",
+    b"queues",
+    b"qruns",
+    b"dedup",
+    b"starts",
 )
-# The run index (mayfly_lmdb._index) came after format 1's first release: a read-only handle on an
-# environment written before it finds these absent and sees an empty index.
-_OPTIONAL: Final = frozenset({b"index", b"claims", b"timers", b"waits"})
+# The run index (mayfly_lmdb._index) and queue flow control (mayfly_lmdb._queues) came after format 1's
+# first release: a read-only handle on an environment written before them finds these absent and sees
+# an empty index and no queue settings.
+_OPTIONAL: Final = frozenset(
+    {b"index", b"claims", b"timers", b"waits", b"queues", b"qruns", b"dedup", b"starts"}
+)
 _GROUP_LIMIT: Final = 512  # the most writes one group commit takes
 _OPEN_ATTEMPTS: Final = 20
 _MAX_READERS: Final = 512
@@ -310,7 +317,16 @@ class SharedEnv:
         except lmdb.Error as error:
             raise map_error(error, self.path, "opening the journal databases") from None
         (self.records, self.events, self.heads, self.snapshots, self.runs, self.leases, self.meta) = handles
-        self.index, self.claims, self.timers, self.waits = optional
+        (
+            self.index,
+            self.claims,
+            self.timers,
+            self.waits,
+            self.queues,
+            self.qruns,
+            self.dedup,
+            self.starts,
+        ) = optional
         if readonly:
             stored = self.read(lambda txn: txn.get(b"format", db=self.meta), "reading the format marker")
         else:

@@ -12,9 +12,14 @@ last)::
     waits    T || R      -> queue                     root runs waiting with a time (next_wake)
 
 Entry value: ``u64be sequence || u8 status || u8 flags (1 wake, 2 has
-ready_at, 4 has parent) || i64be ready_at || i64be priority || [parent R] ||
-queue``. Terminal entries and child runs (a parent set) are only in
-``index``: they are never claimed.
+ready_at, 4 has parent, 8 has started_ms, 16 has dedup_id) || i64be ready_at
+|| i64be priority || [parent R] || [i64be started_ms] || [u8 length ||
+dedup_id] || queue``. Terminal entries and child runs (a parent set) are
+only in ``index``: they are never claimed. Queue flow control keeps two
+more derived databases, written with the entries::
+
+    dedup    queue || 0 || dedup_id         -> R      live entries with a dedup id: one per id
+    starts   queue || 0 || u64be(started) || R -> ""  every recorded start (rate limits count them)
 
 A claim at ``now`` merges ``claims`` (all claimable) with the prefix of each
 priority band of ``timers`` whose time is ``<= now``, in key order — which
@@ -33,9 +38,10 @@ from collections.abc import Iterator, Sequence
 from typing import Final
 
 import lmdb
+import msgspec
 
-from mayfly.errors import CorruptionError, InvalidRecord
-from mayfly.ids import QUEUE_NAME, is_uuid
+from mayfly.errors import CorruptionError, DuplicateRun, InvalidRecord
+from mayfly.ids import DEDUP_ID, QUEUE_NAME, is_uuid
 from mayfly.runindex import IndexEntry, IndexStatus
 from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv
@@ -44,7 +50,7 @@ __all__ = [
     "OrderScan",
     "check_entry",
     "claimable_at",
-    "clear_wake",
+    "claimed",
     "decode_entry",
     "encode_entry",
     "get_entry",
@@ -59,6 +65,10 @@ _U64: Final = struct.Struct(">Q")
 _WAKE: Final = 1
 _HAS_READY: Final = 2
 _HAS_PARENT: Final = 4
+_HAS_STARTED: Final = 8
+_HAS_DEDUP: Final = 16
+_FLAGS: Final = 31
+_I64: Final = struct.Struct(">q")
 _STATUS: Final = (IndexStatus.NEW, IndexStatus.RUNNING, IndexStatus.WAITING, IndexStatus.TERMINAL)
 _STATUS_CODE: Final = {status: code for code, status in enumerate(_STATUS)}
 _INT64: Final = 1 << 63
@@ -96,6 +106,16 @@ def check_entry(entry: object) -> IndexEntry:
     parent = entry.parent
     if parent is not None and (not isinstance(parent, str) or not is_uuid(parent)):
         raise InvalidRecord(f"index entry of run {run_id}: parent {parent!r:.80} must be a run id or None")
+    dedup = entry.dedup_id
+    if dedup is not None and (not isinstance(dedup, str) or DEDUP_ID.fullmatch(dedup) is None):
+        raise InvalidRecord(
+            f"index entry of run {run_id}: dedup id {dedup!r:.80} must match {DEDUP_ID.pattern} or be None"
+        )
+    started = entry.started_ms
+    if started is not None and (
+        isinstance(started, bool) or not isinstance(started, int) or not -_INT64 <= started < _INT64
+    ):
+        raise InvalidRecord(f"index entry of run {run_id}: started_ms must be a 64-bit integer or None")
     return entry
 
 
@@ -103,11 +123,18 @@ def encode_entry(entry: IndexEntry) -> bytes:
     """The stored value of a checked entry."""
     flags = (_WAKE if entry.wake else 0) | (0 if entry.ready_at_ms is None else _HAS_READY)
     flags |= 0 if entry.parent is None else _HAS_PARENT
+    flags |= 0 if entry.started_ms is None else _HAS_STARTED
+    flags |= 0 if entry.dedup_id is None else _HAS_DEDUP
     head = _ENTRY.pack(
         entry.sequence, _STATUS_CODE[entry.status], flags, entry.ready_at_ms or 0, entry.priority
     )
     parent = b"" if entry.parent is None else _codec.uuid_bytes(entry.parent)
-    return head + parent + entry.queue.encode("ascii")
+    started = b"" if entry.started_ms is None else _I64.pack(entry.started_ms)
+    dedup = b""
+    if entry.dedup_id is not None:
+        text = entry.dedup_id.encode("ascii")
+        dedup = bytes((len(text),)) + text
+    return head + parent + started + dedup + entry.queue.encode("ascii")
 
 
 def decode_entry(run_id: str, value: bytes) -> IndexEntry:
@@ -115,16 +142,25 @@ def decode_entry(run_id: str, value: bytes) -> IndexEntry:
     try:
         sequence, status, flags, ready_at, priority = _ENTRY.unpack_from(value)
         offset = _ENTRY.size
-        parent = None
+        parent = started = dedup = None
         if flags & _HAS_PARENT:
             parent = _codec.run_text(value[offset : offset + 16])
             offset += 16
+        if flags & _HAS_STARTED:
+            (started,) = _I64.unpack_from(value, offset)
+            offset += 8
+        if flags & _HAS_DEDUP:
+            length = value[offset]
+            dedup = value[offset + 1 : offset + 1 + length].decode("ascii")
+            offset += 1 + length
+            if len(dedup) != length or not dedup:
+                raise ValueError("bad dedup id")
         queue = value[offset:].decode("ascii")
-        if status >= len(_STATUS) or flags & ~7 or (parent is not None and len(parent) != 36):
+        if status >= len(_STATUS) or flags & ~_FLAGS or (parent is not None and len(parent) != 36):
             raise ValueError("bad header")
         if QUEUE_NAME.fullmatch(queue) is None:
             raise ValueError("bad queue")
-    except (struct.error, ValueError, UnicodeDecodeError):
+    except (struct.error, ValueError, UnicodeDecodeError, IndexError):
         raise CorruptionError(
             f"run index entry of run {run_id} is undecodable; the LMDB environment is damaged, "
             "restore it from a backup"
@@ -138,6 +174,8 @@ def decode_entry(run_id: str, value: bytes) -> IndexEntry:
         wake=bool(flags & _WAKE),
         parent=parent,
         priority=priority,
+        dedup_id=dedup,
+        started_ms=started,
     )
 
 
@@ -176,15 +214,81 @@ def _order(entry: IndexEntry, run: bytes, shared: SharedEnv) -> Iterator[tuple[l
 
 
 def _replace(
-    txn: lmdb.Transaction[bytes], shared: SharedEnv, run: bytes, old: IndexEntry | None, new: IndexEntry
+    txn: lmdb.Transaction[bytes],
+    shared: SharedEnv,
+    run: bytes,
+    old: IndexEntry | None,
+    new: IndexEntry,
+    *,
+    strict: bool = False,
 ) -> None:
+    """Store ``new`` in place of ``old`` with its places in the claim orders, dedup ids and starts.
+
+    ``strict``: a live dedup id another run holds raises DuplicateRun
+    (appends); otherwise the other run keeps it and ``new`` is stored
+    without holding it (a rebuild of runs appended without the index).
+    """
+    new_dedup = _dedup_key(new)
+    old_dedup = None if old is None else _dedup_key(old)
+    hold = False
+    if new_dedup is not None:
+        holder = txn.get(new_dedup, db=shared.dedup)
+        if holder is not None and holder != run:
+            if strict:
+                assert new.dedup_id is not None
+                raise DuplicateRun(new.run_id, new.queue, new.dedup_id, _codec.run_text(holder))
+            new_dedup = None
+        hold = holder is None
     if old is not None:
         for db, key in _order(old, run, shared):
             txn.delete(key, db=db)
+        if old_dedup is not None and old_dedup != new_dedup and txn.get(old_dedup, db=shared.dedup) == run:
+            txn.delete(old_dedup, db=shared.dedup)
+        old_start = _start_key(old, run)
+        if old_start is not None and old_start != _start_key(new, run):
+            txn.delete(old_start, db=shared.starts)
     txn.put(run, encode_entry(new), db=shared.index)
     queue = new.queue.encode("ascii")
     for db, key in _order(new, run, shared):
         txn.put(key, queue, db=db)
+    if hold and new_dedup is not None:
+        txn.put(new_dedup, run, db=shared.dedup)
+    new_start = _start_key(new, run)
+    if new_start is not None:
+        txn.put(new_start, b"", db=shared.starts)
+
+
+def _dedup_key(entry: IndexEntry) -> bytes | None:
+    """Where a live entry's dedup id is held (``None``: it holds none)."""
+    if entry.dedup_id is None or entry.status is IndexStatus.TERMINAL:
+        return None
+    return entry.queue.encode("ascii") + b"\x00" + entry.dedup_id.encode("ascii")
+
+
+def _start_key(entry: IndexEntry, run: bytes) -> bytes | None:
+    if entry.started_ms is None or entry.parent is not None:
+        return None
+    return queue_prefix(entry.queue) + _U64.pack(entry.started_ms + _INT64) + run
+
+
+def queue_prefix(queue: str) -> bytes:
+    """The key prefix of one queue in ``qruns`` and ``starts``."""
+    return queue.encode("ascii") + b"\x00"
+
+
+def starts_since(txn: lmdb.Transaction[bytes], shared: SharedEnv, queue: str, since_ms: int) -> int:
+    """How many root runs of ``queue`` started after ``since_ms`` (a range count of ``starts``)."""
+    prefix = queue_prefix(queue)
+    cursor = txn.cursor(db=shared.starts)
+    low = max(since_ms + 1, -_INT64)
+    if low > _PRIORITY_MAX or not cursor.set_range(prefix + _U64.pack(low + _INT64)):
+        return 0
+    count = 0
+    for key in cursor.iternext(values=False):
+        if not key.startswith(prefix):
+            break
+        count += 1
+    return count
 
 
 def get_entry(txn: lmdb.Transaction[bytes], shared: SharedEnv, run: bytes, run_id: str) -> IndexEntry | None:
@@ -195,32 +299,30 @@ def get_entry(txn: lmdb.Transaction[bytes], shared: SharedEnv, run: bytes, run_i
     return None if value is None else decode_entry(run_id, value)
 
 
-def put_entry(txn: lmdb.Transaction[bytes], shared: SharedEnv, entry: IndexEntry) -> IndexEntry:
-    """Store ``entry`` unless the stored one reflects a later sequence; a stored wake is kept. The result."""
+def put_entry(
+    txn: lmdb.Transaction[bytes], shared: SharedEnv, entry: IndexEntry, *, strict: bool = False
+) -> IndexEntry:
+    """Store ``entry`` unless the stored one reflects a later sequence; a stored wake and start are kept.
+
+    ``strict`` (an append): refuse, with DuplicateRun, a live dedup id another run holds. The result.
+    """
     run = _codec.run_key(entry.run_id)
     old = get_entry(txn, shared, run, entry.run_id)
     if old is not None:
         if entry.sequence < old.sequence:
             return old
         if old.wake and not entry.wake:
-            entry = _with_wake(entry, True)
+            entry = msgspec.structs.replace(entry, wake=True)
+        if old.started_ms is not None and entry.started_ms is None:
+            entry = msgspec.structs.replace(entry, started_ms=old.started_ms)
         if old == entry:
             return old
-    _replace(txn, shared, run, old, entry)
+    _replace(txn, shared, run, old, entry, strict=strict)
     return entry
 
 
 def _with_wake(entry: IndexEntry, wake: bool) -> IndexEntry:
-    return IndexEntry(
-        run_id=entry.run_id,
-        queue=entry.queue,
-        status=entry.status,
-        ready_at_ms=entry.ready_at_ms,
-        sequence=entry.sequence,
-        wake=wake,
-        parent=entry.parent,
-        priority=entry.priority,
-    )
+    return msgspec.structs.replace(entry, wake=wake)
 
 
 def wake(txn: lmdb.Transaction[bytes], shared: SharedEnv, run_id: str) -> IndexEntry | None:
@@ -237,19 +339,29 @@ def wake(txn: lmdb.Transaction[bytes], shared: SharedEnv, run_id: str) -> IndexE
 
 
 def remove_entry(txn: lmdb.Transaction[bytes], shared: SharedEnv, run: bytes, run_id: str) -> None:
-    """Delete the run's entry and its places in the claim orders (a purge)."""
+    """Delete the run's entry and its places in the claim orders, dedup ids and starts (a purge)."""
     old = get_entry(txn, shared, run, run_id)
     if old is not None:
         for db, key in _order(old, run, shared):
             txn.delete(key, db=db)
+        dedup = _dedup_key(old)
+        if dedup is not None and txn.get(dedup, db=shared.dedup) == run:
+            txn.delete(dedup, db=shared.dedup)
+        start = _start_key(old, run)
+        if start is not None:
+            txn.delete(start, db=shared.starts)
         txn.delete(run, db=shared.index)
 
 
-def clear_wake(txn: lmdb.Transaction[bytes], shared: SharedEnv, run: bytes, run_id: str) -> None:
-    """A claim took the run: its wake request is answered."""
+def claimed(txn: lmdb.Transaction[bytes], shared: SharedEnv, run: bytes, run_id: str, now_ms: int) -> None:
+    """A claim took the run: its wake request is answered, and a first claim of a new run is its start."""
     old = get_entry(txn, shared, run, run_id)
-    if old is not None and old.wake:
-        _replace(txn, shared, run, old, _with_wake(old, False))
+    if old is None:
+        return
+    start = old.status is IndexStatus.NEW and old.started_ms is None
+    if old.wake or start:
+        new = msgspec.structs.replace(old, wake=False, started_ms=now_ms if start else old.started_ms)
+        _replace(txn, shared, run, old, new)
 
 
 class OrderScan:

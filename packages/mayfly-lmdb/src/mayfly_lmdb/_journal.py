@@ -12,20 +12,23 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Final, final
 
 import lmdb
+import msgspec
 
 from mayfly.backend import FifoWakeupListener, JournalBase, notify_fifo_wakeups
 from mayfly.errors import CorruptionError, InvalidRecord, JournalUnavailable, LeaseHeld
+from mayfly.ids import QUEUE_NAME
 from mayfly.journal import AppendResult, JournalCapabilities, JournalRecord, SnapshotRecord
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
-from mayfly.runindex import IndexEntry, check_claim
+from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
+from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 from mayfly_lmdb import _codec, _index
 from mayfly_lmdb._env import SharedEnv, acquire_env, off_hub, release_env
-from mayfly_lmdb._lease import LmdbLeaseStore, grant_in, now_ms, try_lock
+from mayfly_lmdb._lease import LmdbLeaseStore, grant_in, lease_live, now_ms, try_lock
 from mayfly_lmdb._url import parse_url
 
 __all__ = ["LmdbJournal"]
@@ -34,7 +37,7 @@ _EMPTY_RUN: Final = b""
 _KEY_LENGTH: Final = 24  # run id (16 bytes) || u64be sequence
 _FEATURES: Final = (
     "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge "
-    "run_index run_wakeups"
+    "run_index run_wakeups queue_control"
 )
 _INT64: Final = 1 << 63
 _NIL_RUN: Final = "00000000-0000-0000-0000-000000000000"  # validates a claim's owner and ttl
@@ -60,6 +63,7 @@ class LmdbJournal(JournalBase):
         self._source = target.url
         self._shared: SharedEnv | None = acquire_env(target)
         self._wakeups = os.path.join(target.path, "wakeups")
+        self._lock_dir = os.path.join(target.path, "leases")  # the lease store's file locks
         self._guard = threading.Lock()
         self._leases: LmdbLeaseStore | None = None
         super().__init__(
@@ -180,7 +184,8 @@ class LmdbJournal(JournalBase):
                 # Every check passed: the batch commits with this entry (or not at all).
                 if not computed:
                     computed.append(_index.check_entry(entry()))
-                stored_entry = _index.put_entry(txn, shared, computed[0])
+                # strict: a live run's dedup id refuses the batch, and the transaction writes nothing.
+                stored_entry = _index.put_entry(txn, shared, computed[0], strict=True)
                 claimable = self._claimable_now(txn, run, run_id, stored_entry)
             return AppendResult(run_id=run_id, last_sequence=sequence - 1, records=batch), claimable
 
@@ -438,6 +443,7 @@ class LmdbJournal(JournalBase):
         ttl_ms: int,
         now_ms: int,
         queues: Sequence[str] | None = None,
+        held: Mapping[str, int] | None = None,
     ) -> list[RecoveryLeaseGuard]:
         """Lease up to ``limit`` root runs claimable at ``now_ms`` to ``owner`` in claim order, atomically.
 
@@ -449,8 +455,14 @@ class LmdbJournal(JournalBase):
         selection and the grants atomic across processes: no run is handed to
         two claimants. The commit is durable before the guards are returned
         (from a hub task it waits on an offload thread).
+
+        Queues with settings are obeyed in the same transaction: their runs
+        in progress (recorded claims whose grants are live) and recent starts
+        are counted there, and ``held`` is what the claimant holds of each
+        queue (per-worker limits). A first claim of a new run records its start.
         """
         limit, names = check_claim(limit, queues)
+        holding = check_held(held)
         _, owner, ttl = validate_acquire(_NIL_RUN, owner, ttl_ms)
         if isinstance(now_ms, bool) or not isinstance(now_ms, int):
             raise InvalidRecord(f"claim now_ms must be an int (wall-clock ms), got {now_ms!r:.40}")
@@ -474,8 +486,25 @@ class LmdbJournal(JournalBase):
             granted: list[tuple[str, int]] = []
             wall = time.time_ns() // 1_000_000
             pid = os.getpid()
-            for run, _queue in _index.OrderScan(txn, shared, now, names):
+            settings = self._settings(txn, names)
+            usage = {name: self._usage(txn, queue, now, wall) for name, queue in settings.items()}
+            mine = dict(holding)
+            limited = {name.encode("ascii"): name for name in settings}
+            full = {key for key, name in limited.items() if _room(settings[name], usage[name], mine) <= 0}
+            if names is not None and full >= {name.encode("ascii") for name in names}:
+                return granted
+            for run, queue in _index.OrderScan(txn, shared, now, names):
+                if queue in full:
+                    continue
                 run_id = _codec.run_text(run)
+                name = limited.get(queue)
+                entry = None
+                if name is not None:
+                    entry = _index.get_entry(txn, shared, run, run_id)
+                    if entry is None or not plan_claim(
+                        [entry], limit=1, settings=settings, usage=usage, held=mine
+                    ):
+                        continue
                 current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
                 if current is not None and current.expires_ms > wall:
                     if not current.locked:
@@ -490,11 +519,21 @@ class LmdbJournal(JournalBase):
                     continue
                 locks[run] = fd
                 granted.append((run_id, outcome))
+                if name is not None and entry is not None:
+                    txn.put(_index.queue_prefix(name) + run, b"", db=shared.qruns)
+                    used = usage[name]
+                    start = entry.status is IndexStatus.NEW and entry.started_ms is None
+                    usage[name] = QueueUsage(
+                        in_progress=used.in_progress + 1, recent_starts=used.recent_starts + start
+                    )
+                    mine[name] = mine.get(name, 0) + 1
+                    if _room(settings[name], usage[name], mine) <= 0:
+                        full.add(queue)
                 if len(granted) == limit:
                     break
             # The scan is done: now the claim orders may change (a claim clears the runs' wake).
             for run_id, _token in granted:
-                _index.clear_wake(txn, shared, _codec.run_key(run_id), run_id)
+                _index.claimed(txn, shared, _codec.run_key(run_id), run_id, now)
             return granted
 
         try:
@@ -509,6 +548,157 @@ class LmdbJournal(JournalBase):
             for run_id, token in granted
         ]
         return guards
+
+    def _settings(
+        self, txn: lmdb.Transaction[bytes], names: Sequence[str] | None
+    ) -> dict[str, QueueSettings]:
+        """The settings of the queues named (``None``: every queue with settings), by name."""
+        shared = self._env
+        if shared.queues is None:
+            return {}
+        found: dict[str, QueueSettings] = {}
+        if names is None:
+            cursor = txn.cursor(db=shared.queues)
+            items: list[tuple[bytes, bytes]] = list(cursor.iternext())
+        else:
+            items = []
+            for name in names:
+                key = name.encode("ascii")
+                value = txn.get(key, db=shared.queues)
+                if value is not None:
+                    items.append((key, value))
+        for key, value in items:
+            name = key.decode("ascii", "replace")
+            try:
+                found[name] = msgspec.json.decode(value, type=QueueSettings)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                raise CorruptionError(
+                    f"the settings of queue {name!r} are undecodable; set them again with "
+                    f"`mayfly queue set {name}`, or restore the LMDB environment from a backup"
+                ) from None
+        return found
+
+    def _usage(self, txn: lmdb.Transaction[bytes], queue: QueueSettings, now: int, wall: int) -> QueueUsage:
+        """The queue's runs in progress and recent starts, in a write transaction.
+
+        A recorded claim counts while its run is a live root and its grant is
+        live (see ``lease_live``); the others are deleted, so a killed
+        claimant's runs free their slots as soon as its file locks are gone.
+        """
+        shared = self._env
+        prefix = _index.queue_prefix(queue.name)
+        cursor = txn.cursor(db=shared.qruns)
+        dead: list[bytes] = []
+        in_progress = 0
+        if cursor.set_range(prefix):
+            for key in cursor.iternext(values=False):
+                if not key.startswith(prefix):
+                    break
+                run = key[len(prefix) :]
+                run_id = _codec.run_text(run)
+                entry = _index.get_entry(txn, shared, run, run_id)
+                live = (
+                    entry is not None
+                    and entry.status is not IndexStatus.TERMINAL
+                    and entry.parent is None
+                    and lease_live(
+                        txn,
+                        shared,
+                        run,
+                        run_id,
+                        path=os.path.join(self._lock_dir, f"{run_id}.lock"),
+                        wall_ms=wall,
+                    )
+                )
+                if live:
+                    in_progress += 1
+                else:
+                    dead.append(key)
+        for key in dead:
+            txn.delete(key, db=shared.qruns)
+        period = queue.rate_period_ms
+        starts = 0 if period is None else _index.starts_since(txn, shared, queue.name, now - period)
+        return QueueUsage(in_progress=in_progress, recent_starts=starts)
+
+    def _lock_path(self, run_id: str) -> str:
+        """The run's lease file lock (as ``LmdbLeaseStore.lock_path``)."""
+        return os.path.join(self._lock_dir, f"{run_id}.lock")
+
+    # -- queue flow control (capabilities.queue_control; mayfly.queues.QueueControl) ---------
+
+    def queue_set(self, settings: QueueSettings) -> None:
+        """Store the queue's settings durably, replacing any it had; claims obey them from now on.
+
+        Runs of the queue leased while it had no settings were not recorded as
+        claimed: every live root run of the queue with a stored grant is
+        recorded now, and the next count forgets those whose grant is gone.
+        """
+        if not isinstance(settings, QueueSettings):
+            raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
+        operation = f"settings of queue {settings.name}"
+        shared = self._writable(operation)
+        self.ensure_open(operation)
+        value = msgspec.json.encode(settings)
+        prefix = _index.queue_prefix(settings.name)
+
+        def body(txn: lmdb.Transaction[bytes]) -> None:
+            txn.put(settings.name.encode("ascii"), value, db=shared.queues)
+            for run in txn.cursor(db=shared.leases).iternext(values=False):
+                entry = _index.get_entry(txn, shared, run, _codec.run_text(run))
+                if (
+                    entry is not None
+                    and entry.queue == settings.name
+                    and entry.parent is None
+                    and entry.status is not IndexStatus.TERMINAL
+                ):
+                    txn.put(prefix + run, b"", db=shared.qruns)
+
+        shared.write(body, operation)
+
+    def queue_get(self, name: str) -> QueueSettings | None:
+        """The queue's settings, or ``None`` if it has none."""
+        _check_queue(name)
+        self.ensure_open("queue settings")
+        shared = self._env
+        return shared.read(lambda txn: self._settings(txn, [name]), f"settings of queue {name}").get(name)
+
+    def queue_list(self) -> list[QueueSettings]:
+        """Every queue with settings, by name."""
+        self.ensure_open("queue settings")
+        found = self._env.read(lambda txn: self._settings(txn, None), "queue settings")
+        return [found[name] for name in sorted(found)]
+
+    def queue_remove(self, name: str) -> bool:
+        """Remove the queue's settings (its runs are claimed without limits); ``False`` if it had none."""
+        _check_queue(name)
+        operation = f"settings of queue {name}"
+        shared = self._writable(operation)
+        self.ensure_open(operation)
+        prefix = _index.queue_prefix(name)
+
+        def body(txn: lmdb.Transaction[bytes]) -> bool:
+            removed = bool(txn.delete(name.encode("ascii"), db=shared.queues))
+            cursor = txn.cursor(db=shared.qruns)
+            if cursor.set_range(prefix):
+                while cursor.key().startswith(prefix) and cursor.delete():
+                    if not cursor.key():
+                        break
+            return removed
+
+        return shared.write(body, operation)
+
+    def queue_usage(self, name: str, *, now_ms: int) -> QueueUsage:
+        """The queue's runs in progress now and its starts within its rate window ending at ``now_ms``."""
+        _check_queue(name)
+        operation = f"usage of queue {name}"
+        shared = self._writable(operation)
+        self.ensure_open(operation)
+
+        def body(txn: lmdb.Transaction[bytes]) -> QueueUsage:
+            queue = self._settings(txn, [name]).get(name) or QueueSettings(name=name)
+            return self._usage(txn, queue, now_ms, time.time_ns() // 1_000_000)
+
+        return shared.write(body, operation)
 
     def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
         """The earliest ``ready_at_ms`` after ``now_ms`` of a waiting root run (one range read)."""
@@ -592,3 +782,18 @@ class LmdbJournal(JournalBase):
             shared, self._shared = self._shared, None
             if shared is not None:
                 release_env(shared)
+
+
+def _check_queue(name: object) -> None:
+    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
+        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
+
+
+def _room(queue: QueueSettings, used: QueueUsage, held: Mapping[str, int]) -> int:
+    """How many more runs of the queue may be in progress (concurrency and per-worker limits alone)."""
+    caps = [1]
+    if queue.concurrency is not None:
+        caps.append(queue.concurrency - used.in_progress)
+    if queue.worker_concurrency is not None:
+        caps.append(queue.worker_concurrency - held.get(queue.name, 0))
+    return min(caps)

@@ -38,7 +38,7 @@ from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv, acquire_env, off_hub, release_env
 from mayfly_lmdb._url import parse_url
 
-__all__ = ["LmdbLeaseGuard", "LmdbLeaseStore", "grant_in", "now_ms", "try_lock"]
+__all__ = ["LmdbLeaseGuard", "LmdbLeaseStore", "grant_in", "lease_live", "lock_held", "now_ms", "try_lock"]
 
 _NOTE_LIMIT: Final = 512
 
@@ -77,6 +77,49 @@ def grant_in(
     )
     txn.put(run, _codec.encode_lease(grant), db=shared.leases)
     return token
+
+
+def lock_held(path: str) -> bool:
+    """Whether a process holds ``path``'s exclusive flock: a shared probe without waiting, released at once.
+
+    The probe writes nothing: no note, no grant, no token. An acquirer that
+    meets it in the instant it is held takes its grant without the lock.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        raise JournalUnavailable(f"cannot open lease file {path}: {error}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError as error:
+        raise JournalUnavailable(
+            f"cannot lock lease file {path}: {error}; keep the environment on a local filesystem"
+        ) from None
+    finally:
+        os.close(fd)
+    return False
+
+
+def lease_live(
+    txn: lmdb.Transaction[bytes], shared: SharedEnv, run: bytes, run_id: str, *, path: str, wall_ms: int
+) -> bool:
+    """Whether the run's stored grant is live: unexpired, and, if its holder took the file lock, still held.
+
+    A holder that had the lock and lost it died (a release deletes the grant
+    after dropping the lock), so its grant no longer counts.
+    """
+    current = _codec.decode_lease(txn.get(run, db=shared.leases), run_id)
+    if current is None or current.expires_ms <= wall_ms:
+        return False
+    if not current.locked:
+        return True  # its holder's death shows only at expiry
+    if current.pid == os.getpid() and shared.locked_here.get(run) == current.token:
+        return True
+    return lock_held(path)
 
 
 def try_lock(path: str, note: str) -> int | None:

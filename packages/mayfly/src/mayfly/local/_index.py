@@ -19,6 +19,20 @@ and the hot path (a run that stays runnable) costs no extra fsync.
 
 WAL mode lets readers (``claim``, ``next_wake``) run beside a writer; every
 statement is short, so the calls run inline on the hub.
+
+Queue flow control (:mod:`mayfly.queues`) lives here too:
+
+* ``queues``: each queue's settings, as JSON;
+* ``runs.dedup_id``, with a partial unique index on ``(queue, dedup_id)``
+  over live entries: the candidate entry written before a creating append's
+  frames is refused by SQLite itself when a live run holds the id, in any
+  process, before a frame is written;
+* ``runs.started_ms``: a run's first claim, kept by every later write;
+* ``claimed``: the runs claimed from each queue with settings. A local lease
+  is an OS lock that dies with its process, so a count of runs in progress
+  probes each recorded holder's lock and forgets those that are gone.
+
+An index file of schema version 1 (before queues) is upgraded in place.
 """
 
 from __future__ import annotations
@@ -31,42 +45,60 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
-from mayfly.model.errors import CorruptionError, JournalUnavailable
+import msgspec
+
+from mayfly.model.errors import CorruptionError, DuplicateRun, JournalUnavailable
+from mayfly.queues import QueueSettings
 from mayfly.runindex import IndexEntry, IndexStatus, more_claimable
 
 __all__ = ["LocalRunIndex"]
 
 INDEX_FILE: Final = "index.sqlite3"
-_SCHEMA_VERSION: Final = 1
+_SCHEMA_VERSION: Final = 2
 _REMEMBERED: Final = 4096  # runs whose last written entry is kept in memory
 _FLUSH_AFTER_S: Final = 0.05
-_COLUMNS: Final = "run_id, queue, status, ready_at, sequence, wake, parent, priority"
+_COLUMNS: Final = "run_id, queue, status, ready_at, sequence, wake, parent, priority, dedup_id, started_ms"
+_PLACES: Final = ", ".join("?" for _ in _COLUMNS.split(", "))
 _SCHEMA: Final = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
-    run_id   TEXT PRIMARY KEY,
-    queue    TEXT NOT NULL,
-    status   TEXT NOT NULL,
-    ready_at INTEGER,
-    sequence INTEGER NOT NULL,
-    wake     INTEGER NOT NULL DEFAULT 0,
-    parent   TEXT,
-    priority INTEGER NOT NULL DEFAULT 0
+    run_id     TEXT PRIMARY KEY,
+    queue      TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    ready_at   INTEGER,
+    sequence   INTEGER NOT NULL,
+    wake       INTEGER NOT NULL DEFAULT 0,
+    parent     TEXT,
+    priority   INTEGER NOT NULL DEFAULT 0,
+    dedup_id   TEXT,
+    started_ms INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_claim ON runs (status, ready_at) WHERE parent IS NULL;
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '{_SCHEMA_VERSION}');
 """
-# Insert, or replace a stored entry unless it reflects a later sequence; a stored wake is kept.
-_UPSERT: Final = f"""
-INSERT INTO runs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (run_id) DO UPDATE SET
+# Version 2 (queue flow control); an index of version 1 gets the columns first (see _upgrade).
+_QUEUE_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS queues (name TEXT PRIMARY KEY, settings TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS claimed (queue TEXT NOT NULL, run_id TEXT NOT NULL, PRIMARY KEY (queue, run_id))
+    WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS runs_dedup ON runs (queue, dedup_id)
+    WHERE dedup_id IS NOT NULL AND status != 'terminal';
+CREATE INDEX IF NOT EXISTS runs_started ON runs (queue, started_ms) WHERE started_ms IS NOT NULL;
+"""
+# Insert, or replace a stored entry unless it reflects a later sequence; a stored wake and start are kept.
+_UPDATE: Final = """
     queue = excluded.queue, status = excluded.status, ready_at = excluded.ready_at,
     sequence = excluded.sequence, wake = max(runs.wake, excluded.wake),
-    parent = excluded.parent, priority = excluded.priority
+    parent = excluded.parent, priority = excluded.priority, dedup_id = excluded.dedup_id,
+    started_ms = coalesce(runs.started_ms, excluded.started_ms)
+"""
+_UPSERT: Final = f"""
+INSERT INTO runs ({_COLUMNS}) VALUES ({_PLACES})
+ON CONFLICT (run_id) DO UPDATE SET {_UPDATE}
 WHERE excluded.sequence >= runs.sequence
 """
 _CLAIMABLE: Final = """
-SELECT run_id FROM runs
+SELECT {columns} FROM runs
 WHERE parent IS NULL
   AND (status IN ('new', 'running') OR (status = 'waiting' AND (ready_at <= ? OR wake = 1)))
   {queues}
@@ -85,11 +117,13 @@ def _row(entry: IndexEntry) -> tuple[object, ...]:
         int(entry.wake),
         entry.parent,
         entry.priority,
+        entry.dedup_id,
+        entry.started_ms,
     )
 
 
 def _entry(row: tuple[object, ...]) -> IndexEntry:
-    run_id, queue, status, ready_at, sequence, wake, parent, priority = row
+    run_id, queue, status, ready_at, sequence, wake, parent, priority, dedup_id, started_ms = row
     try:
         return IndexEntry(
             run_id=str(run_id),
@@ -100,6 +134,8 @@ def _entry(row: tuple[object, ...]) -> IndexEntry:
             wake=bool(wake),
             parent=None if parent is None else str(parent),
             priority=int(priority),  # type: ignore[call-overload]
+            dedup_id=None if dedup_id is None else str(dedup_id),
+            started_ms=None if started_ms is None else int(started_ms),  # type: ignore[call-overload]
         )
     except (TypeError, ValueError) as exc:
         raise CorruptionError(
@@ -124,7 +160,9 @@ class LocalRunIndex:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
-            (version,) = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = self._upgrade()
+            if version == str(_SCHEMA_VERSION):
+                self._db.executescript(_QUEUE_SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise JournalUnavailable(f"cannot open the run index {self._path}: {exc}") from None
         if version != str(_SCHEMA_VERSION):
@@ -132,6 +170,25 @@ class LocalRunIndex:
                 f"run index {self._path} has schema version {version}, this Mayfly reads "
                 f"{_SCHEMA_VERSION}; rebuild it with `mayfly index rebuild`"
             )
+
+    def _upgrade(self) -> str:
+        """Bring an index of schema version 1 to version 2 in place (once, whichever process is first)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if version == "1":
+                columns = {str(row[1]) for row in db.execute("PRAGMA table_info(runs)")}
+                for column, kind in (("dedup_id", "TEXT"), ("started_ms", "INTEGER")):
+                    if column not in columns:
+                        db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+                version = str(_SCHEMA_VERSION)
+                db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return str(version)
 
     @contextmanager
     def _transaction(self, *, synced: bool = False) -> Iterator[sqlite3.Connection]:
@@ -173,14 +230,31 @@ class LocalRunIndex:
         known = self._written.get(entry.run_id)
         if known is not None and not more_claimable(entry, known):
             return False
-        wrote = False
+        wrote = duplicate = False
         with self._transaction(synced=self._durable) as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (entry.run_id,)).fetchone()
             if more_claimable(entry, None if row is None else _entry(row)):
-                db.execute(_UPSERT, _row(entry))
-                wrote = True
+                try:
+                    db.execute(_UPSERT, _row(entry))
+                except sqlite3.IntegrityError:
+                    # Only the live-dedup index can refuse it: a live run of the queue holds the id.
+                    duplicate = True
+                else:
+                    wrote = True
+        if duplicate:
+            assert entry.dedup_id is not None
+            raise DuplicateRun(entry.run_id, entry.queue, entry.dedup_id, self.dedup_holder(entry))
         self._remember(entry)
         return wrote
+
+    def dedup_holder(self, entry: IndexEntry) -> str | None:
+        """The live run other than ``entry``'s that holds its queue's dedup id, if any."""
+        rows = self._query(
+            "SELECT run_id FROM runs WHERE queue = ? AND dedup_id = ? AND status != 'terminal' "
+            "AND run_id != ?",
+            (entry.queue, entry.dedup_id, entry.run_id),
+        )
+        return str(rows[0][0]) if rows else None
 
     def after_append(self, entry: IndexEntry) -> None:
         """Record the exact entry the committed batch produced.
@@ -225,7 +299,17 @@ class LocalRunIndex:
             self._dirty.clear()
         try:
             with self._transaction() as db:
-                db.executemany(_UPSERT, [_row(entry) for entry in (*pending, *entries)])
+                rows = [_row(entry) for entry in (*pending, *entries)]
+                try:
+                    db.executemany(_UPSERT, rows)
+                except sqlite3.IntegrityError:
+                    # Two live runs of a queue with one dedup id (appended without the index, then
+                    # rebuilt): the first keeps the id, the others are stored without it.
+                    for row in rows:
+                        try:
+                            db.execute(_UPSERT, row)
+                        except sqlite3.IntegrityError:
+                            db.execute(_UPSERT, (*row[:8], None, row[9]))
         except BaseException:
             with self._lock:
                 for entry in pending:
@@ -242,6 +326,7 @@ class LocalRunIndex:
             self._written.pop(run_id, None)
         with self._transaction(synced=self._durable) as db:
             db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            db.execute("DELETE FROM claimed WHERE run_id = ?", (run_id,))
 
     def replace(self, entry: IndexEntry) -> None:
         """Store ``entry`` whatever the stored sequence (keeping a stored wake); caller holds the run's flock.
@@ -254,11 +339,8 @@ class LocalRunIndex:
             self._dirty.pop(entry.run_id, None)
         with self._transaction() as db:
             db.execute(
-                f"INSERT INTO runs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run_id) DO UPDATE SET queue = excluded.queue, status = excluded.status, "
-                "ready_at = excluded.ready_at, sequence = excluded.sequence, "
-                "wake = max(runs.wake, excluded.wake), parent = excluded.parent, "
-                "priority = excluded.priority",
+                f"INSERT INTO runs ({_COLUMNS}) VALUES ({_PLACES}) "
+                f"ON CONFLICT (run_id) DO UPDATE SET {_UPDATE}",
                 _row(entry),
             )
         self._remember(entry)
@@ -277,17 +359,124 @@ class LocalRunIndex:
             )
             return cursor.rowcount > 0
 
-    def clear_wake(self, run_id: str) -> None:
-        """A claim took the run: its wake request is answered."""
+    def claimed(self, run_id: str, now_ms: int, queue: str | None = None) -> None:
+        """A claim took the run: its wake request is answered, a first claim is its start.
+
+        ``queue``: the run's queue has settings, so the claim is recorded for
+        its count of runs in progress (:meth:`claimed_runs`).
+        """
         with self._transaction() as db:
-            db.execute("UPDATE runs SET wake = 0 WHERE run_id = ?", (run_id,))
+            db.execute(
+                "UPDATE runs SET wake = 0, started_ms = coalesce(started_ms, "
+                "CASE WHEN status = 'new' THEN ? END) WHERE run_id = ?",
+                (now_ms, run_id),
+            )
+            if queue is not None:
+                db.execute("INSERT OR IGNORE INTO claimed (queue, run_id) VALUES (?, ?)", (queue, run_id))
 
     def candidates(self, *, now_ms: int, queues: Sequence[str] | None, limit: int, offset: int) -> list[str]:
         """Run ids claimable at ``now_ms`` by their entries (their leases are not checked), in claim order."""
+        return [str(row[0]) for row in self._claimable("run_id", now_ms, queues, limit, offset)]
+
+    def candidate_entries(
+        self, *, now_ms: int, queues: Sequence[str] | None, limit: int, offset: int, exclude: Sequence[str]
+    ) -> list[IndexEntry]:
+        """The entries :meth:`candidates` names, in claim order, but none of the queues in ``exclude``."""
+        rows = self._claimable(_COLUMNS, now_ms, queues, limit, offset, exclude)
+        return [_entry(row) for row in rows]
+
+    def _claimable(  # noqa: PLR0917 - internal
+        self,
+        columns: str,
+        now_ms: int,
+        queues: Sequence[str] | None,
+        limit: int,
+        offset: int,
+        exclude: Sequence[str] = (),
+    ) -> list[tuple[object, ...]]:
         self.flush()
         where = "" if queues is None else f"AND queue IN ({', '.join('?' for _ in queues)})"
-        params: list[object] = [now_ms, *(queues or ()), limit, offset]
-        return [str(row[0]) for row in self._query(_CLAIMABLE.format(queues=where), params)]
+        if exclude:
+            where += f" AND queue NOT IN ({', '.join('?' for _ in exclude)})"
+        params: list[object] = [now_ms, *(queues or ()), *exclude, limit, offset]
+        return self._query(_CLAIMABLE.format(columns=columns, queues=where), params)
+
+    # -- queue flow control (mayfly.queues) ------------------------------------------------
+
+    def queue_set(self, settings: QueueSettings) -> None:
+        """Store the queue's settings durably (replacing any), and record its runs that may be in progress.
+
+        Runs claimed while the queue had no settings were not recorded: every
+        live root run of the queue that was ever claimed is recorded now, and
+        the first count forgets those whose lease is gone.
+        """
+        encoded = msgspec.json.encode(settings).decode()
+        with self._transaction(synced=self._durable) as db:
+            db.execute(
+                "INSERT INTO queues (name, settings) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET settings = excluded.settings",
+                (settings.name, encoded),
+            )
+            db.execute(
+                "INSERT OR IGNORE INTO claimed (queue, run_id) SELECT queue, run_id FROM runs "
+                "WHERE queue = ? AND parent IS NULL AND status != 'terminal' "
+                "AND (started_ms IS NOT NULL OR status != 'new')",
+                (settings.name,),
+            )
+
+    def queue_remove(self, name: str) -> bool:
+        """Forget the queue's settings; ``False`` if it had none."""
+        with self._transaction(synced=self._durable) as db:
+            removed = db.execute("DELETE FROM queues WHERE name = ?", (name,)).rowcount > 0
+            db.execute("DELETE FROM claimed WHERE queue = ?", (name,))
+            return removed
+
+    def queue_settings(self, names: Sequence[str] | None = None) -> dict[str, QueueSettings]:
+        """The settings of the queues named (``None``: every queue), by name."""
+        if names is None:
+            rows = self._query("SELECT name, settings FROM queues ORDER BY name", ())
+        else:
+            rows = self._query(
+                f"SELECT name, settings FROM queues WHERE name IN ({', '.join('?' for _ in names)}) "
+                "ORDER BY name",
+                tuple(names),
+            )
+        found: dict[str, QueueSettings] = {}
+        for name, value in rows:
+            try:
+                found[str(name)] = msgspec.json.decode(str(value), type=QueueSettings)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise CorruptionError(
+                    f"run index {self._path}: settings of queue {name!r} are unreadable ({exc}); "
+                    f"set them again with `mayfly queue set {name}`"
+                ) from None
+        return found
+
+    def claimed_runs(self, queue: str) -> list[tuple[str, bool]]:
+        """The runs recorded as claimed from ``queue``, each with whether its entry is a live root."""
+        self.flush()
+        rows = self._query(
+            "SELECT c.run_id, r.status IS NOT NULL AND r.status != 'terminal' AND r.parent IS NULL "
+            "FROM claimed c LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.queue = ?",
+            (queue,),
+        )
+        return [(str(run_id), bool(live)) for run_id, live in rows]
+
+    def forget_claims(self, queue: str, runs: Sequence[str]) -> None:
+        """Forget that ``runs`` were claimed from ``queue`` (they ended, or their leases are gone)."""
+        with self._transaction() as db:
+            db.executemany(
+                "DELETE FROM claimed WHERE queue = ? AND run_id = ?", [(queue, run) for run in runs]
+            )
+
+    def recent_starts(self, queue: str, since_ms: int) -> int:
+        """How many root runs of ``queue`` started after ``since_ms``."""
+        self.flush()
+        rows = self._query(
+            "SELECT count(*) FROM runs WHERE queue = ? AND started_ms > ? AND parent IS NULL",
+            (queue, since_ms),
+        )
+        return int(rows[0][0])  # type: ignore[call-overload, no-any-return]
 
     def next_wake(self, *, now_ms: int, queues: Sequence[str] | None) -> int | None:
         """The earliest wake time after ``now_ms`` of a waiting root run."""

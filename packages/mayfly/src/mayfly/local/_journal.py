@@ -62,7 +62,7 @@ import os
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Final, final
 
@@ -96,8 +96,9 @@ from mayfly.model.errors import (
     JournalUnavailable,
     LeaseHeld,
 )
-from mayfly.model.ids import is_uuid, parse_run_id
-from mayfly.runindex import IndexEntry, check_claim
+from mayfly.model.ids import QUEUE_NAME, is_uuid, parse_run_id
+from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
+from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 
 __all__ = ["LocalWorkflowJournal"]
 
@@ -106,8 +107,9 @@ _SCAN_WINDOW: Final = 4 << 20
 # Leases never expire here: a local lease lasts until release or process death.
 _FEATURES: Final = (
     "cross_process fencing crash_durable fault_injection snapshots run_verification run_purge run_index "
-    "run_wakeups"
+    "run_wakeups queue_control"
 )
+_QUEUE_LOCK: Final = "queues.lock"
 _LISTING_SETTLE_NS: Final = 2_000_000_000
 
 
@@ -430,7 +432,7 @@ class LocalWorkflowJournal(JournalBase):
                     # entry before the frames, the exact one after, both under this run's lock.
                     new_entry = entry()
                     db = self._run_index()
-                    db.before_append(new_entry)
+                    db.before_append(new_entry)  # refuses a live run's dedup id: no frame written yet
                     self._write(run_id, fd, index, batch)
                     db.after_append(new_entry)
             finally:
@@ -804,21 +806,36 @@ class LocalWorkflowJournal(JournalBase):
         ttl_ms: int,
         now_ms: int,
         queues: Sequence[str] | None = None,
+        held: Mapping[str, int] | None = None,
     ) -> list[RecoveryLeaseGuard]:
         """Lease up to ``limit`` claimable root runs to ``owner``: each its OS lock, in wake order.
 
         A candidate whose lock another holder has (a live owner, or a
         concurrent claimant that got there first) is skipped, so no run is
         handed out twice. Each grant writes a fencing counter durably, so a
-        claim from a hub task runs on an offload thread.
+        claim from a hub task runs on an offload thread. Queues with settings
+        are claimed from under the store's queue lock (``DIR/queues.lock``),
+        which serialises their counts and grants across processes; ``held``
+        is what the claimant holds of each queue (per-worker limits).
         """
         check_claim(limit, queues)
-        return off_hub(self._claim, owner, limit, ttl_ms, now_ms, queues)
+        holding = check_held(held)
+        return off_hub(self._claim, owner, limit, ttl_ms, now_ms, queues, holding)
 
-    def _claim(
-        self, owner: str, limit: int, ttl_ms: int, now_ms: int, queues: Sequence[str] | None
+    def _claim(  # noqa: PLR0917 - one internal call site passes the checked claim as is
+        self,
+        owner: str,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: Sequence[str] | None,
+        held: dict[str, int],
     ) -> list[RecoveryLeaseGuard]:
         db = self._run_index()
+        settings = db.queue_settings(queues)
+        if settings:
+            with self._queue_lock():
+                return self._claim_limited(db, owner, limit, ttl_ms, now_ms, queues, held)
         leases = self._leases
         assert leases is not None
         claimed: list[RecoveryLeaseGuard] = []
@@ -831,7 +848,7 @@ class LocalWorkflowJournal(JournalBase):
                     guard = leases.acquire(run_id, owner, ttl_ms)
                 except LeaseHeld:
                     continue
-                db.clear_wake(run_id)
+                db.claimed(run_id, now_ms)
                 claimed.append(guard)
                 if len(claimed) == limit:
                     break
@@ -839,6 +856,150 @@ class LocalWorkflowJournal(JournalBase):
                 break
             offset += page
         return claimed
+
+    def _claim_limited(  # noqa: PLR0917 - one internal call site
+        self,
+        db: LocalRunIndex,
+        owner: str,
+        limit: int,
+        ttl_ms: int,
+        now_ms: int,
+        queues: Sequence[str] | None,
+        held: dict[str, int],
+    ) -> list[RecoveryLeaseGuard]:
+        """A claim that involves queues with settings, under the queue lock (rules: ``plan_claim``).
+
+        The settings are read again under the lock, each limited queue's usage
+        is counted once (probing the recorded holders' locks), and every grant
+        updates it, so the rules hold across all claimants of the store.
+        """
+        leases = self._leases
+        assert leases is not None
+        settings = db.queue_settings(queues)
+        usage = {name: self._usage(db, queue, now_ms) for name, queue in settings.items()}
+        full = [name for name, queue in settings.items() if _room(queue, usage[name], held) <= 0]
+        if queues is not None and set(queues) <= set(full):
+            return []
+        holding = dict(held)
+        claimed: list[RecoveryLeaseGuard] = []
+        offset = 0
+        page = max(limit * 2, 32)
+        while len(claimed) < limit:
+            candidates = db.candidate_entries(
+                now_ms=now_ms, queues=queues, limit=page, offset=offset, exclude=full
+            )
+            for entry in candidates:
+                name = entry.queue
+                limited = name in settings
+                if limited and not plan_claim([entry], limit=1, settings=settings, usage=usage, held=holding):
+                    continue
+                try:
+                    guard = leases.acquire(entry.run_id, owner, ttl_ms)
+                except LeaseHeld:
+                    continue
+                db.claimed(entry.run_id, now_ms, name if limited else None)
+                claimed.append(guard)
+                if limited:
+                    used = usage[name]
+                    start = entry.status is IndexStatus.NEW and entry.started_ms is None
+                    usage[name] = QueueUsage(
+                        in_progress=used.in_progress + 1, recent_starts=used.recent_starts + start
+                    )
+                    holding[name] = holding.get(name, 0) + 1
+                if len(claimed) == limit:
+                    break
+            if len(candidates) < page:
+                break
+            offset += page
+        return claimed
+
+    @contextmanager
+    def _queue_lock(self) -> Iterator[None]:
+        """The store's queue lock (an exclusive ``flock``): limited queues' counts and grants, serialised."""
+        path = self._layout.root / _QUEUE_LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            raise JournalUnavailable(f"cannot open the queue lock {path}: {error}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    def _usage(self, db: LocalRunIndex, queue: QueueSettings, now_ms: int) -> QueueUsage:
+        """The queue's runs in progress and its recent starts (caller holds the queue lock).
+
+        A recorded claim counts while its run is a live root and its lease
+        lock is held; the others are forgotten, so a killed claimant's runs
+        free their slots as soon as its process is gone.
+        """
+        recorded = db.claimed_runs(queue.name)
+        live = [run_id for run_id, open_entry in recorded if open_entry and self._lease_held(run_id)]
+        if len(live) < len(recorded):
+            kept = set(live)
+            db.forget_claims(queue.name, [run_id for run_id, _ in recorded if run_id not in kept])
+        period = queue.rate_period_ms
+        starts = 0 if period is None else db.recent_starts(queue.name, now_ms - period)
+        return QueueUsage(in_progress=len(live), recent_starts=starts)
+
+    def _lease_held(self, run_id: str) -> bool:
+        """Whether someone holds the run's lease lock: a shared lock probe, released at once.
+
+        The probe writes nothing (the fencing counter and the holder note are
+        untouched); a concurrent ``acquire`` of the same run that meets it is
+        refused as if the run were leased, and may try again.
+        """
+        try:
+            fd = os.open(self._layout.lease_file(run_id), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    # -- queue flow control (capabilities.queue_control; mayfly.queues.QueueControl) ---------
+
+    def queue_set(self, settings: QueueSettings) -> None:
+        """Store the queue's settings durably, replacing any it had; claims obey them from now on."""
+        if not isinstance(settings, QueueSettings):
+            raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
+        off_hub(self._locked_queue_op, self._run_index().queue_set, settings)
+
+    def queue_get(self, name: str) -> QueueSettings | None:
+        """The queue's settings, or ``None`` if it has none."""
+        _check_queue(name)
+        return self._run_index().queue_settings([name]).get(name)
+
+    def queue_list(self) -> list[QueueSettings]:
+        """Every queue with settings, by name."""
+        return list(self._run_index().queue_settings().values())
+
+    def queue_remove(self, name: str) -> bool:
+        """Remove the queue's settings (its runs are claimed without limits); ``False`` if it had none."""
+        _check_queue(name)
+        removed: bool = off_hub(self._locked_queue_op, self._run_index().queue_remove, name)
+        return removed
+
+    def queue_usage(self, name: str, *, now_ms: int) -> QueueUsage:
+        """The queue's runs in progress now and its starts within its rate window ending at ``now_ms``."""
+        _check_queue(name)
+        usage: QueueUsage = off_hub(self._locked_queue_op, self._queue_usage, name, now_ms)
+        return usage
+
+    def _queue_usage(self, name: str, now_ms: int) -> QueueUsage:
+        db = self._run_index()
+        queue = db.queue_settings([name]).get(name) or QueueSettings(name=name)
+        return self._usage(db, queue, now_ms)
+
+    def _locked_queue_op(self, operation: Callable[..., Any], *args: object) -> Any:
+        """Run ``operation`` under the queue lock (it may wait for another process's claim: off the hub)."""
+        with self._queue_lock():
+            return operation(*args)
 
     def next_wake(self, *, now_ms: int, queues: Sequence[str] | None = None) -> int | None:
         """The earliest wake time after ``now_ms`` of a waiting root run."""
@@ -908,3 +1069,18 @@ class LocalWorkflowJournal(JournalBase):
             if self._leases is not None:
                 self._leases.close()
                 self._leases = None
+
+
+def _check_queue(name: object) -> None:
+    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
+        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
+
+
+def _room(queue: QueueSettings, used: QueueUsage, held: Mapping[str, int]) -> int:
+    """How many more runs of the queue may be in progress (concurrency and per-worker limits alone)."""
+    caps = [1]
+    if queue.concurrency is not None:
+        caps.append(queue.concurrency - used.in_progress)
+    if queue.worker_concurrency is not None:
+        caps.append(queue.worker_concurrency - held.get(queue.name, 0))
+    return min(caps)
