@@ -271,7 +271,7 @@ def check_queue_options(journal: WorkflowJournal, queue: str, priority: int, ded
         wanted = "a dedup id" if dedup_id is not None else "a priority"
         raise CompatibilityError(
             f"journal {journal.url} does not declare queue_control, so it cannot honour {wanted}; "
-            "use a backend that does (postgresql, memory) or submit without it"
+            "use one that does (file, lmdb, postgresql, standalone redis) or submit without it"
         )
     if priority != 0:
         settings = control.queue_get(queue)

@@ -22,7 +22,7 @@ def _control(ctx: Context, journal: WorkflowJournal) -> QueueControl:
         journal.close()
         raise UsageError(
             f"journal {journal.url} does not declare queue_control, so it cannot keep queue limits; "
-            f"`{ctx.mayfly} backends` lists the backends and their features"
+            "use one that does: file, lmdb, postgresql or standalone redis"
         )
     return control
 
