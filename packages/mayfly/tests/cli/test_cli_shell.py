@@ -266,21 +266,6 @@ def test_a_lease_held_refusal_names_the_holder_and_when_it_lets_go(tmp_path: Pat
     assert refused.stderr.count("\n") == 1
 
 
-def test_a_lease_held_refusal_on_a_backend_whose_leases_expire_says_when(tmp_path: Path) -> None:
-    """On LMDB (expiring leases) exit 4 names the holder and says the lease expires in N s unless renewed."""
-    pytest.importorskip("mayfly_lmdb")
-    from mayfly.runtime import WorkflowRuntime
-
-    url = f"lmdb://{tmp_path}/env"
-    run_id = run(tmp_path, "--journal", url, "-q", "submit", str(write_spec(tmp_path))).stdout.strip()
-    with WorkflowRuntime(url).leases.acquire(run_id, "ops-console", 90_000):
-        refused = run(tmp_path, "--journal", url, "cancel", run_id, "--reason", "x", code=4)
-    assert "its recovery lease is held by ops-console" in refused.stderr
-    expires = re.search(r"it expires in (\d+\.\d) s unless its holder renews it", refused.stderr)
-    assert expires is not None and 0 < float(expires.group(1)) <= 90, refused.stderr
-    assert refused.stderr.count("\n") == 1
-
-
 def test_signal_id_accepts_an_id_the_user_chooses_and_stays_idempotent(tmp_path: Path) -> None:
     """`--signal-id deploy-42` is accepted (mapped to a UUID), and the same id again is already consumed."""
     parked = json.loads(run(tmp_path, "--json", "demo", code=6).stdout)
