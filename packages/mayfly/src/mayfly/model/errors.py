@@ -20,6 +20,7 @@ __all__ = [
     "ConflictingRecord",
     "CorruptionError",
     "Deadlock",
+    "DuplicateRun",
     "DurabilityUnavailable",
     "FencingRejected",
     "HandlerUnavailable",
