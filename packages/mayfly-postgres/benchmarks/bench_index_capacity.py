@@ -145,7 +145,15 @@ def wakeups(journal: PostgresJournal, parked: list[str], repeat: int) -> tuple[f
 def explain(journal: PostgresJournal, server: str, label: str) -> None:
     """Print the plan of a claim of 100 as the server runs it now (in a transaction rolled back)."""
     now = int(time.time() * 1000)
-    arguments = {"now": now, "queues": None, "limit": 100, "owner": "bench", "ttl": 1000.0}
+    arguments = {
+        "now": now,
+        "queues": None,
+        "limit": 100,
+        "owner": "bench",
+        "ttl": 1000.0,
+        "held_names": [],
+        "held_counts": [],
+    }
     statement = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ") + journal._index_sql.claim
     with psycopg.connect(server) as conn:
         plan = [str(row[0]) for row in conn.execute(statement, arguments).fetchall()]

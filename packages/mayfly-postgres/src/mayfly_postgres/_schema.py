@@ -60,6 +60,26 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "applied_version", "drop_schema", "en
 #
 # A limited queue whose row was not locked in step 1 (its settings were created since) gets no room in
 # step 2: its runs wait for the next claim. Claims of queues without settings lock nothing.
+#
+# Finding the candidates: every search is an index range that ends at the first entry that is not one, so
+# a claim that finds nothing (every worker's idle poll) costs what the claimable and leased entries
+# cost, never what the waiting ones do. A claimable root entry is one of three kinds, each searched on
+# its own and then merged in claim order (priority DESC, ready_at NULLS LAST, run_id):
+#
+# (a) new or running: run_index_runnable (priority DESC, ready_at, run_id), in claim order, so a claim
+#     of n stops after n unleased entries;
+# (b) waiting and due: run_index_wake (ready_at) with ``ready_at <= now`` as the range's bound (the
+#     timers an hour away are past its end), sorted in claim order;
+# (c) waiting, woken and not due (so not found twice): run_index_woken, the few entries with wake set.
+#
+# A single index in claim order holding the waiting entries too (migration 2's run_index_claim) cannot
+# bound the search by ``ready_at <= now``: its first column is the priority, so a claim that found
+# fewer than n walked past every timer not yet due. Each search locks (FOR UPDATE SKIP LOCKED) at most
+# n entries, and the merge keeps the first n: a claim may lock, for the length of its one statement,
+# entries it does not take (as the limited queues' plan already did), which a concurrent claim then
+# skips until its next poll; which runs a claim takes, and in which order, is as before. The limited
+# queues' plan searches the same three kinds within each queue (run_index_queue_runnable,
+# run_index_queue_waiting, run_index_woken), as does step 1's test for a claimable run.
 CLAIM_FUNCTION: Final = """
 CREATE FUNCTION {schema}.mayfly_claim(
     p_owner text, p_limit bigint, p_ttl float8, p_now bigint, p_queues text[],
@@ -77,12 +97,19 @@ BEGIN
         SELECT q.name FROM {schema}.queues q
         WHERE (q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)
             AND (p_queues IS NULL OR q.name = ANY(p_queues))
-            AND EXISTS (SELECT FROM {schema}.run_index i
-                WHERE i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal'
-                AND (i.status IN ('new', 'running')
-                    OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
-                AND NOT EXISTS (SELECT FROM {schema}.leases l
-                    WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp()))
+            AND (EXISTS (SELECT FROM {schema}.run_index i
+                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status IN ('new', 'running')
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp()))
+                OR EXISTS (SELECT FROM {schema}.run_index i
+                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status = 'waiting'
+                    AND i.ready_at <= p_now
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp()))
+                OR EXISTS (SELECT FROM {schema}.run_index i
+                    WHERE i.wake AND i.queue = q.name AND i.parent IS NULL AND i.status = 'waiting'
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())))
         ORDER BY q.name FOR UPDATE OF q
     ) l;
     RETURN QUERY
@@ -92,10 +119,14 @@ BEGIN
                 THEN 0
             ELSE greatest(0, least(
                 p_limit,
-                -- The queue's live root runs (run_index_live), each one's lease looked up by key.
+                -- The queue's live root runs (its runnable and its waiting ones), each one's lease by key.
                 CASE WHEN q.concurrency IS NOT NULL THEN q.concurrency - (
                     SELECT count(*) FROM {schema}.run_index i
-                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal'
+                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status IN ('new', 'running')
+                    AND (SELECT l.expires_at FROM {schema}.leases l WHERE l.run_id = i.run_id)
+                        > clock_timestamp()) - (
+                    SELECT count(*) FROM {schema}.run_index i
+                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status = 'waiting'
                     AND (SELECT l.expires_at FROM {schema}.leases l WHERE l.run_id = i.run_id)
                         > clock_timestamp()) END,
                 q.worker_concurrency - coalesce((SELECT h.n FROM unnest(p_held_names, p_held_counts)
@@ -109,15 +140,36 @@ BEGIN
         WHERE (q.concurrency IS NOT NULL OR q.worker_concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)
             AND (p_queues IS NULL OR q.name = ANY(p_queues))
     ),
-    free AS (
+    -- The runs of queues without limits: (a), (b) and (c) of the comment above, each locked as found
+    -- (a locking clause is not allowed in a UNION's arms, so each is a statement of its own).
+    free_runnable AS (
         SELECT i.run_id, i.priority, i.ready_at, i.wake,
             i.status = 'new' AND i.started_ms IS NULL AS first_start
         FROM {schema}.run_index i
-        WHERE i.parent IS NULL
-            AND (i.status IN ('new', 'running') OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
-            -- run_index_claim's predicate, implied by the line above, spelt out for the planner
-            AND (i.status IN ('new', 'running')
-                OR (i.status = 'waiting' AND (i.ready_at IS NOT NULL OR i.wake)))
+        WHERE i.parent IS NULL AND i.status IN ('new', 'running')
+            AND (p_queues IS NULL OR i.queue = ANY(p_queues))
+            AND NOT EXISTS (SELECT FROM caps c WHERE c.name = i.queue)
+            AND NOT EXISTS (SELECT FROM {schema}.leases l
+                WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+        ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT p_limit
+        FOR UPDATE OF i SKIP LOCKED
+    ),
+    free_due AS (
+        SELECT i.run_id, i.priority, i.ready_at, i.wake, false AS first_start
+        FROM {schema}.run_index i
+        WHERE i.parent IS NULL AND i.status = 'waiting' AND i.ready_at <= p_now
+            AND (p_queues IS NULL OR i.queue = ANY(p_queues))
+            AND NOT EXISTS (SELECT FROM caps c WHERE c.name = i.queue)
+            AND NOT EXISTS (SELECT FROM {schema}.leases l
+                WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+        ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT p_limit
+        FOR UPDATE OF i SKIP LOCKED
+    ),
+    free_woken AS (
+        SELECT i.run_id, i.priority, i.ready_at, i.wake, false AS first_start
+        FROM {schema}.run_index i
+        WHERE i.wake AND i.parent IS NULL AND i.status = 'waiting'
+            AND NOT coalesce(i.ready_at <= p_now, false)
             AND (p_queues IS NULL OR i.queue = ANY(p_queues))
             AND NOT EXISTS (SELECT FROM caps c WHERE c.name = i.queue)
             AND NOT EXISTS (SELECT FROM {schema}.leases l
@@ -132,13 +184,25 @@ BEGIN
                     WHERE i.queue = c.name AND i.parent IS NULL AND i.status = 'new' AND i.started_ms IS NULL
                     AND NOT EXISTS (SELECT FROM {schema}.leases l
                         WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
-                    ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT least(c.starts, c.room))
+                    ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT least(c.starts, c.room))
                 UNION ALL
                 (SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
-                    WHERE i.queue = c.name AND i.parent IS NULL AND i.status <> 'terminal'
+                    WHERE i.queue = c.name AND i.parent IS NULL AND i.status IN ('new', 'running')
                     AND NOT (i.status = 'new' AND i.started_ms IS NULL)
-                    AND (i.status IN ('new', 'running')
-                        OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+                    ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT c.room)
+                UNION ALL
+                (SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
+                    WHERE i.queue = c.name AND i.parent IS NULL AND i.status = 'waiting'
+                    AND i.ready_at <= p_now
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+                    ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT c.room)
+                UNION ALL
+                (SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
+                    WHERE i.wake AND i.queue = c.name AND i.parent IS NULL AND i.status = 'waiting'
+                    AND NOT coalesce(i.ready_at <= p_now, false)
                     AND NOT EXISTS (SELECT FROM {schema}.leases l
                         WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
                     ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT c.room)
@@ -158,7 +222,8 @@ BEGIN
         ) c
     ),
     picked AS (
-        SELECT * FROM free UNION ALL SELECT * FROM capped
+        SELECT * FROM free_runnable UNION ALL SELECT * FROM free_due
+        UNION ALL SELECT * FROM free_woken UNION ALL SELECT * FROM capped
         ORDER BY priority DESC, ready_at NULLS LAST, run_id LIMIT p_limit
     ),
     granted AS (
@@ -282,10 +347,18 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
             # Starts per queue within a rate window.
             """CREATE INDEX run_index_started ON {schema}.run_index (queue, started_ms)
                 WHERE started_ms IS NOT NULL""",
-            # A queue's live root runs in claim order: its runs in progress (joined with their leases)
-            # and its claimable runs, for the claims of a queue with limits.
-            """CREATE INDEX run_index_live ON {schema}.run_index (queue, priority DESC, ready_at, run_id)
-                WHERE parent IS NULL AND status <> 'terminal'""",
+            # The claim's searches (see CLAIM_FUNCTION): the runnable root runs in claim order, and per
+            # queue (for queues with limits, and for counting a queue's runs in progress) its runnable
+            # ones in claim order and its waiting ones by wake time. Migration 2's run_index_claim, which
+            # held the waiting runs in claim order too, goes: no claim reads it.
+            "DROP INDEX {schema}.run_index_claim",
+            """CREATE INDEX run_index_runnable ON {schema}.run_index (priority DESC, ready_at, run_id)
+                WHERE parent IS NULL AND status IN ('new', 'running')""",
+            """CREATE INDEX run_index_queue_runnable ON {schema}.run_index
+                (queue, priority DESC, ready_at, run_id)
+                WHERE parent IS NULL AND status IN ('new', 'running')""",
+            """CREATE INDEX run_index_queue_waiting ON {schema}.run_index (queue, ready_at)
+                WHERE parent IS NULL AND status = 'waiting'""",
             CLAIM_FUNCTION,
         ),
     ),
