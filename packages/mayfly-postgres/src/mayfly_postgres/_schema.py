@@ -141,14 +141,16 @@ BEGIN
             AND (p_queues IS NULL OR q.name = ANY(p_queues))
     ),
     -- The runs of queues without limits: (a), (b) and (c) of the comment above, each locked as found
-    -- (a locking clause is not allowed in a UNION's arms, so each is a statement of its own).
+    -- (a locking clause is not allowed in a UNION's arms, so each is a statement of its own). The queues
+    -- with settings are one array, computed once: an anti-join with caps would hide (a)'s index order
+    -- from the planner, which then sorted every runnable entry to take the first n.
     free_runnable AS (
         SELECT i.run_id, i.priority, i.ready_at, i.wake,
             i.status = 'new' AND i.started_ms IS NULL AS first_start
         FROM {schema}.run_index i
         WHERE i.parent IS NULL AND i.status IN ('new', 'running')
             AND (p_queues IS NULL OR i.queue = ANY(p_queues))
-            AND NOT EXISTS (SELECT FROM caps c WHERE c.name = i.queue)
+            AND i.queue <> ALL (ARRAY(SELECT c.name FROM caps c))
             AND NOT EXISTS (SELECT FROM {schema}.leases l
                 WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
         ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT p_limit
@@ -159,7 +161,7 @@ BEGIN
         FROM {schema}.run_index i
         WHERE i.parent IS NULL AND i.status = 'waiting' AND i.ready_at <= p_now
             AND (p_queues IS NULL OR i.queue = ANY(p_queues))
-            AND NOT EXISTS (SELECT FROM caps c WHERE c.name = i.queue)
+            AND i.queue <> ALL (ARRAY(SELECT c.name FROM caps c))
             AND NOT EXISTS (SELECT FROM {schema}.leases l
                 WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
         ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT p_limit
@@ -171,7 +173,7 @@ BEGIN
         WHERE i.wake AND i.parent IS NULL AND i.status = 'waiting'
             AND NOT coalesce(i.ready_at <= p_now, false)
             AND (p_queues IS NULL OR i.queue = ANY(p_queues))
-            AND NOT EXISTS (SELECT FROM caps c WHERE c.name = i.queue)
+            AND i.queue <> ALL (ARRAY(SELECT c.name FROM caps c))
             AND NOT EXISTS (SELECT FROM {schema}.leases l
                 WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
         ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT p_limit
