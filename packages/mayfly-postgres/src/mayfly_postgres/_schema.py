@@ -79,7 +79,8 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "applied_version", "drop_schema", "en
 # entries it does not take (as the limited queues' plan already did), which a concurrent claim then
 # skips until its next poll; which runs a claim takes, and in which order, is as before. The limited
 # queues' plan searches the same three kinds within each queue (run_index_queue_runnable,
-# run_index_queue_waiting, run_index_woken), as does step 1's test for a claimable run.
+# run_index_queue_waiting, run_index_woken), as does step 1's test for a claimable run; a queue's runs
+# in progress are counted from the live leases (leases_expiry), not from its waiting entries.
 CLAIM_FUNCTION: Final = """
 CREATE FUNCTION {schema}.mayfly_claim(
     p_owner text, p_limit bigint, p_ttl float8, p_now bigint, p_queues text[],
@@ -92,6 +93,7 @@ SET jit = off
 AS $claim$
 DECLARE
     v_locked text[];
+    v_clock timestamptz;
 BEGIN
     SELECT coalesce(array_agg(l.name), '{{}}') INTO v_locked FROM (
         SELECT q.name FROM {schema}.queues q
@@ -112,6 +114,7 @@ BEGIN
                         WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())))
         ORDER BY q.name FOR UPDATE OF q
     ) l;
+    v_clock := clock_timestamp();
     RETURN QUERY
     WITH caps AS (
         SELECT q.name,
@@ -119,16 +122,13 @@ BEGIN
                 THEN 0
             ELSE greatest(0, least(
                 p_limit,
-                -- The queue's live root runs (its runnable and its waiting ones), each one's lease by key.
+                -- The queue's runs in progress: the live leases (a range of leases_expiry: a volatile
+                -- clock_timestamp() cannot bound an index scan, v_clock, read before, can), each one's
+                -- entry by key, of the queue's live root runs.
                 CASE WHEN q.concurrency IS NOT NULL THEN q.concurrency - (
-                    SELECT count(*) FROM {schema}.run_index i
-                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status IN ('new', 'running')
-                    AND (SELECT l.expires_at FROM {schema}.leases l WHERE l.run_id = i.run_id)
-                        > clock_timestamp()) - (
-                    SELECT count(*) FROM {schema}.run_index i
-                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status = 'waiting'
-                    AND (SELECT l.expires_at FROM {schema}.leases l WHERE l.run_id = i.run_id)
-                        > clock_timestamp()) END,
+                    SELECT count(*) FROM {schema}.leases l JOIN {schema}.run_index i ON i.run_id = l.run_id
+                    WHERE l.expires_at > v_clock AND l.expires_at > clock_timestamp()
+                    AND i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal') END,
                 q.worker_concurrency - coalesce((SELECT h.n FROM unnest(p_held_names, p_held_counts)
                     AS h (name, n) WHERE h.name = q.name), 0)))
             END AS room,
@@ -361,6 +361,8 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
                 WHERE parent IS NULL AND status IN ('new', 'running')""",
             """CREATE INDEX run_index_queue_waiting ON {schema}.run_index (queue, ready_at)
                 WHERE parent IS NULL AND status = 'waiting'""",
+            # The live leases, for counting a queue's runs in progress (released ones are at -infinity).
+            "CREATE INDEX leases_expiry ON {schema}.leases (expires_at)",
             CLAIM_FUNCTION,
         ),
     ),
