@@ -98,7 +98,6 @@ def test_a_schema_at_migration_2_applies_only_migration_3(server: str, new_schem
         assert {
             "run_index_runnable",
             "run_index_queue_runnable",
-            "run_index_queue_waiting",
             "run_index_wake",
             "run_index_woken",
             "leases_expiry",

@@ -52,6 +52,7 @@ _INT64: Final = 1 << 63
 _COLUMNS: Final = (
     "run_id::text, queue, status, ready_at, sequence, wake, parent::text, priority, dedup_id, started_ms"
 )
+_QUEUES: Final = "(%(queues)s::text[] IS NULL OR i.queue = ANY(%(queues)s::text[]))"
 
 
 def wakeup_channel(schema: str) -> str:
@@ -211,14 +212,11 @@ class IndexStatements:
         self.put_notify = sql.SQL(notify).format(upsert=many, channel=channel)
         self.put_one_notify = sql.SQL(notify).format(upsert=one, channel=channel)
         self.get = sql.SQL("SELECT " + _COLUMNS + " FROM {index} WHERE run_id = %s::uuid").format(index=index)
-        # The first wake time after now: one range of run_index_wake, or of run_index_queue_waiting per
-        # queue named (a filter on the whole index would walk the other queues' timers).
+        # The first wake time after now: the head of a range of run_index_wake (ready_at > now); with
+        # queues named, the range is walked until an entry of one of them.
         self.next_wake = sql.SQL(
-            "SELECT CASE WHEN %(queues)s::text[] IS NULL THEN (SELECT min(i.ready_at) FROM {index} i "
-            "WHERE i.parent IS NULL AND i.status = 'waiting' AND i.ready_at > %(now)s::bigint) "
-            "ELSE (SELECT min(w.ready_at) FROM unnest(%(queues)s::text[]) AS q (name) CROSS JOIN LATERAL "
-            "(SELECT i.ready_at FROM {index} i WHERE i.queue = q.name AND i.parent IS NULL "
-            "AND i.status = 'waiting' AND i.ready_at > %(now)s::bigint ORDER BY i.ready_at LIMIT 1) w) END"
+            "SELECT min(i.ready_at) FROM {index} i WHERE i.parent IS NULL AND i.status = 'waiting' "
+            "AND i.ready_at > %(now)s::bigint AND " + _QUEUES
         ).format(index=index)
         # A wake makes a waiting root run claimable now unless it is leased: tell the listeners then.
         self.wake = sql.SQL(

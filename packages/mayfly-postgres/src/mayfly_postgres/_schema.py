@@ -78,9 +78,10 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "applied_version", "drop_schema", "en
 # n entries, and the merge keeps the first n: a claim may lock, for the length of its one statement,
 # entries it does not take (as the limited queues' plan already did), which a concurrent claim then
 # skips until its next poll; which runs a claim takes, and in which order, is as before. The limited
-# queues' plan searches the same three kinds within each queue (run_index_queue_runnable,
-# run_index_queue_waiting, run_index_woken), as does step 1's test for a claimable run; a queue's runs
-# in progress are counted from the live leases (leases_expiry), not from its waiting entries.
+# queues' plan searches the same three kinds within each queue (run_index_queue_runnable, the range of
+# run_index_wake up to now filtered by queue, run_index_woken), as does step 1's test for a claimable
+# run; a queue's runs in progress are counted from the live leases (leases_expiry), not by walking the
+# queue's waiting entries.
 CLAIM_FUNCTION: Final = """
 CREATE FUNCTION {schema}.mayfly_claim(
     p_owner text, p_limit bigint, p_ttl float8, p_now bigint, p_queues text[],
@@ -350,17 +351,17 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
             """CREATE INDEX run_index_started ON {schema}.run_index (queue, started_ms)
                 WHERE started_ms IS NOT NULL""",
             # The claim's searches (see CLAIM_FUNCTION): the runnable root runs in claim order, and per
-            # queue (for queues with limits, and for counting a queue's runs in progress) its runnable
-            # ones in claim order and its waiting ones by wake time. Migration 2's run_index_claim, which
-            # held the waiting runs in claim order too, goes: no claim reads it.
+            # queue (for queues with limits) its runnable ones in claim order; the waiting ones are found
+            # by run_index_wake (migration 2). Migration 2's run_index_claim, which held the waiting runs
+            # in claim order too, goes: no claim reads it. No per-queue index of wake times: the planner,
+            # with the generic plans of the claim function, chose a whole scan of one for the due search
+            # (its Index Cond on ready_at alone) over run_index_wake's range.
             "DROP INDEX {schema}.run_index_claim",
             """CREATE INDEX run_index_runnable ON {schema}.run_index (priority DESC, ready_at, run_id)
                 WHERE parent IS NULL AND status IN ('new', 'running')""",
             """CREATE INDEX run_index_queue_runnable ON {schema}.run_index
                 (queue, priority DESC, ready_at, run_id)
                 WHERE parent IS NULL AND status IN ('new', 'running')""",
-            """CREATE INDEX run_index_queue_waiting ON {schema}.run_index (queue, ready_at)
-                WHERE parent IS NULL AND status = 'waiting'""",
             # The live leases, for counting a queue's runs in progress (released ones are at -infinity).
             "CREATE INDEX leases_expiry ON {schema}.leases (expires_at)",
             CLAIM_FUNCTION,
