@@ -22,8 +22,8 @@ rest parked on a signal with no wake time. At each size:
   time from calling it to an idle ``LISTEN`` connection (``listen_wakeups``)
   becoming readable with the ``NOTIFY``.
 
-``--explain`` also prints the server's plan (``EXPLAIN ANALYZE``) of a
-claim of 100 at the largest size, with the claimable runs free and leased
+``--explain`` also prints the server's plans (``auto_explain`` of the claim
+function's statements, ANALYZE) of a claim of 100 at the largest size, with the claimable runs free and leased
 (printed before that size's row). Numbers are printed, never asserted.
 """
 
@@ -143,16 +143,54 @@ def wakeups(journal: PostgresJournal, parked: list[str], repeat: int) -> tuple[f
 
 
 def explain(journal: PostgresJournal, server: str, label: str) -> None:
-    """Print the plan of a claim of 100 as the server runs it now (in a transaction rolled back)."""
-    now = int(time.time() * 1000)
-    arguments = {"now": now, "queues": None, "limit": 100, "owner": "bench", "ttl": 1000.0}
-    statement = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ") + journal._index_sql.claim
+    """Print the plans of a claim of 100 as the server runs it now (rolled back).
+
+    The claim is a PL/pgSQL function, so ``EXPLAIN`` of its call shows one
+    Function Scan: its statements' plans come from ``auto_explain`` (nested
+    statements, ANALYZE, BUFFERS), sent to this client as LOG messages. The
+    claim runs six times first, each rolled back, so the session's cached
+    plans are the ones a pooled connection runs (PL/pgSQL may switch to a
+    generic plan after five).
+    """
+    arguments = {
+        "queues": None,
+        "limit": 100,
+        "owner": "bench",
+        "ttl": 1000.0,
+        "held_names": [],
+        "held_counts": [],
+    }
+    logged: list[str] = []
     with psycopg.connect(server) as conn:
-        plan = [str(row[0]) for row in conn.execute(statement, arguments).fetchall()]
+        conn.add_notice_handler(lambda diagnostic: logged.append(diagnostic.message_primary or ""))
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.Error as error:
+            conn.rollback()
+            print(f"  plan of a claim of 100, {label}: auto_explain not loadable ({error}); no plans")
+            return
+        for _ in range(6):
+            with conn.transaction(force_rollback=True):
+                conn.execute(journal._index_sql.claim, {**arguments, "now": int(time.time() * 1000)})
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_analyze = on",
+            "auto_explain.log_buffers = on",
+            "auto_explain.log_nested_statements = on",
+            "client_min_messages = log",
+        ):
+            conn.execute(f"SET {setting}")
+        logged.clear()
+        with conn.transaction(force_rollback=True):
+            conn.execute(journal._index_sql.claim, {**arguments, "now": int(time.time() * 1000)})
         conn.rollback()
-    print(f"  plan of a claim of 100, {label}:")
-    for line in plan:
-        print(f"    {line}")
+    print(f"  plans of a claim of 100, {label} (auto_explain, the function's statements then the call):")
+    for message in logged:
+        # Each message: "duration: ...  plan:", "Query Text: ..." (many lines), then the plan.
+        lines = message.splitlines()
+        plan = next((n for n, line in enumerate(lines) if "(cost=" in line), len(lines))
+        for line in lines[:1] + lines[plan:]:
+            print(f"    {line}")
 
 
 def measure(journal: PostgresJournal, parked: list[str], repeat: int, explained: str | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import select
 import threading
 import time
@@ -9,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from pgserver import IDS, batch, drop_schema, with_options
@@ -24,6 +26,7 @@ from mayfly.errors import (
 from mayfly.journal import JournalCapabilities, JournalRecord
 from mayfly.runindex import RUN_INDEX, RUN_WAKEUPS, IndexEntry, IndexStatus
 from mayfly_postgres import PostgresJournal, PostgresLeaseStore
+from mayfly_postgres._index import claimable_now
 from mayfly_postgres._schema import MIGRATIONS, applied_version
 
 NOW = 1_700_000_000_000
@@ -131,6 +134,63 @@ def test_only_claimable_root_runs_are_claimed_in_claim_order(index: PostgresJour
     assert claimed(index) == [ids[7], ids[2], ids[1], ids[0], parent, ids[4]]
     # The first claim answered ids[4]'s wake; at NOW + 1 ids[3] is due.
     assert claimed(index, now_ms=NOW + 1) == [ids[7], ids[2], ids[1], ids[0], parent, ids[3]]
+
+
+def test_claims_merge_runnable_due_and_woken_runs_in_one_claim_order(index_url: str) -> None:
+    """The claim searches runnable, due and woken runs apart: merged, any limit takes the reference order's head.
+
+    A seeded mix of every kind (runnable, due, woken with a later, an earlier or no wake time, timers to
+    come, parked, children, ended; three priorities; some held by a live lease): each claim of ``limit``
+    takes the first ``limit`` of the claimable, unleased runs by priority, wake time (none last), run id.
+    """
+    rng = random.Random(7)
+    kinds = (
+        "runnable",
+        "due",
+        "woken later",
+        "woken due",
+        "woken never",
+        "later",
+        "parked",
+        "child",
+        "ended",
+    )
+    entries = []
+    for _ in range(90):
+        run, kind = IDS.new_id(), rng.choice(kinds)
+        ready = NOW + rng.choice((-1, 1)) * rng.randrange(1, 1000)
+        fields: dict[str, Any] = {"priority": rng.choice((0, 0, 1, 5))}
+        if kind == "runnable":
+            made = entry(run, rng.choice((IndexStatus.NEW, IndexStatus.RUNNING)), NOW - rng.randrange(1000))
+        elif kind in ("due", "woken due"):
+            made = entry(run, IndexStatus.WAITING, NOW - rng.randrange(1000), wake=kind == "woken due")
+        elif kind in ("later", "woken later"):
+            made = entry(run, IndexStatus.WAITING, NOW + rng.randrange(1, 1000), wake=kind == "woken later")
+        elif kind in ("parked", "woken never"):
+            made = entry(run, IndexStatus.WAITING, None, wake=kind == "woken never")
+        elif kind == "child":
+            made = entry(run, IndexStatus.RUNNING, ready, parent=IDS.new_id())
+        else:
+            made = entry(run, IndexStatus.TERMINAL, None)
+        entries.append(msgspec.structs.replace(made, **fields))
+    with PostgresJournal(index_url) as journal, PostgresLeaseStore(index_url) as leases:
+        journal.index_put(entries)
+        held = {e.run_id for e in rng.sample(entries, 15)}
+        guards = [leases.acquire(run, "other", 60_000) for run in held]
+        expected = [
+            e.run_id
+            for e in sorted(
+                entries,
+                key=lambda e: (-e.priority, e.ready_at_ms is None, e.ready_at_ms or 0, e.run_id),
+            )
+            if claimable_now(e, NOW) and e.run_id not in held
+        ]
+        assert len(expected) > 20
+        for limit in (1, 2, 7, 20, 100):
+            journal.index_put(entries)  # the stored wakes the last claim answered, set again
+            assert claimed(journal, limit=limit) == expected[:limit]
+        for guard in guards:
+            guard.release()
 
 
 def test_a_claim_takes_at_most_limit_runs_and_only_from_the_named_queues(index: PostgresJournal) -> None:

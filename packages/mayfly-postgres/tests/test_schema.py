@@ -87,6 +87,21 @@ def test_a_schema_at_migration_2_applies_only_migration_3(server: str, new_schem
             ),
         ).fetchone()
         assert found == (True, True)
+        indexes = {
+            str(row[0])
+            for row in connection.execute(
+                "SELECT indexname FROM pg_catalog.pg_indexes WHERE schemaname = %s", (new_schema,)
+            )
+        }
+        # The claim's searches replace migration 2's run_index_claim (see CLAIM_FUNCTION).
+        assert "run_index_claim" not in indexes
+        assert {
+            "run_index_runnable",
+            "run_index_queue_runnable",
+            "run_index_wake",
+            "run_index_woken",
+            "leases_expiry",
+        } <= indexes
 
 
 def test_migrate_never_refuses_a_stale_schema(server: str, new_schema: str) -> None:

@@ -212,6 +212,8 @@ class IndexStatements:
         self.put_notify = sql.SQL(notify).format(upsert=many, channel=channel)
         self.put_one_notify = sql.SQL(notify).format(upsert=one, channel=channel)
         self.get = sql.SQL("SELECT " + _COLUMNS + " FROM {index} WHERE run_id = %s::uuid").format(index=index)
+        # The first wake time after now: the head of a range of run_index_wake (ready_at > now); with
+        # queues named, the range is walked until an entry of one of them.
         self.next_wake = sql.SQL(
             "SELECT min(i.ready_at) FROM {index} i WHERE i.parent IS NULL AND i.status = 'waiting' "
             "AND i.ready_at > %(now)s::bigint AND " + _QUEUES

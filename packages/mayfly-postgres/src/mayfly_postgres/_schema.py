@@ -60,6 +60,28 @@ __all__ = ["LATEST_VERSION", "MIGRATIONS", "applied_version", "drop_schema", "en
 #
 # A limited queue whose row was not locked in step 1 (its settings were created since) gets no room in
 # step 2: its runs wait for the next claim. Claims of queues without settings lock nothing.
+#
+# Finding the candidates: every search is an index range that ends at the first entry that is not one, so
+# a claim that finds nothing (every worker's idle poll) costs what the claimable and leased entries
+# cost, never what the waiting ones do. A claimable root entry is one of three kinds, each searched on
+# its own and then merged in claim order (priority DESC, ready_at NULLS LAST, run_id):
+#
+# (a) new or running: run_index_runnable (priority DESC, ready_at, run_id), in claim order, so a claim
+#     of n stops after n unleased entries;
+# (b) waiting and due: run_index_wake (ready_at) with ``ready_at <= now`` as the range's bound (the
+#     timers an hour away are past its end), sorted in claim order;
+# (c) waiting, woken and not due (so not found twice): run_index_woken, the few entries with wake set.
+#
+# A single index in claim order holding the waiting entries too (migration 2's run_index_claim) cannot
+# bound the search by ``ready_at <= now``: its first column is the priority, so a claim that found
+# fewer than n walked past every timer not yet due. Each search locks (FOR UPDATE SKIP LOCKED) at most
+# n entries, and the merge keeps the first n: a claim may lock, for the length of its one statement,
+# entries it does not take (as the limited queues' plan already did), which a concurrent claim then
+# skips until its next poll; which runs a claim takes, and in which order, is as before. The limited
+# queues' plan searches the same three kinds within each queue (run_index_queue_runnable, the range of
+# run_index_wake up to now filtered by queue, run_index_woken), as does step 1's test for a claimable
+# run; a queue's runs in progress are counted from the live leases (leases_expiry), not by walking the
+# queue's waiting entries.
 CLAIM_FUNCTION: Final = """
 CREATE FUNCTION {schema}.mayfly_claim(
     p_owner text, p_limit bigint, p_ttl float8, p_now bigint, p_queues text[],
@@ -72,19 +94,28 @@ SET jit = off
 AS $claim$
 DECLARE
     v_locked text[];
+    v_clock timestamptz;
 BEGIN
     SELECT coalesce(array_agg(l.name), '{{}}') INTO v_locked FROM (
         SELECT q.name FROM {schema}.queues q
         WHERE (q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)
             AND (p_queues IS NULL OR q.name = ANY(p_queues))
-            AND EXISTS (SELECT FROM {schema}.run_index i
-                WHERE i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal'
-                AND (i.status IN ('new', 'running')
-                    OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
-                AND NOT EXISTS (SELECT FROM {schema}.leases l
-                    WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp()))
+            AND (EXISTS (SELECT FROM {schema}.run_index i
+                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status IN ('new', 'running')
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp()))
+                OR EXISTS (SELECT FROM {schema}.run_index i
+                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status = 'waiting'
+                    AND i.ready_at <= p_now
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp()))
+                OR EXISTS (SELECT FROM {schema}.run_index i
+                    WHERE i.wake AND i.queue = q.name AND i.parent IS NULL AND i.status = 'waiting'
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())))
         ORDER BY q.name FOR UPDATE OF q
     ) l;
+    v_clock := clock_timestamp();
     RETURN QUERY
     WITH caps AS (
         SELECT q.name,
@@ -92,12 +123,13 @@ BEGIN
                 THEN 0
             ELSE greatest(0, least(
                 p_limit,
-                -- The queue's live root runs (run_index_live), each one's lease looked up by key.
+                -- The queue's runs in progress: the live leases (a range of leases_expiry: a volatile
+                -- clock_timestamp() cannot bound an index scan, v_clock, read before, can), each one's
+                -- entry by key, of the queue's live root runs.
                 CASE WHEN q.concurrency IS NOT NULL THEN q.concurrency - (
-                    SELECT count(*) FROM {schema}.run_index i
-                    WHERE i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal'
-                    AND (SELECT l.expires_at FROM {schema}.leases l WHERE l.run_id = i.run_id)
-                        > clock_timestamp()) END,
+                    SELECT count(*) FROM {schema}.leases l JOIN {schema}.run_index i ON i.run_id = l.run_id
+                    WHERE l.expires_at > v_clock AND l.expires_at > clock_timestamp()
+                    AND i.queue = q.name AND i.parent IS NULL AND i.status <> 'terminal') END,
                 q.worker_concurrency - coalesce((SELECT h.n FROM unnest(p_held_names, p_held_counts)
                     AS h (name, n) WHERE h.name = q.name), 0)))
             END AS room,
@@ -109,17 +141,40 @@ BEGIN
         WHERE (q.concurrency IS NOT NULL OR q.worker_concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)
             AND (p_queues IS NULL OR q.name = ANY(p_queues))
     ),
-    free AS (
+    -- The runs of queues without limits: (a), (b) and (c) of the comment above, each locked as found
+    -- (a locking clause is not allowed in a UNION's arms, so each is a statement of its own). The queues
+    -- with settings are one array, computed once: an anti-join with caps would hide (a)'s index order
+    -- from the planner, which then sorted every runnable entry to take the first n.
+    free_runnable AS (
         SELECT i.run_id, i.priority, i.ready_at, i.wake,
             i.status = 'new' AND i.started_ms IS NULL AS first_start
         FROM {schema}.run_index i
-        WHERE i.parent IS NULL
-            AND (i.status IN ('new', 'running') OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
-            -- run_index_claim's predicate, implied by the line above, spelt out for the planner
-            AND (i.status IN ('new', 'running')
-                OR (i.status = 'waiting' AND (i.ready_at IS NOT NULL OR i.wake)))
+        WHERE i.parent IS NULL AND i.status IN ('new', 'running')
             AND (p_queues IS NULL OR i.queue = ANY(p_queues))
-            AND NOT EXISTS (SELECT FROM caps c WHERE c.name = i.queue)
+            AND i.queue <> ALL (ARRAY(SELECT c.name FROM caps c))
+            AND NOT EXISTS (SELECT FROM {schema}.leases l
+                WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+        ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT p_limit
+        FOR UPDATE OF i SKIP LOCKED
+    ),
+    free_due AS (
+        SELECT i.run_id, i.priority, i.ready_at, i.wake, false AS first_start
+        FROM {schema}.run_index i
+        WHERE i.parent IS NULL AND i.status = 'waiting' AND i.ready_at <= p_now
+            AND (p_queues IS NULL OR i.queue = ANY(p_queues))
+            AND i.queue <> ALL (ARRAY(SELECT c.name FROM caps c))
+            AND NOT EXISTS (SELECT FROM {schema}.leases l
+                WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+        ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT p_limit
+        FOR UPDATE OF i SKIP LOCKED
+    ),
+    free_woken AS (
+        SELECT i.run_id, i.priority, i.ready_at, i.wake, false AS first_start
+        FROM {schema}.run_index i
+        WHERE i.wake AND i.parent IS NULL AND i.status = 'waiting'
+            AND NOT coalesce(i.ready_at <= p_now, false)
+            AND (p_queues IS NULL OR i.queue = ANY(p_queues))
+            AND i.queue <> ALL (ARRAY(SELECT c.name FROM caps c))
             AND NOT EXISTS (SELECT FROM {schema}.leases l
                 WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
         ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT p_limit
@@ -132,13 +187,25 @@ BEGIN
                     WHERE i.queue = c.name AND i.parent IS NULL AND i.status = 'new' AND i.started_ms IS NULL
                     AND NOT EXISTS (SELECT FROM {schema}.leases l
                         WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
-                    ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT least(c.starts, c.room))
+                    ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT least(c.starts, c.room))
                 UNION ALL
                 (SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
-                    WHERE i.queue = c.name AND i.parent IS NULL AND i.status <> 'terminal'
+                    WHERE i.queue = c.name AND i.parent IS NULL AND i.status IN ('new', 'running')
                     AND NOT (i.status = 'new' AND i.started_ms IS NULL)
-                    AND (i.status IN ('new', 'running')
-                        OR (i.status = 'waiting' AND (i.ready_at <= p_now OR i.wake)))
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+                    ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT c.room)
+                UNION ALL
+                (SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
+                    WHERE i.queue = c.name AND i.parent IS NULL AND i.status = 'waiting'
+                    AND i.ready_at <= p_now
+                    AND NOT EXISTS (SELECT FROM {schema}.leases l
+                        WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
+                    ORDER BY i.priority DESC, i.ready_at, i.run_id LIMIT c.room)
+                UNION ALL
+                (SELECT i.run_id, i.priority, i.ready_at FROM {schema}.run_index i
+                    WHERE i.wake AND i.queue = c.name AND i.parent IS NULL AND i.status = 'waiting'
+                    AND NOT coalesce(i.ready_at <= p_now, false)
                     AND NOT EXISTS (SELECT FROM {schema}.leases l
                         WHERE l.run_id = i.run_id AND l.expires_at > clock_timestamp())
                     ORDER BY i.priority DESC, i.ready_at NULLS LAST, i.run_id LIMIT c.room)
@@ -158,7 +225,8 @@ BEGIN
         ) c
     ),
     picked AS (
-        SELECT * FROM free UNION ALL SELECT * FROM capped
+        SELECT * FROM free_runnable UNION ALL SELECT * FROM free_due
+        UNION ALL SELECT * FROM free_woken UNION ALL SELECT * FROM capped
         ORDER BY priority DESC, ready_at NULLS LAST, run_id LIMIT p_limit
     ),
     granted AS (
@@ -282,10 +350,20 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
             # Starts per queue within a rate window.
             """CREATE INDEX run_index_started ON {schema}.run_index (queue, started_ms)
                 WHERE started_ms IS NOT NULL""",
-            # A queue's live root runs in claim order: its runs in progress (joined with their leases)
-            # and its claimable runs, for the claims of a queue with limits.
-            """CREATE INDEX run_index_live ON {schema}.run_index (queue, priority DESC, ready_at, run_id)
-                WHERE parent IS NULL AND status <> 'terminal'""",
+            # The claim's searches (see CLAIM_FUNCTION): the runnable root runs in claim order, and per
+            # queue (for queues with limits) its runnable ones in claim order; the waiting ones are found
+            # by run_index_wake (migration 2). Migration 2's run_index_claim, which held the waiting runs
+            # in claim order too, goes: no claim reads it. No per-queue index of wake times: the planner,
+            # with the generic plans of the claim function, chose a whole scan of one for the due search
+            # (its Index Cond on ready_at alone) over run_index_wake's range.
+            "DROP INDEX {schema}.run_index_claim",
+            """CREATE INDEX run_index_runnable ON {schema}.run_index (priority DESC, ready_at, run_id)
+                WHERE parent IS NULL AND status IN ('new', 'running')""",
+            """CREATE INDEX run_index_queue_runnable ON {schema}.run_index
+                (queue, priority DESC, ready_at, run_id)
+                WHERE parent IS NULL AND status IN ('new', 'running')""",
+            # The live leases, for counting a queue's runs in progress (released ones are at -infinity).
+            "CREATE INDEX leases_expiry ON {schema}.leases (expires_at)",
             CLAIM_FUNCTION,
         ),
     ),
