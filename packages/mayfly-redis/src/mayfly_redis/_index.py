@@ -28,10 +28,13 @@ Queue flow control (``queue_control``, :mod:`mayfly.queues`):
 
 * ``P:queue-settings`` hash: queue name -> its :class:`~mayfly.queues.QueueSettings`
   as msgspec JSON (the claim script decodes it with ``cjson``);
-* ``P:{q:Q}:holding`` sorted set: the runs a claim leased, scored by the
-  grant's expiry; a queue's runs in progress are those members whose lease
-  key is live and whose entry has not ended (claims drop the others, a
-  release drops its run);
+* ``P:{q:Q}:holding`` sorted set, kept for queues with settings: the runs
+  a claim (or an ``acquire``) leased, scored by the grant's expiry; the
+  queue's runs in progress are those members whose lease key is live and
+  whose entry has not ended (claims of a limited queue drop the others, a
+  release drops its run). Claims of a queue without settings skip it, to
+  stay as fast as before; ``queue_set`` of a queue that had none fills it
+  with the runs leased in it then;
 * ``P:{q:Q}:starts`` sorted set: run id -> ``started_ms`` of each start (a
   first claim of a ``new`` entry), counted per rate window;
 * ``P:{q:Q}:dedup`` hash: dedup id -> the run whose live entry holds it, set

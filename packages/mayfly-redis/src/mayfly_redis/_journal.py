@@ -527,12 +527,19 @@ class RedisJournal(JournalBase):
         return settings
 
     def queue_set(self, settings: QueueSettings) -> None:
-        """Store the queue's settings (one ``HSET``), replacing any it had; claims obey them from now on."""
+        """Store the queue's settings, replacing any it had; claims obey them from now on.
+
+        A queue that had no settings starts counting its runs in progress with
+        the runs leased in it now (claims of a queue without settings do not
+        track them, to stay as fast as before).
+        """
         if not isinstance(settings, QueueSettings):
             raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
         self._indexed("queue settings")
         body = msgspec.json.encode(settings)
-        self._store.raw_call(f"set queue {settings.name}", "HSET", self._settings_key, settings.name, body)
+        self._store.script(
+            f"set queue {settings.name}", _scripts.QUEUE_SET, [], [self._target.prefix, settings.name, body]
+        )
 
     def queue_get(self, name: str) -> QueueSettings | None:
         """The queue's settings, or ``None`` if it has none."""

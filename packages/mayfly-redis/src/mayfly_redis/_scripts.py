@@ -22,6 +22,7 @@ __all__ = [
     "INDEX_WAKE",
     "NEXT_WAKE",
     "PURGE",
+    "QUEUE_SET",
     "QUEUE_USAGE",
     "READ",
     "RELEASE",
@@ -136,15 +137,16 @@ ACQUIRE: Final = """
 -- KEYS: lease string, fence string [, index hash (standalone only)]; ARGV: nonce, owner, ttl_ms
 -- [, prefix, run id (standalone only)]. The lease value is '<token> <nonce> <owner>'. A retried
 -- acquire whose reply was lost finds its own nonce and gets its grant back instead of LeaseHeld.
--- On a standalone server a root run with a live entry joins its queue's holding set (it is in
--- progress there: see mayfly_redis._index).
+-- On a standalone server a root run with a live entry in a queue with settings joins its queue's
+-- holding set (it is in progress there: see mayfly_redis._index).
 if redis.call('SET', KEYS[1], 'granting', 'NX', 'PX', ARGV[3]) then
   redis.call('INCR', KEYS[2])
   local token = redis.call('GET', KEYS[2])
   redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1] .. ' ' .. ARGV[2], 'KEEPTTL')
   if KEYS[3] then
     local e = redis.call('HMGET', KEYS[3], 'q', 'p', 's')
-    if e[1] and e[2] == '' and e[3] ~= 'terminal' then
+    if e[1] and e[2] == '' and e[3] ~= 'terminal' and
+        redis.call('HEXISTS', ARGV[4] .. ':queue-settings', e[1]) == 1 then
       local t = redis.call('TIME')
       local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
       redis.call('ZADD', ARGV[4] .. ':{q:' .. e[1] .. '}:holding', expiry, ARGV[5])
@@ -390,7 +392,7 @@ for i = first_queue, #ARGV do queues[#queues + 1] = ARGV[i] end
 if #queues == 0 then queues = redis.call('SMEMBERS', p .. ':queues') end
 -- Flow control: room[q] (runs the claim may still take from q) and starts[q] (first claims it may
 -- still make) for each claimed queue with limits; a queue without settings has neither.
-local room, starts = {}, {}
+local room, starts, tracked = {}, {}, {}
 if redis.call('EXISTS', p .. ':queue-settings') == 1 then
   local stored = {}
   local flat = redis.call('HGETALL', p .. ':queue-settings')
@@ -402,6 +404,7 @@ if redis.call('EXISTS', p .. ':queue-settings') == 1 then
       if conc == cjson.null then conc = nil end
       if per_worker == cjson.null then per_worker = nil end
       if rate == cjson.null then rate = nil end
+      tracked[q] = true
       if conc or per_worker or rate then
         local r = limit
         if conc then r = math.min(r, conc - in_progress(p, q, true)) end
@@ -499,7 +502,7 @@ while count < limit do
           if h.loc == 'r' then redis.call('ZREM', qkey(p, q, 'ready'), first) end
           local expiry = now + tonumber(ttl)
           redis.call('ZADD', qkey(p, q, 'leased'), expiry, first)
-          redis.call('ZADD', qkey(p, q, 'holding'), expiry, run)
+          if tracked[q] then redis.call('ZADD', qkey(p, q, 'holding'), expiry, run) end
           if start then
             -- A start: recorded on the entry and in the queue's starts, at the claim's now_ms.
             redis.call('HSET', key, 'loc', 'l', 'w', '0', 'st', now_ms)
@@ -602,5 +605,24 @@ local period = stored and cjson.decode(stored).rate_period_ms
 local starts = 0
 if period and period ~= cjson.null then starts = recent_starts(p, q, ARGV[3], period) end
 return {in_progress(p, q, false), starts}
+"""
+)
+
+QUEUE_SET: Final = (
+    _INDEX_LIB
+    + """
+-- ARGV: prefix, queue, its settings (msgspec JSON). Stores them; a queue that had none starts
+-- tracking its runs in progress with those leased now (claims track it from then on).
+local p, q = ARGV[1], ARGV[2]
+local had = redis.call('HSET', p .. ':queue-settings', q, ARGV[3]) == 0
+if not had then
+  local now = server_ms()
+  for _, m in ipairs(redis.call('ZRANGE', qkey(p, q, 'leased'), 0, -1)) do
+    local run = string.sub(m, 43)
+    local left = redis.call('PTTL', rkey(p, run, 'lease'))
+    if left > 0 then redis.call('ZADD', qkey(p, q, 'holding'), now + left, run) end
+  end
+end
+return 1
 """
 )
