@@ -128,9 +128,7 @@ def entry_fields(entry: object) -> list[str]:
     parent = "" if entry.parent is None else parse_run_id(entry.parent)
     dedup = entry.dedup_id
     if dedup is not None and (not isinstance(dedup, str) or DEDUP_ID.fullmatch(dedup) is None):
-        raise InvalidRecord(
-            f"index entry of run {run}: dedup id {dedup!r:.80} must match {DEDUP_ID.pattern}"
-        )
+        raise InvalidRecord(f"index entry of run {run}: dedup id {dedup!r:.80} must match {DEDUP_ID.pattern}")
     started = None if entry.started_ms is None else _int64(entry.started_ms, "started_ms", run)
     return [
         entry.queue,

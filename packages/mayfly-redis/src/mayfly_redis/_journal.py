@@ -511,10 +511,10 @@ class RedisJournal(JournalBase):
     def _settings_key(self) -> str:
         return f"{self._target.prefix}:queue-settings"
 
-    def _decode_settings(self, name: str, body: object) -> QueueSettings:
+    def _decode_settings(self, name: str, body: bytes) -> QueueSettings:
         try:
-            settings = msgspec.json.decode(bytes(body), type=QueueSettings)  # type: ignore[arg-type]
-        except (msgspec.ValidationError, msgspec.DecodeError, TypeError) as error:
+            settings = msgspec.json.decode(body, type=QueueSettings)
+        except (msgspec.ValidationError, msgspec.DecodeError, InvalidRecord) as error:
             raise CorruptionError(
                 f"settings of queue {name} under {self._settings_key} are unreadable ({error}); "
                 f"set them again (mayfly queue set {name} ...)"
