@@ -407,7 +407,10 @@ if redis.call('EXISTS', p .. ':queue-settings') == 1 then
       tracked[q] = true
       if conc or per_worker or rate then
         local r = limit
-        if conc then r = math.min(r, conc - in_progress(p, q, true)) end
+        -- The holding set bounds the runs in progress: count (and prune) only when it could bind.
+        if conc and conc - redis.call('ZCARD', qkey(p, q, 'holding')) < r then
+          r = math.min(r, conc - in_progress(p, q, true))
+        end
         if per_worker then r = math.min(r, per_worker - (held[q] or 0)) end
         room[q] = math.max(0, r)
         starts[q] = limit
