@@ -119,7 +119,9 @@ class RedisJournal(JournalBase):
     run purging and ``network``; crash-durable only with AOF: in ``memory``
     mode a writer killed after an acknowledgement loses nothing either, but the
     contract ties ``crash_durable`` to a durability of at least ``write``,
-    which a non-persistent server does not meet.
+    which a non-persistent server does not meet. On a standalone server it
+    also keeps the run index (``run_index``, ``run_wakeups``) and enforces
+    queue settings in its claims (``queue_control``; see :mod:`mayfly_redis._index`).
     """
 
     remedy = _REMEDY
@@ -517,12 +519,12 @@ class RedisJournal(JournalBase):
         except (msgspec.ValidationError, msgspec.DecodeError, InvalidRecord) as error:
             raise CorruptionError(
                 f"settings of queue {name} under {self._settings_key} are unreadable ({error}); "
-                f"set them again (mayfly queue set {name} ...)"
+                f"set them again (queue_set) or remove them (queue_remove)"
             ) from None
         if settings.name != name:
             raise CorruptionError(
                 f"settings stored for queue {name} under {self._settings_key} name queue "
-                f"{settings.name}; set them again (mayfly queue set {name} ...)"
+                f"{settings.name}; set them again (queue_set) or remove them (queue_remove)"
             )
         return settings
 
