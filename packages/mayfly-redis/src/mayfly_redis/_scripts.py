@@ -190,9 +190,15 @@ local function load(key)
   for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
   return h
 end
-local function save(key, h)
-  redis.call('HSET', key, 'q', h.q, 's', h.s, 'r', h.r, 'n', h.n, 'w', h.w, 'p', h.p, 'pr', h.pr,
-    'm', h.m, 'loc', h.loc, 'wt', h.wt, 'd', h.d or '', 'st', h.st or '')
+-- d and st are written only with a new entry (full): moving an entry leaves them as they are.
+local function save(key, h, full)
+  if full then
+    redis.call('HSET', key, 'q', h.q, 's', h.s, 'r', h.r, 'n', h.n, 'w', h.w, 'p', h.p, 'pr', h.pr,
+      'm', h.m, 'loc', h.loc, 'wt', h.wt, 'd', h.d, 'st', h.st)
+  else
+    redis.call('HSET', key, 'q', h.q, 's', h.s, 'r', h.r, 'n', h.n, 'w', h.w, 'p', h.p, 'pr', h.pr,
+      'm', h.m, 'loc', h.loc, 'wt', h.wt)
+  end
 end
 -- The run other than run whose live (not ended) entry holds dedup id d on queue q, or nil; and
 -- the run the queue's dedup hash names.
@@ -307,7 +313,7 @@ local function put(p, run, a, i, now)
     redis.call('ZADD', qkey(p, e.q, 'starts'), e.st, run)
   end
   local ready = place(p, run, e, now)
-  save(key, e)
+  save(key, e, true)
   return ready and not was_ready
 end
 """
