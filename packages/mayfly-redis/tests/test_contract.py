@@ -61,12 +61,15 @@ def test_contract_suite_certifies(deployment: str) -> None:
         # (an index of run summaries, a verification beyond what reads check) are skipped.
         skipped = {line.split()[1] for line in report.splitlines() if line.startswith("  SKIP ")}
         if deployment.endswith("cluster"):
-            # A Cluster keeps no run index (docs/backends/redis.md, "Redis Cluster"): its clauses skip.
-            index_clauses = {name for name in skipped if name.startswith("runindex.")}
-            assert index_clauses and "run_index=no" in report, report
+            # A Cluster keeps no run index (docs/backends/redis.md, "Redis Cluster"), so no queue
+            # control either: their clauses skip.
+            index_clauses = {name for name in skipped if name.startswith(("runindex.", "queues."))}
+            assert any(name.startswith("queues.") for name in index_clauses), report
+            assert index_clauses and "run_index=no" in report and "queue_control=no" in report, report
             skipped -= index_clauses
         else:
             assert "run_index=yes" in report and "run_wakeups=yes" in report, report
+            assert "queue_control=yes" in report, report
         assert skipped == UNOFFERED_FEATURE_CLAUSES, report
         assert "PASS journal.hub.never-blocks" in report
         assert "durability: durable" in report

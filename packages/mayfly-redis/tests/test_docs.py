@@ -19,7 +19,7 @@ def test_every_python_example_of_the_page_runs(tmp_path: Path, monkeypatch: pyte
     """The page's python blocks execute in sequence in one namespace without raising."""
     text = PAGE.read_text(encoding="utf-8")
     blocks = _BLOCK.findall(text)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__docs__"}
     for block in blocks:

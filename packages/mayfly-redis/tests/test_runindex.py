@@ -249,7 +249,8 @@ def test_appends_store_the_entry_and_a_fenced_append_after_a_reclaim_is_refused_
             lambda s=sequence: indexed("running", s),
         )
     assert asked == [1, 2, 3, 4]
-    assert journal.index_get(run) == entry(run, "running", NOW + 4, sequence=4)
+    # The claim of the new run recorded its start (queue_control); later appends keep it.
+    assert journal.index_get(run) == entry(run, "running", NOW + 4, sequence=4, started_ms=NOW)
     time.sleep(0.35)
     (new,) = journal.claim("new", limit=1, ttl_ms=60_000, now_ms=NOW)
     with pytest.raises(FencingRejected):
@@ -258,7 +259,7 @@ def test_appends_store_the_entry_and_a_fenced_append_after_a_reclaim_is_refused_
         )
     assert asked == [1, 2, 3, 4]
     journal.append_indexed(run, 5, records.batch(run, 5), new.fencing_token, lambda: indexed("terminal", 5))
-    assert journal.index_get(run) == entry(run, "terminal", NOW + 5, sequence=5)
+    assert journal.index_get(run) == entry(run, "terminal", NOW + 5, sequence=5, started_ms=NOW)
     new.release()
     assert claimed(journal) == []
 
@@ -281,7 +282,7 @@ def test_a_refused_append_asks_for_no_entry_and_stores_none(journal: RedisJourna
         journal.append_indexed(run, 2, records.batch(run, 2), guard.fencing_token + 1, never)
     with pytest.raises(AppendConflict):
         journal.append_indexed(run, 3, records.batch(run, 3), guard.fencing_token, never)
-    assert journal.index_get(run) == entry(run)
+    assert journal.index_get(run) == entry(run, started_ms=NOW)  # the claim recorded the start
     assert journal.next_sequence(run) == 2
 
 

@@ -6,6 +6,7 @@ import random
 import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from mayfly.journal import JournalRecord
@@ -32,6 +33,10 @@ def random_entry(rng: random.Random, run_id: str, runs: list[str]) -> IndexEntry
         parent=rng.choice(runs) if rng.random() < 0.1 else None,
         priority=rng.choice((0, 0, 0, 1, -2)),
     )
+
+
+def _unstarted(entry: IndexEntry | None) -> IndexEntry | None:
+    return None if entry is None else msgspec.structs.replace(entry, started_ms=None)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -89,7 +94,8 @@ def test_random_operations_agree_with_the_file_journal(
                 now = NOW + rng.randint(-60, 60)
                 assert local.next_wake(now_ms=now) == remote.next_wake(now_ms=now), where
             for run in runs:
-                assert local.index_get(run) == remote.index_get(run), (where, run)
+                # The file journal records no starts (no queue_control): compare without them.
+                assert local.index_get(run) == _unstarted(remote.index_get(run)), (where, run)
         assert granted > 20 and woken > 5, (granted, woken)  # the sequence exercised claims and wakes
     finally:
         for pair in held:

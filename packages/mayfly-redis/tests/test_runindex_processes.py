@@ -46,6 +46,8 @@ CLAIMANT = textwrap.dedent(
             for guard in guards:
                 print(guard.run_id, guard.fencing_token, flush=True)
             time.sleep(0 if guards else 0.01)
+        print("done", flush=True)
+        sys.stdin.readline()  # closing releases the leases: only once every claimant is done
     """
 )
 
@@ -80,11 +82,21 @@ def test_four_claimant_processes_racing_over_200_runs_claim_each_exactly_once(
         assert process.stdin is not None
         process.stdin.write("go\n")
         process.stdin.flush()
-    outputs = [process.communicate(timeout=120)[0] for process in claimants]
+    # A claimant that is done still holds its leases: closing would release them to the others.
+    outputs: list[list[str]] = []
+    for process in claimants:
+        assert process.stdout is not None
+        got = []
+        while (line := process.stdout.readline()) != "done\n":
+            assert line, "a claimant ended before it was done"
+            got.append(line.split()[0])
+        outputs.append(got)
+    for process in claimants:
+        process.communicate("exit\n", timeout=120)
     assert all(process.returncode == 0 for process in claimants)
-    taken = [line.split()[0] for output in outputs for line in output.splitlines()]
+    taken = [run for output in outputs for run in output]
     assert sorted(taken) == sorted(runs)  # all of them, none twice
-    assert all(output.strip() for output in outputs), "a claimant got nothing: the race was not a race"
+    assert all(outputs), "a claimant got nothing: the race was not a race"
 
 
 def chain(name: str, length: int, handler: str = "step@1") -> WorkflowSpec:

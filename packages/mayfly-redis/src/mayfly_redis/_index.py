@@ -5,8 +5,9 @@ one hash beside the run's records, in the run's slot, so the append script
 stores it in the same atomic step as the records:
 
 * ``P:{R}:index`` hash: ``q`` queue, ``s`` status, ``r`` ready_at (``''``:
-  none), ``n`` sequence, ``w`` wake, ``p`` parent, ``pr`` priority, ``m`` the
-  run's claim-order member, and where the run is filed (``loc``, ``wt``).
+  none), ``n`` sequence, ``w`` wake, ``p`` parent, ``pr`` priority, ``d``
+  dedup id and ``st`` started_ms (``''``: none), ``m`` the run's claim-order
+  member, and where the run is filed (``loc``, ``wt``).
 
 Claims look for runs in per-queue sets, hash-tagged ``{q:Q}``, whose members
 all score 0 and sort by bytes in claim order (priority descending, then
@@ -22,6 +23,23 @@ ready_at with none last, then run id; see :func:`member`):
   lexicographic range of members and the next wake time its first member
   past it;
 * ``P:queues``: every queue that ever held an entry (a claim of every queue).
+
+Queue flow control (``queue_control``, :mod:`mayfly.queues`):
+
+* ``P:queue-settings`` hash: queue name -> its :class:`~mayfly.queues.QueueSettings`
+  as msgspec JSON (the claim script decodes it with ``cjson``);
+* ``P:{q:Q}:holding`` sorted set, kept for queues with settings: the runs
+  a claim (or an ``acquire``) leased, scored by the grant's expiry; the
+  queue's runs in progress are those members whose lease key is live and
+  whose entry has not ended (claims of a limited queue drop the others, a
+  release drops its run). Claims of a queue without settings skip it, to
+  stay as fast as before; ``queue_set`` of a queue that had none fills it
+  with the runs leased in it then;
+* ``P:{q:Q}:starts`` sorted set: run id -> ``started_ms`` of each start (a
+  first claim of a ``new`` entry), counted per rate window;
+* ``P:{q:Q}:dedup`` hash: dedup id -> the run whose live entry holds it, set
+  by the append that creates the run (which refuses a second live holder) and
+  cleared when the holder's entry ends or is purged.
 
 Children (entries with a parent) and ended runs are filed nowhere: they are
 never claimed. A run waiting with no wake time is filed only once woken.
@@ -42,7 +60,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from mayfly.errors import CorruptionError, InvalidRecord
-from mayfly.ids import QUEUE_NAME, parse_run_id
+from mayfly.ids import DEDUP_ID, QUEUE_NAME, parse_run_id
 from mayfly.runindex import IndexEntry, IndexStatus
 
 __all__ = ["bound", "decode_entry", "entry_fields", "member"]
@@ -82,7 +100,10 @@ def decode_ready(part: bytes | str) -> int:
 
 
 def entry_fields(entry: object) -> list[str]:
-    """The entry as the scripts take it (queue, status, ready_at, sequence, wake, parent, priority, member).
+    """The entry as the scripts take it.
+
+    Queue, status, ready_at, sequence, wake, parent, priority, member, dedup
+    id and started_ms, ``''`` standing for ``None``.
 
     Anything but a well-formed :class:`IndexEntry` raises ``InvalidRecord``.
     """
@@ -105,6 +126,10 @@ def entry_fields(entry: object) -> list[str]:
     if not isinstance(entry.wake, bool):
         raise InvalidRecord(f"index entry of run {run}: wake must be a bool, got {entry.wake!r:.80}")
     parent = "" if entry.parent is None else parse_run_id(entry.parent)
+    dedup = entry.dedup_id
+    if dedup is not None and (not isinstance(dedup, str) or DEDUP_ID.fullmatch(dedup) is None):
+        raise InvalidRecord(f"index entry of run {run}: dedup id {dedup!r:.80} must match {DEDUP_ID.pattern}")
+    started = None if entry.started_ms is None else _int64(entry.started_ms, "started_ms", run)
     return [
         entry.queue,
         entry.status.value,
@@ -114,6 +139,8 @@ def entry_fields(entry: object) -> list[str]:
         parent,
         str(priority),
         member(run, priority, ready),
+        "" if dedup is None else dedup,
+        "" if started is None else str(started),
     ]
 
 
@@ -123,6 +150,8 @@ def decode_entry(run_id: str, fields: Mapping[bytes, bytes]) -> IndexEntry:
         text = {key.decode(): value.decode() for key, value in fields.items()}
         ready = text["r"]
         parent = text["p"]
+        dedup = text.get("d", "")  # entries stored before queue control have neither
+        started = text.get("st", "")
         return IndexEntry(
             run_id=run_id,
             queue=text["q"],
@@ -132,6 +161,8 @@ def decode_entry(run_id: str, fields: Mapping[bytes, bytes]) -> IndexEntry:
             wake=text["w"] == "1",
             parent=None if parent == "" else parent,
             priority=int(text["pr"]),
+            dedup_id=None if dedup == "" else dedup,
+            started_ms=None if started == "" else int(started),
         )
     except (KeyError, ValueError, UnicodeDecodeError) as error:
         raise CorruptionError(

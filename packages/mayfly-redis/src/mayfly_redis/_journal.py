@@ -19,8 +19,10 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, final
+
+import msgspec
 
 from mayfly.backend import JournalBase, decode_snapshot, encode_snapshot
 from mayfly.errors import (
@@ -29,11 +31,12 @@ from mayfly.errors import (
     CompatibilityError,
     ConflictingRecord,
     CorruptionError,
+    DuplicateRun,
     FencingRejected,
     InvalidRecord,
     LeaseHeld,
 )
-from mayfly.ids import parse_run_id
+from mayfly.ids import QUEUE_NAME, parse_run_id
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -44,6 +47,7 @@ from mayfly.journal import (
     WorkflowJournal,
 )
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
+from mayfly.queues import QueueSettings, QueueUsage, check_held
 from mayfly.runindex import IndexEntry, check_claim
 from mayfly_redis import _index, _scripts
 from mayfly_redis._client import RedisStore, open_store, relayed_store
@@ -115,7 +119,9 @@ class RedisJournal(JournalBase):
     run purging and ``network``; crash-durable only with AOF: in ``memory``
     mode a writer killed after an acknowledgement loses nothing either, but the
     contract ties ``crash_durable`` to a durability of at least ``write``,
-    which a non-persistent server does not meet.
+    which a non-persistent server does not meet. On a standalone server it
+    also keeps the run index (``run_index``, ``run_wakeups``) and enforces
+    queue settings in its claims (``queue_control``; see :mod:`mayfly_redis._index`).
     """
 
     remedy = _REMEDY
@@ -137,7 +143,7 @@ class RedisJournal(JournalBase):
                 durability,
                 "cross_process fencing fault_injection snapshots lease_expiry run_purge network",
                 "crash_durable" if durability is Durability.DURABLE else "",
-                "" if self._store.cluster else "run_index run_wakeups",
+                "" if self._store.cluster else "run_index run_wakeups queue_control",
             ),
         )
         # Claims grant leases through a lease store on the same connections (guards renew and release
@@ -245,7 +251,7 @@ class RedisJournal(JournalBase):
             or known[1] != fence
             or time.monotonic() >= known[2]
         ):
-            check = [*head, "check", "", "", "", "", "", "", "", "", "", ""]
+            check = [*head, "check", *[""] * 12]
             reply = self._store.script(operation, _scripts.APPEND_INDEXED, keys, check + elements)
             if _text(reply[0]) != "ok":
                 self._granted.pop(run_id, None)
@@ -256,6 +262,8 @@ class RedisJournal(JournalBase):
         reply = self._store.script(operation, _scripts.APPEND_INDEXED, keys, args)
         if _text(reply[0]) != "ok":
             self._granted.pop(run_id, None)
+            if _text(reply[0]) == "duplicate":
+                raise DuplicateRun(run_id, fields[0], fields[8], _text(reply[1]))
             return self._answer(run_id, expected_next, batch, fence, reply)
         left_ms = int(reply[2])
         if fence is not None and left_ms > 0:
@@ -361,7 +369,7 @@ class RedisJournal(JournalBase):
         target = self._target
         keys = [target.key(run, name) for name in ("lease", "records", "ids", "snapshot", "index")]
         prefix = "" if self._store.cluster else target.prefix
-        status, detail = self._store.script(f"purge run {run}", _scripts.PURGE, keys, [prefix])
+        status, detail = self._store.script(f"purge run {run}", _scripts.PURGE, keys, [prefix, run])
         if _text(status) == "held":
             raise LeaseHeld(run, _text(detail).split(" ", 2)[-1])
         self._store.call(f"purge run {run}", "ZREM", target.runs_key, run)
@@ -409,25 +417,33 @@ class RedisJournal(JournalBase):
         ttl_ms: int,
         now_ms: int,
         queues: Sequence[str] | None = None,
+        held: Mapping[str, int] | None = None,
     ) -> list[RecoveryLeaseGuard]:
         """Lease up to ``limit`` claimable root runs to ``owner`` in claim order, in one script.
 
         The script selects and grants together (a new fencing token per run,
         the lease layout of :class:`~mayfly_redis.RedisLeaseStore`) and clears
         each run's wake, so no run goes to two claimants; the guards renew and
-        release like those of ``RedisLeaseStore.acquire``.
+        release like those of ``RedisLeaseStore.acquire``. Each queue's
+        settings limit the selection (``held``: the runs of each queue the
+        claimant holds), and a first claim of a ``new`` run records its start
+        at ``now_ms``, in the same script.
         """
         limit, names = check_claim(limit, queues)
+        holding = check_held(held)
         _, owner, ttl = validate_acquire(_ANY_RUN, owner, ttl_ms)
         now = self._now(now_ms)
         self._indexed("claim")
         nonce = uuid.uuid4().hex
+        pairs: list[Any] = [len(holding)]
+        for name, count in holding.items():
+            pairs += [name, count]
         sent = time.monotonic()
         reply = self._store.script(
             "claim runs",
             _scripts.CLAIM,
             [],
-            [self._target.prefix, owner, limit, ttl, _index.bound(now), nonce, *(names or ())],
+            [self._target.prefix, owner, limit, ttl, _index.bound(now), nonce, now, *pairs, *(names or ())],
         )
         guards: list[RecoveryLeaseGuard] = []
         for offset in range(0, len(reply), 4):
@@ -490,3 +506,74 @@ class RedisJournal(JournalBase):
         """Tell every listening worker that some run became claimable now."""
         self._indexed("notify wake-ups")
         self._store.raw_call("notify wake-ups", "PUBLISH", self._channel, "1")
+
+    # -- queue flow control (capabilities.queue_control, standalone; mayfly.queues.QueueControl) -----
+
+    @property
+    def _settings_key(self) -> str:
+        return f"{self._target.prefix}:queue-settings"
+
+    def _decode_settings(self, name: str, body: bytes) -> QueueSettings:
+        try:
+            settings = msgspec.json.decode(body, type=QueueSettings)
+        except (msgspec.ValidationError, msgspec.DecodeError, InvalidRecord) as error:
+            raise CorruptionError(
+                f"settings of queue {name} under {self._settings_key} are unreadable ({error}); "
+                f"set them again (queue_set) or remove them (queue_remove)"
+            ) from None
+        if settings.name != name:
+            raise CorruptionError(
+                f"settings stored for queue {name} under {self._settings_key} name queue "
+                f"{settings.name}; set them again (queue_set) or remove them (queue_remove)"
+            )
+        return settings
+
+    def queue_set(self, settings: QueueSettings) -> None:
+        """Store the queue's settings, replacing any it had; claims obey them from now on.
+
+        A queue that had no settings starts counting its runs in progress with
+        the runs leased in it now (claims of a queue without settings do not
+        track them, to stay as fast as before).
+        """
+        if not isinstance(settings, QueueSettings):
+            raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
+        self._indexed("queue settings")
+        body = msgspec.json.encode(settings)
+        self._store.script(
+            f"set queue {settings.name}", _scripts.QUEUE_SET, [], [self._target.prefix, settings.name, body]
+        )
+
+    def queue_get(self, name: str) -> QueueSettings | None:
+        """The queue's settings, or ``None`` if it has none."""
+        _check_queue(name)
+        self._indexed("queue settings")
+        body = self._store.raw_call(f"read queue {name}", "HGET", self._settings_key, name)
+        return None if body is None else self._decode_settings(name, body)
+
+    def queue_list(self) -> list[QueueSettings]:
+        """Every queue with settings, by name."""
+        self._indexed("queue settings")
+        flat = self._store.raw_call("list queues", "HGETALL", self._settings_key)
+        stored = {_text(name): body for name, body in zip(flat[0::2], flat[1::2], strict=True)}
+        return [self._decode_settings(name, stored[name]) for name in sorted(stored)]
+
+    def queue_remove(self, name: str) -> bool:
+        """Remove the queue's settings (its runs are claimed without limits); ``False`` if it had none."""
+        _check_queue(name)
+        self._indexed("queue settings")
+        return bool(int(self._store.raw_call(f"remove queue {name}", "HDEL", self._settings_key, name)))
+
+    def queue_usage(self, name: str, *, now_ms: int) -> QueueUsage:
+        """The queue's runs in progress now and its starts within its rate window ending at ``now_ms``."""
+        _check_queue(name)
+        now = self._now(now_ms)
+        self._indexed("queue usage")
+        in_progress, starts = self._store.script(
+            f"usage of queue {name}", _scripts.QUEUE_USAGE, [], [self._target.prefix, name, now]
+        )
+        return QueueUsage(in_progress=int(in_progress), recent_starts=int(starts))
+
+
+def _check_queue(name: object) -> None:
+    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
+        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")

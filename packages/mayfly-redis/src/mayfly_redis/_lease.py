@@ -72,11 +72,15 @@ class RedisLeaseStore(LeaseStoreBase[RedisLeaseGuard]):
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> RedisLeaseGuard:
         nonce = uuid.uuid4().hex
+        target = self._redis.target
+        keys = [self._lease_key(run_id), target.key(run_id, "fence")]
+        args: list[object] = [nonce, owner, ttl_ms]
+        if not self._redis.cluster:
+            # A standalone server counts the run in progress in its queue (queue_control).
+            keys.append(target.key(run_id, "index"))
+            args += [target.prefix, run_id]
         status, detail, *rest = self._redis.script(
-            f"acquire lease of run {run_id}",
-            _scripts.ACQUIRE,
-            [self._lease_key(run_id), self._redis.target.key(run_id, "fence")],
-            [nonce, owner, ttl_ms],
+            f"acquire lease of run {run_id}", _scripts.ACQUIRE, keys, args
         )
         if _text(status) != "granted":
             left = int(rest[0]) if rest and int(rest[0]) >= 0 else None

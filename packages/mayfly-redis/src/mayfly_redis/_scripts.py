@@ -22,6 +22,8 @@ __all__ = [
     "INDEX_WAKE",
     "NEXT_WAKE",
     "PURGE",
+    "QUEUE_SET",
+    "QUEUE_USAGE",
     "READ",
     "RELEASE",
     "RENEW",
@@ -132,13 +134,24 @@ return {redis.call('HLEN', KEYS[2]), redis.call('LRANGE', KEYS[1], ARGV[1], ARGV
 """
 
 ACQUIRE: Final = """
--- KEYS: lease string, fence string; ARGV: nonce, owner, ttl_ms
--- The lease value is '<token> <nonce> <owner>'. A retried acquire whose reply was
--- lost finds its own nonce and gets its grant back instead of LeaseHeld.
+-- KEYS: lease string, fence string [, index hash (standalone only)]; ARGV: nonce, owner, ttl_ms
+-- [, prefix, run id (standalone only)]. The lease value is '<token> <nonce> <owner>'. A retried
+-- acquire whose reply was lost finds its own nonce and gets its grant back instead of LeaseHeld.
+-- On a standalone server a root run with a live entry in a queue with settings joins its queue's
+-- holding set (it is in progress there: see mayfly_redis._index).
 if redis.call('SET', KEYS[1], 'granting', 'NX', 'PX', ARGV[3]) then
   redis.call('INCR', KEYS[2])
   local token = redis.call('GET', KEYS[2])
   redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1] .. ' ' .. ARGV[2], 'KEEPTTL')
+  if KEYS[3] then
+    local e = redis.call('HMGET', KEYS[3], 'q', 'p', 's')
+    if e[1] and e[2] == '' and e[3] ~= 'terminal' and
+        redis.call('HEXISTS', ARGV[4] .. ':queue-settings', e[1]) == 1 then
+      local t = redis.call('TIME')
+      local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
+      redis.call('ZADD', ARGV[4] .. ':{q:' .. e[1] .. '}:holding', expiry, ARGV[5])
+    end
+  end
   return {'granted', token}
 end
 local holder = redis.call('GET', KEYS[1])
@@ -167,7 +180,8 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- A run's entry hash: q queue, s status, r ready_at ('' = none), n sequence, w wake '0'/'1',
--- p parent ('' = root), pr priority, m its claim-order member, loc 'r' ready / 'l' leased / '',
+-- p parent ('' = root), pr priority, d dedup id, st started_ms ('' = none; entries stored before
+-- queue control have neither), m its claim-order member, loc 'r' ready / 'l' leased / '',
 -- wt '1' when it is in its queue's waiting set.
 local function load(key)
   local flat = redis.call('HGETALL', key)
@@ -176,9 +190,65 @@ local function load(key)
   for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
   return h
 end
-local function save(key, h)
-  redis.call('HSET', key, 'q', h.q, 's', h.s, 'r', h.r, 'n', h.n, 'w', h.w, 'p', h.p, 'pr', h.pr,
-    'm', h.m, 'loc', h.loc, 'wt', h.wt)
+-- d and st are written only with a new entry (full): moving an entry leaves them as they are.
+local function save(key, h, full)
+  if full then
+    redis.call('HSET', key, 'q', h.q, 's', h.s, 'r', h.r, 'n', h.n, 'w', h.w, 'p', h.p, 'pr', h.pr,
+      'm', h.m, 'loc', h.loc, 'wt', h.wt, 'd', h.d, 'st', h.st)
+  else
+    redis.call('HSET', key, 'q', h.q, 's', h.s, 'r', h.r, 'n', h.n, 'w', h.w, 'p', h.p, 'pr', h.pr,
+      'm', h.m, 'loc', h.loc, 'wt', h.wt)
+  end
+end
+-- The run other than run whose live (not ended) entry holds dedup id d on queue q, or nil; and
+-- the run the queue's dedup hash names.
+local function live_holder(p, q, d, run)
+  local other = redis.call('HGET', qkey(p, q, 'dedup'), d)
+  if not other or other == run then return nil, other end
+  local o = redis.call('HMGET', rkey(p, other, 'index'), 's', 'q', 'd')
+  if o[1] and o[1] ~= 'terminal' and o[2] == q and o[3] == d then return other, other end
+  return nil, other
+end
+-- Keep the dedup hashes in step with a run's entry changing from h (nil: none) to e (nil: gone):
+-- a live entry holds its id (unless another live run does: a repair never takes it over), an
+-- ended or removed one lets it go.
+local function file_dedup(p, run, h, e)
+  local was = h ~= nil and (h.d or '') ~= '' and h.s ~= 'terminal'
+  local is = e ~= nil and e.d ~= '' and e.s ~= 'terminal'
+  if was and not (is and e.q == h.q and e.d == h.d) then
+    local key = qkey(p, h.q, 'dedup')
+    if redis.call('HGET', key, h.d) == run then redis.call('HDEL', key, h.d) end
+  end
+  if is then
+    local other, named = live_holder(p, e.q, e.d, run)
+    if not other and named ~= run then redis.call('HSET', qkey(p, e.q, 'dedup'), e.d, run) end
+  end
+end
+-- Drop a removed entry h of run from its queue's flow-control structures.
+local function forget(p, run, h)
+  file_dedup(p, run, h, nil)
+  redis.call('ZREM', qkey(p, h.q, 'starts'), run)
+  redis.call('ZREM', qkey(p, h.q, 'holding'), run)
+end
+-- The queue's runs in progress: holding members whose lease is live and whose root entry in the
+-- queue has not ended. With prune, the other members are dropped.
+local function in_progress(p, q, prune)
+  local key = qkey(p, q, 'holding')
+  local n = 0
+  for _, run in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    local counted = false
+    if redis.call('PTTL', rkey(p, run, 'lease')) > 0 then
+      local e = redis.call('HMGET', rkey(p, run, 'index'), 's', 'q', 'p')
+      counted = e[1] ~= false and e[1] ~= 'terminal' and e[2] == q and e[3] == ''
+    end
+    if counted then n = n + 1 elseif prune then redis.call('ZREM', key, run) end
+  end
+  return n
+end
+-- The queue's starts (first claims) in the rate window of period ms ending at now_ms.
+local function recent_starts(p, q, now_ms, period)
+  local after = string.format('%.0f', tonumber(now_ms) - period)
+  return redis.call('ZCOUNT', qkey(p, q, 'starts'), '(' .. after, '+inf')
 end
 -- Take the entry out of every claim structure it is in.
 local function unplace(p, h)
@@ -220,33 +290,42 @@ local function place(p, run, h, now)
   end
   return false
 end
--- Store the entry given in a[i .. i + 7] (queue, status, ready_at, sequence, wake, parent, priority,
--- member) unless the stored one reflects a later sequence; a stored wake is kept. Returns true when
--- the run became claimable now.
+-- Store the entry given in a[i .. i + 9] (queue, status, ready_at, sequence, wake, parent, priority,
+-- member, dedup id, started_ms) unless the stored one reflects a later sequence; a stored wake and
+-- a stored start are kept. Returns true when the run became claimable now.
 local function put(p, run, a, i, now)
   local key = rkey(p, run, 'index')
   local h = load(key)
   if h and tonumber(a[i + 3]) < tonumber(h.n) then return false end
   local was_ready = h ~= nil and h.loc == 'r'
   local wake = a[i + 4]
+  local started = a[i + 9]
   if h then
     if h.w == '1' then wake = '1' end
+    if started == '' and h.st then started = h.st end
     unplace(p, h)
   end
   local e = {q = a[i], s = a[i + 1], r = a[i + 2], n = a[i + 3], w = wake, p = a[i + 5], pr = a[i + 6],
-    m = a[i + 7]}
+    m = a[i + 7], d = a[i + 8], st = started}
+  file_dedup(p, run, h, e)
+  if e.st ~= '' and (not h or h.st ~= e.st or h.q ~= e.q) then
+    if h and (h.st or '') ~= '' and h.q ~= e.q then redis.call('ZREM', qkey(p, h.q, 'starts'), run) end
+    redis.call('ZADD', qkey(p, e.q, 'starts'), e.st, run)
+  end
   local ready = place(p, run, e, now)
-  save(key, e)
+  save(key, e, true)
   return ready and not was_ready
 end
 """
 
 APPEND_INDEXED: Final = _check_and_append(
-    15,
+    17,
     # ARGV[5] 'check' (answer whether the batch would be accepted, write nothing) or 'write';
-    # ARGV[6] the prefix, ARGV[7] the wake-up channel, ARGV[8..15] the entry (see put()).
+    # ARGV[6] the prefix, ARGV[7] the wake-up channel, ARGV[8..17] the entry (see put()).
     # KEYS[5] lease string, KEYS[6] index hash. The reply's third item is the time left on the
     # lease the fence names (0 if none), so the caller knows how long no one else can append.
+    # A live entry whose dedup id (ARGV[16]) another live run of its queue holds refuses the whole
+    # append: {'duplicate', that run}.
     """
 local holder = redis.call('GET', KEYS[5])
 local left = 0
@@ -254,21 +333,25 @@ if holder and ARGV[1] ~= '' and string.match(holder, '^(%d+) ') == ARGV[1] then
   left = redis.call('PTTL', KEYS[5])
 end
 if ARGV[5] == 'check' then return {'ok', tostring(length), tostring(left)} end
+if ARGV[16] ~= '' and ARGV[9] ~= 'terminal' then
+  local other = live_holder(ARGV[6], ARGV[8], ARGV[16], ARGV[4])
+  if other then return {'duplicate', other} end
+end
 """,
     """
 if put(ARGV[6], ARGV[4], ARGV, 8, server_ms()) then redis.call('PUBLISH', ARGV[7], '1') end
 return {'ok', tostring(length + count), tostring(left)}
 """,
-).replace("local E = 15", _INDEX_LIB + "local E = 15", 1)
+).replace("local E = 17", _INDEX_LIB + "local E = 17", 1)
 
 INDEX_PUT: Final = (
     _INDEX_LIB
     + """
--- ARGV: prefix, wake-up channel, then 9 fields per entry: run id and the entry (see put()).
+-- ARGV: prefix, wake-up channel, then 11 fields per entry: run id and the entry (see put()).
 local p = ARGV[1]
 local now = server_ms()
 local woke = false
-for i = 3, #ARGV, 9 do
+for i = 3, #ARGV, 11 do
   if put(p, ARGV[i], ARGV, i + 1, now) then woke = true end
 end
 if woke then redis.call('PUBLISH', ARGV[2], '1') end
@@ -299,14 +382,49 @@ return 1
 CLAIM: Final = (
     _INDEX_LIB
     + """
--- ARGV: prefix, owner, limit, ttl_ms, the member bound of now_ms ('0' .. 20 digits), nonce, queues...
--- (none: every queue). Grants up to limit leases in claim order (priority, then ready_at, then run
--- id); replies run id, token, nonce and record count of each. Run keys are read by name: standalone.
+-- ARGV: prefix, owner, limit, ttl_ms, the member bound of now_ms ('0' .. 20 digits), nonce, now_ms,
+-- the number H of held pairs, H pairs (queue, runs of it the claimant holds), then queues... (none:
+-- every queue). Grants up to limit leases in claim order (priority, then ready_at, then run id)
+-- under each queue's settings (mayfly.queues.plan_claim); replies run id, token, nonce and record
+-- count of each. Run keys are read by name: standalone.
 local p, owner, limit, ttl, bound, nonce = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local now_ms = ARGV[7]
 local now = server_ms()
+local held = {}
+local first_queue = 9 + 2 * tonumber(ARGV[8])
+for i = 9, first_queue - 1, 2 do held[ARGV[i]] = tonumber(ARGV[i + 1]) end
 local queues = {}
-for i = 7, #ARGV do queues[#queues + 1] = ARGV[i] end
+for i = first_queue, #ARGV do queues[#queues + 1] = ARGV[i] end
 if #queues == 0 then queues = redis.call('SMEMBERS', p .. ':queues') end
+-- Flow control: room[q] (runs the claim may still take from q) and starts[q] (first claims it may
+-- still make) for each claimed queue with limits; a queue without settings has neither.
+local room, starts, tracked = {}, {}, {}
+if redis.call('EXISTS', p .. ':queue-settings') == 1 then
+  local stored = {}
+  local flat = redis.call('HGETALL', p .. ':queue-settings')
+  for i = 1, #flat, 2 do stored[flat[i]] = flat[i + 1] end
+  for _, q in ipairs(queues) do
+    if stored[q] then
+      local s = cjson.decode(stored[q])
+      local conc, per_worker, rate = s.concurrency, s.worker_concurrency, s.rate_limit
+      if conc == cjson.null then conc = nil end
+      if per_worker == cjson.null then per_worker = nil end
+      if rate == cjson.null then rate = nil end
+      tracked[q] = true
+      if conc or per_worker or rate then
+        local r = limit
+        -- The holding set bounds the runs in progress: count (and prune) only when it could bind.
+        if conc and conc - redis.call('ZCARD', qkey(p, q, 'holding')) < r then
+          r = math.min(r, conc - in_progress(p, q, true))
+        end
+        if per_worker then r = math.min(r, per_worker - (held[q] or 0)) end
+        room[q] = math.max(0, r)
+        starts[q] = limit
+        if rate then starts[q] = math.max(0, rate - recent_starts(p, q, now_ms, s.rate_period_ms)) end
+      end
+    end
+  end
+end
 local top = string.char(255)
 local streams = {}
 for _, q in ipairs(queues) do
@@ -337,7 +455,7 @@ for _, q in ipairs(queues) do
 end
 local page = limit + 16
 local function head(s)
-  if s.done then return nil end
+  if s.done or room[s.q] == 0 then return nil end
   if s.pos > #s.buf then
     s.buf = redis.call('ZRANGEBYLEX', s.key, s.last and ('(' .. s.last) or '-', s.hi, 'LIMIT', 0, page)
     s.pos = 1
@@ -348,6 +466,7 @@ end
 local granted = {}
 local count = 0
 local seen = {}
+local pruned = {}
 while count < limit do
   local best, first = nil, nil
   for _, s in ipairs(streams) do
@@ -375,19 +494,43 @@ while count < limit do
           redis.call('HSET', key, 'loc', 'l')
         end
       else
-        local fence = rkey(p, run, 'fence')
-        redis.call('SET', lease, 'granting', 'PX', ttl)
-        local token = tostring(redis.call('INCR', fence))
-        local grant = nonce .. count
-        redis.call('SET', lease, token .. ' ' .. grant .. ' ' .. owner, 'KEEPTTL')
-        if h.loc == 'r' then redis.call('ZREM', qkey(p, h.q, 'ready'), first) end
-        redis.call('ZADD', qkey(p, h.q, 'leased'), now + tonumber(ttl), first)
-        redis.call('HSET', key, 'loc', 'l', 'w', '0')
-        count = count + 1
-        granted[#granted + 1] = run
-        granted[#granted + 1] = token
-        granted[#granted + 1] = grant
-        granted[#granted + 1] = tostring(redis.call('LLEN', rkey(p, run, 'records')))
+        local q = h.q
+        local start = h.s == 'new' and (h.st or '') == ''
+        -- plan_claim: a limited queue needs room, and a start needs a start left in its window.
+        local take = room[q] == nil or (room[q] > 0 and (not start or starts[q] > 0))
+        if take and room[q] ~= nil then
+          room[q] = room[q] - 1
+          if start then starts[q] = starts[q] - 1 end
+        end
+        if take then
+          local fence = rkey(p, run, 'fence')
+          redis.call('SET', lease, 'granting', 'PX', ttl)
+          local token = tostring(redis.call('INCR', fence))
+          local grant = nonce .. count
+          redis.call('SET', lease, token .. ' ' .. grant .. ' ' .. owner, 'KEEPTTL')
+          if h.loc == 'r' then redis.call('ZREM', qkey(p, q, 'ready'), first) end
+          local expiry = now + tonumber(ttl)
+          redis.call('ZADD', qkey(p, q, 'leased'), expiry, first)
+          if tracked[q] then redis.call('ZADD', qkey(p, q, 'holding'), expiry, run) end
+          if start then
+            -- A start: recorded on the entry and in the queue's starts, at the claim's now_ms.
+            redis.call('HSET', key, 'loc', 'l', 'w', '0', 'st', now_ms)
+            local recorded = qkey(p, q, 'starts')
+            redis.call('ZADD', recorded, now_ms, run)
+            if not pruned[q] then
+              pruned[q] = true  -- no rate window is longer than 30 days
+              redis.call('ZREMRANGEBYSCORE', recorded, '-inf',
+                '(' .. string.format('%.0f', tonumber(now_ms) - 2592000000))
+            end
+          else
+            redis.call('HSET', key, 'loc', 'l', 'w', '0')
+          end
+          count = count + 1
+          granted[#granted + 1] = run
+          granted[#granted + 1] = token
+          granted[#granted + 1] = grant
+          granted[#granted + 1] = tostring(redis.call('LLEN', rkey(p, run, 'records')))
+        end
       end
     end
   end
@@ -429,6 +572,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 if ARGV[2] ~= '' then
   local h = load(KEYS[2])
+  if h then redis.call('ZREM', qkey(ARGV[2], h.q, 'holding'), ARGV[3]) end
   if h and h.loc == 'l' then
     unplace(ARGV[2], h)
     place(ARGV[2], ARGV[3], h, server_ms())
@@ -443,15 +587,51 @@ PURGE: Final = (
     _INDEX_LIB
     + """
 -- KEYS: lease string, records list, ids hash, snapshot string, index hash (the fence string is kept)
--- ARGV: the prefix ('' on a Cluster). A live lease refuses the purge; otherwise everything of the run
--- but its fence goes at once, its run index entry too.
+-- ARGV: the prefix ('' on a Cluster), run id. A live lease refuses the purge; otherwise everything
+-- of the run but its fence goes at once, its run index entry (its dedup id and start) too.
 local holder = redis.call('GET', KEYS[1])
 if holder then return {'held', holder} end
 if ARGV[1] ~= '' then
   local h = load(KEYS[5])
-  if h then unplace(ARGV[1], h) end
+  if h then
+    unplace(ARGV[1], h)
+    forget(ARGV[1], ARGV[2], h)
+  end
 end
 redis.call('DEL', KEYS[5])
 return {'purged', tostring(redis.call('DEL', KEYS[2], KEYS[3], KEYS[4]))}
+"""
+)
+
+QUEUE_USAGE: Final = (
+    _INDEX_LIB
+    + """
+-- ARGV: prefix, queue, now_ms. Its runs in progress and, if it has a rate limit, its starts within
+-- the window ending at now_ms (read only: nothing is pruned).
+local p, q = ARGV[1], ARGV[2]
+local stored = redis.call('HGET', p .. ':queue-settings', q)
+local period = stored and cjson.decode(stored).rate_period_ms
+local starts = 0
+if period and period ~= cjson.null then starts = recent_starts(p, q, ARGV[3], period) end
+return {in_progress(p, q, false), starts}
+"""
+)
+
+QUEUE_SET: Final = (
+    _INDEX_LIB
+    + """
+-- ARGV: prefix, queue, its settings (msgspec JSON). Stores them; a queue that had none starts
+-- tracking its runs in progress with those leased now (claims track it from then on).
+local p, q = ARGV[1], ARGV[2]
+local had = redis.call('HSET', p .. ':queue-settings', q, ARGV[3]) == 0
+if not had then
+  local now = server_ms()
+  for _, m in ipairs(redis.call('ZRANGE', qkey(p, q, 'leased'), 0, -1)) do
+    local run = string.sub(m, 43)
+    local left = redis.call('PTTL', rkey(p, run, 'lease'))
+    if left > 0 then redis.call('ZADD', qkey(p, q, 'holding'), now + left, run) end
+  end
+end
+return 1
 """
 )
