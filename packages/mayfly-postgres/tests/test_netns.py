@@ -1,8 +1,8 @@
 """Hosts, not just processes: PostgreSQL workers in network namespaces, partitioned and killed.
 
-Each worker is a real :class:`mayfly.worker.Worker` process (``nsworker_pg.py``)
+Each worker is a real :class:`mayfly.worker.Worker` process (``python -m mayfly_contract._nsworker``)
 in a namespace of its own, reaching a PostgreSQL cluster of this session's own
-only through a veth pair and a bridge (``netns_pg.py``). A partition is the
+only through a veth pair and a bridge (:mod:`mayfly_contract.hosts`). A partition is the
 worker's link going down: its packets are lost, its connections stay open and
 come back when the link does. Every verdict is read from the journal; the
 workers' JSON logs only say when to look.
@@ -25,7 +25,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from netns_pg import Hosts, netns_problem, remove_stale
 from pgserver import PrivateCluster, drop_schema, with_options
 
 from mayfly import Node, WorkflowSpec
@@ -33,10 +32,10 @@ from mayfly.model.events import NodeOutcomeCommitted, NodeStarted, RunCompleted
 from mayfly.reducer import decode_event
 from mayfly.runindex import IndexStatus
 from mayfly.runtime import WorkflowRuntime
+from mayfly_contract.hosts import Hosts, netns_problem, remove_stale
 from mayfly_postgres import PostgresJournal, PostgresLeaseStore
 
 HERE = Path(__file__).parent
-WORKER = HERE / "nsworker_pg.py"
 TTL_MS = 2_000
 POLL_MS = 200
 
@@ -104,7 +103,16 @@ class WorkerProcess:
             "PYTHONUNBUFFERED": "1",
             "TEST_STEP_S": str(step_s),
         }
-        argv = [sys.executable, str(WORKER), url, owner, str(TTL_MS), str(POLL_MS), str(slots)]
+        argv = [
+            sys.executable,
+            "-m",
+            "mayfly_contract._nsworker",
+            url,
+            owner,
+            str(TTL_MS),
+            str(POLL_MS),
+            str(slots),
+        ]
         with log.open("w") as out:
             self.process = subprocess.Popen(
                 hosts.command(n, *argv), stdout=subprocess.DEVNULL, stderr=out, env=env

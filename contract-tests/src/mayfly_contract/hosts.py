@@ -1,5 +1,11 @@
 """Hosts on one machine: network namespaces on a private /24 bridged in the root namespace.
 
+For multi-host tests of any backend (the PostgreSQL and Redis backends' own
+namespace tests use it): put the store on the bridge address, run one worker
+per namespace (``python -m mayfly_contract._nsworker`` is a real
+:class:`mayfly.worker.Worker` with short leases), and cut links. Needs root
+and ``ip`` (iproute2).
+
 :class:`Hosts` creates a bridge in the root namespace holding the /24's first
 address, and ``count`` namespaces ``mfly-<pid>-<n>``, each joined to the
 bridge by a veth pair, with its own address and ``lo`` up. A process started
@@ -26,7 +32,7 @@ import time
 from typing import Final, final
 
 _PREFIX: Final = "mfly"
-_SUBNETS: Final = ipaddress.ip_network("10.213.0.0/16")
+_SUBNETS: Final = ipaddress.IPv4Network("10.213.0.0/16")
 
 
 def _ip(*arguments: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -80,11 +86,11 @@ def _kill_inside(namespace: str) -> None:
 
 
 def _used_subnets() -> set[ipaddress.IPv4Network]:
-    used = set()
+    used: set[ipaddress.IPv4Network] = set()
     for line in _ip("-o", "-4", "addr", "show", check=False).stdout.splitlines():
         fields = line.split()
         if "inet" in fields:
-            used.add(ipaddress.ip_interface(fields[fields.index("inet") + 1]).network)
+            used.add(ipaddress.IPv4Interface(fields[fields.index("inet") + 1]).network)
     return used
 
 
@@ -98,7 +104,7 @@ class Hosts:
         self.names = [f"{_PREFIX}-{pid}-{n}" for n in range(count)]
         self._veths = [f"mfh{pid}n{n}" for n in range(count)]
         used = _used_subnets()
-        subnets = list(_SUBNETS.subnets(new_prefix=24))
+        subnets: list[ipaddress.IPv4Network] = list(_SUBNETS.subnets(new_prefix=24))
         start = pid % 200 + 20
         choice = next((s for s in subnets[start:] + subnets[:start] if s not in used), None)
         if choice is None:

@@ -1,4 +1,4 @@
-"""A worker process for the namespace tests: ``python nsworker_redis.py URL OWNER LEASE_TTL_MS POLL_MS CONCURRENCY``.
+"""A worker process for multi-host tests: ``python -m mayfly_contract._nsworker URL OWNER TTL_MS POLL_MS N``.
 
 A real :class:`mayfly.worker.Worker` serving until SIGTERM, with one handler,
 ``step@1``: it sleeps ``TEST_STEP_S`` seconds and returns which worker ran
@@ -30,7 +30,7 @@ def step(request: Any) -> Succeeded:
 
 
 def main(url: str, owner: str, ttl_ms: int, poll_ms: int, concurrency: int) -> int:
-    """Serve until SIGTERM (SIGUSR1 writes every thread's stack to stderr); the exit status of ``Worker.serve``."""
+    """Serve until SIGTERM (SIGUSR1 dumps every thread's stack to stderr); return Worker.serve's status."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     worker = Worker(
         url,
