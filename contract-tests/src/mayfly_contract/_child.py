@@ -53,13 +53,14 @@ def try_lease(url: str, run_id: str, ttl_ms: int) -> None:
     leases.close()
 
 
-def churn_lease(url: str, run_id: str, rounds: int, seed: int) -> None:
-    """On "go", acquire and release the run's lease ``rounds`` times as fast as it can.
+def churn_lease(url: str, run_id: str, wins: int, seed: int) -> None:
+    """On "go", acquire and release the run's lease until ``wins`` grants were won (or 60 s passed).
 
-    A refused acquire (``LeaseHeld``) counts as a loss; any other error ends the
-    process with a traceback. Prints one JSON object: every grant won, as
-    ``[token, held_from, held_until]`` on the machine's monotonic clock (one
-    clock for every process here), and the number of refusals.
+    A refused acquire (``LeaseHeld``) is retried after a pause of up to 2 ms;
+    any other error ends the process with a traceback. Prints one JSON object:
+    every grant won, as ``[token, held_from, held_until]`` on the machine's
+    monotonic clock (one clock for every process here), and the number of
+    refusals.
     """
     leases = open_leases(url)
     chooser = random.Random(seed)
@@ -67,11 +68,13 @@ def churn_lease(url: str, run_id: str, rounds: int, seed: int) -> None:
     sys.stdin.readline()
     won: list[list[float]] = []
     refused = 0
-    for _ in range(rounds):
+    deadline = time.monotonic() + 60
+    while len(won) < wins and time.monotonic() < deadline:
         try:
             guard = leases.acquire(run_id, f"contract-churner-{seed}", 30_000)
         except LeaseHeld:
             refused += 1
+            time.sleep(chooser.uniform(0, 0.002))
             continue
         held_from = time.monotonic()
         time.sleep(chooser.uniform(0, 0.002))
