@@ -21,10 +21,10 @@ import msgspec
 
 from mayfly.backend import FifoWakeupListener, JournalBase, notify_fifo_wakeups
 from mayfly.errors import CorruptionError, InvalidRecord, JournalUnavailable, LeaseHeld
-from mayfly.ids import QUEUE_NAME
 from mayfly.journal import AppendResult, JournalCapabilities, JournalRecord, SnapshotRecord
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
 from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
+from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 from mayfly_lmdb import _codec, _index
 from mayfly_lmdb._env import SharedEnv, acquire_env, off_hub, release_env
@@ -782,11 +782,6 @@ class LmdbJournal(JournalBase):
             shared, self._shared = self._shared, None
             if shared is not None:
                 release_env(shared)
-
-
-def _check_queue(name: object) -> None:
-    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
-        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
 
 
 def _room(queue: QueueSettings, used: QueueUsage, held: Mapping[str, int]) -> int:

@@ -46,7 +46,6 @@ from mayfly.errors import (
     JournalUnavailable,
     LeaseHeld,
 )
-from mayfly.ids import QUEUE_NAME
 from mayfly.journal import (
     AppendResult,
     JournalCapabilities,
@@ -58,6 +57,7 @@ from mayfly.journal import (
 )
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
 from mayfly.queues import QueueSettings, QueueUsage, check_held
+from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 from mayfly_postgres._index import (
     IndexStatements,
@@ -146,12 +146,6 @@ def _settings_row(row: Sequence[Any], *, stored: bool = True) -> QueueSettings:
         raise CorruptionError(
             f"queue settings row {name!r:.80} is invalid ({exc}); set them again with `mayfly queue set`"
         ) from None
-
-
-def _check_queue(name: object) -> str:
-    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
-        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
-    return name
 
 
 def _unverified(run: str, columns: Sequence[Any]) -> JournalRecord:

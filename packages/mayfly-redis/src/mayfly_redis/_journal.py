@@ -36,7 +36,7 @@ from mayfly.errors import (
     InvalidRecord,
     LeaseHeld,
 )
-from mayfly.ids import QUEUE_NAME, parse_run_id
+from mayfly.ids import parse_run_id
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -48,6 +48,7 @@ from mayfly.journal import (
 )
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
 from mayfly.queues import QueueSettings, QueueUsage, check_held
+from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, check_claim
 from mayfly_redis import _index, _scripts
 from mayfly_redis._client import RedisStore, open_store, relayed_store
@@ -572,8 +573,3 @@ class RedisJournal(JournalBase):
             f"usage of queue {name}", _scripts.QUEUE_USAGE, [], [self._target.prefix, name, now]
         )
         return QueueUsage(in_progress=int(in_progress), recent_starts=int(starts))
-
-
-def _check_queue(name: object) -> None:
-    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
-        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")

@@ -47,6 +47,7 @@ __all__ = [
     "QueueSettings",
     "QueueUsage",
     "check_held",
+    "check_queue_name",
     "check_queue_options",
     "parse_rate",
     "plan_claim",
@@ -154,6 +155,13 @@ class QueueUsage(msgspec.Struct, frozen=True, kw_only=True):
 
     in_progress: int = 0
     recent_starts: int = 0
+
+
+def check_queue_name(name: object) -> str:
+    """``name`` if it is a valid queue name (every backend's queue calls check it); raise InvalidRecord."""
+    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
+        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
+    return name
 
 
 def check_held(held: object) -> dict[str, int]:

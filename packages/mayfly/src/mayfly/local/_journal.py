@@ -96,8 +96,9 @@ from mayfly.model.errors import (
     JournalUnavailable,
     LeaseHeld,
 )
-from mayfly.model.ids import QUEUE_NAME, is_uuid, parse_run_id
+from mayfly.model.ids import is_uuid, parse_run_id
 from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
+from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 
 __all__ = ["LocalWorkflowJournal"]
@@ -1069,11 +1070,6 @@ class LocalWorkflowJournal(JournalBase):
             if self._leases is not None:
                 self._leases.close()
                 self._leases = None
-
-
-def _check_queue(name: object) -> None:
-    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
-        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
 
 
 def _room(queue: QueueSettings, used: QueueUsage, held: Mapping[str, int]) -> int:

@@ -44,8 +44,9 @@ from mayfly.backend import (
 from mayfly.journal import AppendResult, Durability, JournalCapabilities, JournalRecord, SnapshotRecord
 from mayfly.lease import RecoveryLeaseGuard, validate_acquire
 from mayfly.model.errors import DuplicateRun, InvalidBackendURL, InvalidRecord, LeaseHeld
-from mayfly.model.ids import QUEUE_NAME, parse_run_id
+from mayfly.model.ids import parse_run_id
 from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
+from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 
 __all__ = [
@@ -582,11 +583,6 @@ class MemoryLeaseStore(LeaseStoreBase[MemoryLeaseGuard]):
 
     def _close(self) -> None:
         pass  # the store's state belongs to the store (drop_store forgets it)
-
-
-def _check_queue(name: object) -> None:
-    if not isinstance(name, str) or QUEUE_NAME.fullmatch(name) is None:
-        raise InvalidRecord(f"queue name {name!r:.80} must match {QUEUE_NAME.pattern}")
 
 
 def _describe(url: str) -> str:
