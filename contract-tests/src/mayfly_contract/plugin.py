@@ -47,6 +47,8 @@ _ABSENT = {
     "network": ": it waits on no socket, so no network wait of it can block the hub (its calls run inline)",
     "run_index": " (feature mayfly.runindex.RUN_INDEX): it keeps no run index, no worker can claim from it",
     "queue_control": " (feature mayfly.queues.QUEUE_CONTROL): it enforces no queue limits or dedup ids",
+    "schedule_store": " (feature mayfly.schedules.SCHEDULE_STORE): it stores no schedules; workers serve "
+    "only the schedules given in code",
 }
 _FLAGS = (
     "cross_process",
@@ -62,6 +64,7 @@ _FLAGS = (
     "run_index",
     "run_wakeups",
     "queue_control",
+    "schedule_store",
 )
 
 

@@ -412,6 +412,8 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     ``queue_control``: the journal stores queue settings and enforces their
     concurrency and rate limits and deduplication ids in its claims and
     appends (:class:`mayfly.queues.QueueControl`, feature :data:`mayfly.queues.QUEUE_CONTROL`).
+    ``schedule_store``: the journal stores durable schedules that every worker
+    serves (:class:`mayfly.schedules.ScheduleStore`, feature :data:`mayfly.schedules.SCHEDULE_STORE`).
     """
 
     durability: Durability
@@ -428,6 +430,7 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     run_index: bool = False
     run_wakeups: bool = False
     queue_control: bool = False
+    schedule_store: bool = False
 
     @classmethod
     def declare(cls, durability: Durability, *flags: str) -> JournalCapabilities:

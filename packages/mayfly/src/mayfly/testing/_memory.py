@@ -48,6 +48,16 @@ from mayfly.model.ids import parse_run_id
 from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
 from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
+from mayfly.schedules import (
+    Schedule,
+    StoredSchedule,
+    check_put,
+    check_schedule_name,
+    check_tick,
+    decode_schedule,
+    encode_schedule,
+    next_stored,
+)
 
 __all__ = [
     "MEMORY_CAPABILITIES",
@@ -60,7 +70,8 @@ __all__ = [
 ]
 
 MEMORY_CAPABILITIES: Final = JournalCapabilities.declare(
-    Durability.MEMORY, "fencing fault_injection snapshots lease_expiry run_purge run_index queue_control"
+    Durability.MEMORY,
+    "fencing fault_injection snapshots lease_expiry run_purge run_index queue_control schedule_store",
 )
 """What ``memory://`` declares: no durability, no second process; fencing, expiring leases, the run index."""
 
@@ -128,6 +139,8 @@ class MemoryStore:
         self.leases_held: dict[str, _Lease] = {}
         self.index: dict[str, IndexEntry] = {}
         self.queues: dict[str, QueueSettings] = {}
+        self.schedules: dict[str, bytes] = {}  # name -> encode_schedule bytes
+        self.schedule_ticks: dict[str, int] = {}  # name -> the last tick recorded started
         with _REGISTRY_LOCK:
             if name in _REGISTRY:
                 raise InvalidRecord(
@@ -468,6 +481,64 @@ class MemoryJournal(JournalBase):
             if stored is None or stored.status is IndexStatus.TERMINAL:
                 return False
             self.store.index[run] = msgspec.structs.replace(stored, wake=True)
+            return True
+
+    # -- stored schedules (capabilities.schedule_store; mayfly.schedules.ScheduleStore) ---------
+
+    def _stored_schedule(self, name: str) -> StoredSchedule | None:
+        data = self.store.schedules.get(name)
+        if data is None:
+            return None
+        where = f"schedule {name} in {self.url}"
+        return decode_schedule(data, where=where, last_tick_ms=self.store.schedule_ticks.get(name))
+
+    def schedule_put(
+        self, schedule: Schedule, *, now_ms: int, expected_version: int | None = None
+    ) -> StoredSchedule:
+        """Store the schedule under its name (create or replace; versioned)."""
+        check_put(schedule, now_ms, expected_version)
+        self.ensure_open("schedules")
+        with self.store.lock:
+            stored = next_stored(
+                self._stored_schedule(schedule.name),
+                schedule,
+                now_ms=now_ms,
+                expected_version=expected_version,
+            )
+            self.store.schedules[schedule.name] = encode_schedule(stored)
+            return stored
+
+    def schedule_get(self, name: str) -> StoredSchedule | None:
+        """The stored schedule, or ``None``."""
+        check_schedule_name(name)
+        self.ensure_open("schedules")
+        with self.store.lock:
+            return self._stored_schedule(name)
+
+    def schedule_list(self) -> list[StoredSchedule]:
+        """Every stored schedule, by name."""
+        self.ensure_open("schedules")
+        with self.store.lock:
+            found = [self._stored_schedule(name) for name in sorted(self.store.schedules)]
+        return [stored for stored in found if stored is not None]
+
+    def schedule_remove(self, name: str) -> bool:
+        """Remove the schedule and its last tick; ``False`` if there was none."""
+        check_schedule_name(name)
+        self.ensure_open("schedules")
+        with self.store.lock:
+            self.store.schedule_ticks.pop(name, None)
+            return self.store.schedules.pop(name, None) is not None
+
+    def schedule_mark(self, name: str, tick_ms: int) -> bool:
+        """Record a started tick (the later one wins); ``False`` if no schedule has the name."""
+        check_schedule_name(name)
+        check_tick(tick_ms)
+        self.ensure_open("schedules")
+        with self.store.lock:
+            if name not in self.store.schedules:
+                return False
+            self.store.schedule_ticks[name] = max(tick_ms, self.store.schedule_ticks.get(name, tick_ms))
             return True
 
     # -- fault injection for the contract suite (capabilities.fault_injection) ------------------
