@@ -78,6 +78,7 @@ from mayfly.lease import RecoveryLeaseGuard
 from mayfly.local import _frames
 from mayfly.local._index import LocalRunIndex
 from mayfly.local._lease import LocalLeaseStore
+from mayfly.local._schedules import LocalSchedules
 from mayfly.local._store import (
     Layout,
     check_durability,
@@ -108,14 +109,14 @@ _SCAN_WINDOW: Final = 4 << 20
 # Leases never expire here: a local lease lasts until release or process death.
 _FEATURES: Final = (
     "cross_process fencing crash_durable fault_injection snapshots run_verification run_purge run_index "
-    "run_wakeups queue_control"
+    "run_wakeups queue_control schedule_store"
 )
 _QUEUE_LOCK: Final = "queues.lock"
 _LISTING_SETTLE_NS: Final = 2_000_000_000
 
 
 @final
-class LocalWorkflowJournal(JournalBase):
+class LocalWorkflowJournal(LocalSchedules, JournalBase):
     """The ``file://DIR`` journal: one append-only journal file per run, safe across threads and processes.
 
     ``DIR`` is created on first use. ``?durability=fsync`` (the default),
