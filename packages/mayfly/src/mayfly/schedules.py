@@ -26,7 +26,8 @@ later caller, so two workers racing for a tick create one run.
 Catch-up (``catch_up``) decides what a worker does, when it first looks at a
 schedule (it starts, or the schedule is new to it), with the *missed* ticks:
 those after the schedule's last started tick (recorded in the store; advisory),
-after the schedule was stored, and within ``catchup_ms`` when that is set.
+after its definition was stored (added, or replaced), and within ``catchup_ms``
+when that is set.
 
 * ``"skip"``: no missed tick is started; the schedule fires from now on.
 * ``"one"`` (the default): the latest missed tick is started, once, so a
@@ -330,19 +331,20 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         now_ms: int,
         *,
         last_tick_ms: int | None = None,
-        created_ms: int | None = None,
+        stored_ms: int | None = None,
     ) -> TickPlan:
         """The ticks to start at ``now_ms`` after a last look at ``after_ms`` (``None``: a first look).
 
         A worker that looked at ``after_ms`` starts every tick since, at most
         :data:`MAX_CATCH_UP` (the latest). A first look applies the catch-up
         policy to the missed ticks: those after ``last_tick_ms`` (the stored
-        last started tick), at or after ``created_ms`` (when the schedule was
-        stored) and within ``catchup_ms`` of now.
+        last started tick), at or after ``stored_ms`` (when the schedule's
+        definition was stored: ticks before it were another definition's) and
+        within ``catchup_ms`` of now.
         """
         if after_ms is not None:
             return self._between(after_ms, now_ms, MAX_CATCH_UP)
-        floors = [t for t in (last_tick_ms, None if created_ms is None else created_ms - 1) if t is not None]
+        floors = [t for t in (last_tick_ms, None if stored_ms is None else stored_ms - 1) if t is not None]
         if self.catchup_ms is not None:
             floors.append(now_ms - self.catchup_ms - 1)
         floor = max(floors) if floors else None
@@ -406,9 +408,8 @@ class ScheduleConflict(JournalError):
         self.actual = actual
         if expected == 0:
             message = (
-                f"schedule {name} exists already (version {actual}); replace it with "
-                f"`mayfly schedule add {name} ... --replace` (Python: add_schedule(..., replace=True)), "
-                f"or remove it first with `mayfly schedule remove {name}`"
+                f"schedule {name} exists already (version {actual}); to replace it, add it again with "
+                "--replace (Python: add_schedule(journal, schedule, replace=True)), or remove it first"
             )
         elif actual == 0:
             message = f"schedule {name} does not exist (expected version {expected}); nothing was changed"

@@ -56,7 +56,7 @@ from mayfly.recovery import resume_claimed
 from mayfly.runindex import RUN_WAKEUPS, RunIndexJournal, WakeupListener, index_entry
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime
 from mayfly.runtime._driver import RunDriver
-from mayfly.schedules import Schedule, check_schedules, tick_run_id
+from mayfly.schedules import SCHEDULE_STORE, Schedule, StoredSchedule, check_schedules, tick_run_id
 from mayfly.substrate import Channel, Hub, Task, WaitTimeout, current_hub, spawn, wait_readable
 
 __all__ = ["Worker", "WorkerUnsupported"]
@@ -107,6 +107,7 @@ class Worker:
             raise ValueError(f"grace_ms must be in [0, 86400000], got {grace_ms!r}")
         self.runtime = WorkflowRuntime(journal, registry, **runtime)
         self._control = QUEUE_CONTROL.of(self.runtime.journal)
+        self._schedule_store = SCHEDULE_STORE.of(self.runtime.journal)
         if not keeps_run_index(self.runtime.journal):
             raise WorkerUnsupported(
                 f"journal {self.runtime.journal.url} keeps no run index, so a worker cannot find its runs; "
@@ -132,6 +133,9 @@ class Worker:
         self.schedules = check_schedules(schedules)
         self.command = command  # how the commands this worker prints start (the CLI: the path it ran by)
         self._ticked: dict[str, int] = {}  # schedule name -> the latest tick whose run this worker started
+        self._stored: dict[str, StoredSchedule] = {}  # the journal's schedules, re-read every poll interval
+        self._stored_read_at: float | None = None
+        self._schedule_notes: set[str] = set()  # schedule problems already logged (each once)
         self._queue_of: dict[str, str] = {}  # active run -> its queue (for per-worker queue limits)
         self._caps: dict[str, int] = {}  # queue -> its worker_concurrency, re-read every poll interval
         self._caps_read_at: float | None = None
@@ -294,29 +298,121 @@ class Worker:
         }
         self._caps_read_at = now
 
+    def _read_stored(self) -> None:
+        """Re-read the journal's schedules at most once per poll interval (keeping the last good set)."""
+        store = self._schedule_store
+        if store is None:
+            return
+        now = time.monotonic()
+        if self._stored_read_at is not None and now - self._stored_read_at < self.poll_interval_ms / 1000:
+            return
+        self._stored_read_at = now
+        try:
+            listed = store.schedule_list()
+        except (MayflyError, OSError) as exc:
+            self._note(
+                f"read:{exc}", f"reading the journal's schedules failed: {exc}; serving the last ones read"
+            )
+            return
+        stored = {entry.name: entry for entry in listed}
+        for name, entry in stored.items():
+            before = self._stored.get(name)
+            if before is not None and before.version != entry.version and name in self._ticked:
+                # Replaced: the new definition's ticks count from when it was stored, not since the old one's.
+                self._ticked[name] = max(self._ticked[name], entry.updated_ms - 1)
+        for name in set(self._stored) - set(stored):
+            if all(code.name != name for code in self.schedules):
+                self._ticked.pop(name, None)  # removed: stops firing; added again, it is new
+        code_names = {code.name for code in self.schedules}
+        for name in sorted(code_names & set(stored)):
+            self._note(
+                f"clash:{name}",
+                f"schedule {name} is defined in the handlers code and stored in the journal; this worker "
+                f"serves the code one; remove one of them (`{self.command} schedule remove {name}`)",
+            )
+        self._stored = {name: entry for name, entry in stored.items() if name not in code_names}
+
+    def _note(self, key: str, message: str, **fields: Any) -> None:
+        """Log a schedule problem once (a problem that persists is not logged at every poll)."""
+        if key not in self._schedule_notes:
+            self._schedule_notes.add(key)
+            self._emit("error", error=message, **fields)
+
     def _fire_schedules(self, default_ms: int) -> int:
         """Start the runs of due ticks; return the ms until the next tick (at most ``default_ms``)."""
-        if not self.schedules:
+        self._read_stored()
+        served: list[tuple[Schedule, StoredSchedule | None]] = [(code, None) for code in self.schedules]
+        served += [(entry.schedule, entry) for entry in self._stored.values()]
+        if not served:
             return default_ms
         now = self.runtime._wall_ms()
         wait = default_ms
-        for schedule in self.schedules:
-            last = self._ticked.get(schedule.name)
-            for tick in schedule.due(last, now):
-                run_id = tick_run_id(schedule.name, tick)
-                try:
-                    self.runtime.start(
-                        schedule.spec, schedule.run_input(tick), run_id=run_id, queue=schedule.queue
-                    )
-                except (JournalUnavailable, OSError) as exc:
-                    self._emit("error", error=f"schedule {schedule.name}: starting tick {tick} failed: {exc}")
-                    return min(wait, 1_000)  # retried at the next turn, from the same tick
-                self._ticked[schedule.name] = tick
-                self._emit("scheduled", schedule=schedule.name, tick_ms=tick, run_id=run_id)
-            if schedule.name not in self._ticked:
-                self._ticked[schedule.name] = now  # nothing was due: look from now on
+        for schedule, stored in served:
+            if not self._fire(schedule, stored, now):
+                return min(wait, 1_000)  # retried at the next turn, from the same tick
             wait = min(wait, max(1, schedule.next_after(now) - now))
         return wait
+
+    def _fire(self, schedule: Schedule, stored: StoredSchedule | None, now: int) -> bool:
+        """Start the schedule's due ticks; ``False`` if the store failed (to retry soon)."""
+        name = schedule.name
+        last = self._ticked.get(name)
+        try:
+            plan = schedule.plan(
+                last,
+                now,
+                last_tick_ms=None if stored is None else stored.last_tick_ms,
+                stored_ms=None if stored is None else stored.updated_ms,
+            )
+        except MayflyError as exc:
+            self._note(f"plan:{name}", f"schedule {name}: {exc}", schedule=name)
+            self._ticked[name] = now
+            return True
+        if plan.left_out:
+            self._emit(
+                "error",
+                schedule=name,
+                error=(
+                    f"schedule {name}: more than {len(plan.ticks)} ticks were missed; catch_up 'all' starts "
+                    f"the latest {len(plan.ticks)} (from {plan.ticks[0]}) and leaves the older ones out"
+                ),
+            )
+        started = None
+        for tick in plan.ticks:
+            run_id = tick_run_id(name, tick)
+            try:
+                self.runtime.start(
+                    schedule.spec, schedule.run_input(tick), run_id=run_id, queue=schedule.queue
+                )
+            except (JournalUnavailable, OSError) as exc:
+                self._emit("error", error=f"schedule {name}: starting tick {tick} failed: {exc}")
+                self._mark(stored, started)
+                return False
+            except MayflyError as exc:
+                # The run cannot be made (a plugin refuses the spec, a corrupt run): this tick is given up.
+                version = None if stored is None else stored.version
+                self._note(
+                    f"start:{name}:{version}:{type(exc).__name__}",
+                    f"schedule {name}: the run of tick {tick} cannot be started ({exc}); its ticks are "
+                    "skipped until the schedule is fixed",
+                    schedule=name,
+                )
+            else:
+                self._emit("scheduled", schedule=name, tick_ms=tick, run_id=run_id)
+            self._ticked[name] = started = tick
+        self._mark(stored, started)
+        if name not in self._ticked:
+            self._ticked[name] = now  # nothing was due: look from now on
+        return True
+
+    def _mark(self, stored: StoredSchedule | None, tick: int | None) -> None:
+        """Record a stored schedule's last started tick (advisory: catch-up after downtime reads it)."""
+        if stored is None or tick is None or self._schedule_store is None:
+            return
+        try:
+            self._schedule_store.schedule_mark(stored.name, tick)
+        except (MayflyError, OSError) as exc:
+            self._emit("error", error=f"schedule {stored.name}: recording tick {tick} failed: {exc}")
 
     def _next_wake_in(self, default_ms: int) -> int:
         now = self.runtime._wall_ms()

@@ -28,6 +28,7 @@ from mayfly.cli._commands import (
     cmd_watch,
 )
 from mayfly.cli._queues import cmd_queue
+from mayfly.cli._schedules import ScheduleNotFound, catch_up_choices, cmd_schedule
 from mayfly.cli._service import cmd_index, cmd_result, cmd_submit, cmd_worker
 from mayfly.cli._support import DEFAULT_JOURNAL, EXIT, Context, Interrupted, UsageError
 from mayfly.inspect import RUN_STATES
@@ -48,6 +49,7 @@ from mayfly.model.errors import (
     SpecValidationError,
 )
 from mayfly.plugins import PluginManager, plugin_manager
+from mayfly.schedules import ScheduleConflict
 
 __all__ = ["EXIT", "EXIT_CODES_HELP", "build_parser", "entry_point", "main"]
 
@@ -56,13 +58,14 @@ exit codes:
   0    success: the command did what it was asked; a run ended succeeded
   1    a run ended failed, blocked or cancelled
   2    usage error: arguments, specification, input, handlers module, an ambiguous run-id prefix
-  3    the run does not exist in this journal
+  3    the run does not exist in this journal (`mayfly schedule show`: the schedule)
   4    another process owns the run (its recovery lease is held)
   5    journal, backend or history error: no journal at --journal (read-only commands
        create none), an unreachable store, corruption
   6    the run has not ended: it is waiting (for a signal, see `mayfly signal`, or
        a backoff), or `mayfly result` found it still running
-  7    `mayfly submit --dedup-id`: a live run of the queue holds that id (nothing created)
+  7    `mayfly submit --dedup-id`: a live run of the queue holds that id (nothing created);
+       `mayfly schedule add`: a schedule of that name exists (nothing changed; --replace)
   124  `mayfly result --wait --timeout`, `mayfly watch --timeout`: the run neither ended
        nor parked in time
   130  interrupted (Ctrl-C), or a worker aborted by a second SIGTERM/SIGINT
@@ -243,6 +246,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reset", action="store_true", help="with set: start from no limits, then apply the flags"
     )
+
+    p = command(
+        "schedule",
+        cmd_schedule,
+        "durable schedules stored in the journal, served by every worker: add, list, show, remove",
+    )
+    p.add_argument("action", choices=["add", "list", "show", "remove"], help="what to do")
+    p.add_argument("name", nargs="?", help="the schedule (not for list); its runs' ids derive from it")
+    p.add_argument("spec", nargs="?", help="with add: the workflow specification file (JSON), stored whole")
+    p.add_argument("--every", metavar="DURATION", help="with add: a tick every DURATION (2s, 5m, 1h, 1d)")
+    p.add_argument("--offset", metavar="DURATION", help="with --every: ticks shifted by DURATION (default 0)")
+    p.add_argument("--cron", metavar="EXPR", help="with add: five-field cron expression, UTC ('0 9 * * 1-5')")
+    p.add_argument("--input", help="with add: JSON given to each run as run_input['input']")
+    p.add_argument("--queue", default="default", help="with add: the queue its runs go to (default: default)")
+    p.add_argument(
+        "--catch-up",
+        choices=catch_up_choices(),
+        help="with add: ticks missed while no worker ran: skip them, start the latest one (default), "
+        "or all (at most 1000)",
+    )
+    p.add_argument("--replace", action="store_true", help="with add: replace a schedule of the same name")
 
     p = command("runs", cmd_runs, "list runs in the journal")
     p.add_argument("--state", choices=RUN_STATES, help="only runs in this state (running includes waiting)")
@@ -444,7 +468,9 @@ def main(
         return fail("usage", str(exc))
     except RunNotFound as exc:
         return fail("not_found", str(exc))
-    except DuplicateRun as exc:
+    except ScheduleNotFound as exc:
+        return fail("not_found", str(exc))
+    except (DuplicateRun, ScheduleConflict) as exc:
         return fail("duplicate", str(exc))
     except LeaseHeld as exc:
         assert context is not None  # raised by a command
