@@ -56,8 +56,8 @@ def test_racing_migrations_apply_exactly_once(server: str, new_schema: str) -> N
     assert sum("nothing (already current)" in output for output in outputs) == 3
 
 
-def test_a_schema_at_migration_2_applies_only_migration_3(server: str, new_schema: str) -> None:
-    """migrate() on a schema at version 2 applies 3 alone: the queues table and the claim function appear."""
+def test_a_schema_at_migration_2_applies_migrations_3_and_4(server: str, new_schema: str) -> None:
+    """migrate() on a schema at version 2 applies 3 and 4: the queues table, the claim function, schedules."""
     url = with_options(server, schema=new_schema)
     name = psycopg.sql.Identifier(new_schema)
     with psycopg.connect(server, autocommit=True) as connection:
@@ -77,12 +77,14 @@ def test_a_schema_at_migration_2_applies_only_migration_3(server: str, new_schem
                 ).format(name),
                 (version, description),
             )
-        assert migrate(connection, parse_url(url)) == [3]
-        assert applied_version(connection, new_schema) == 3
+        assert migrate(connection, parse_url(url)) == [3, 4]
+        assert applied_version(connection, new_schema) == 4
         found = connection.execute(
-            "SELECT to_regclass(%s) IS NOT NULL, to_regprocedure(%s) IS NOT NULL",
+            "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL, "
+            "to_regprocedure(%s) IS NOT NULL",
             (
                 f"{new_schema}.queues",
+                f"{new_schema}.schedules",
                 f"{new_schema}.mayfly_claim(text,bigint,float8,bigint,text[],text[],bigint[])",
             ),
         ).fetchone()

@@ -70,6 +70,7 @@ from mayfly_postgres._index import (
 )
 from mayfly_postgres._lease import PostgresLeaseStore
 from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
+from mayfly_postgres._schedules import PostgresSchedules, ScheduleStatements
 from mayfly_postgres._store import Store, open_store
 
 __all__ = ["PostgresJournal", "RunSummary", "relayed_url"]
@@ -310,7 +311,7 @@ class _Statements:
 
 
 @final
-class PostgresJournal(JournalBase):
+class PostgresJournal(PostgresSchedules, JournalBase):
     """A ``WorkflowJournal`` on PostgreSQL, safe across threads, processes and hosts.
 
     Open it with a ``postgresql://`` URL (see :func:`mayfly_postgres.parse_url`
@@ -328,6 +329,7 @@ class PostgresJournal(JournalBase):
         self._store = open_store(url)
         self._sql = _Statements(self._store)
         self._index_sql = IndexStatements(self._store)
+        self._schedule_sql = ScheduleStatements(self._store)
         self._leases: PostgresLeaseStore | None = None
         self._leases_lock = threading.Lock()
         super().__init__(
@@ -335,7 +337,7 @@ class PostgresJournal(JournalBase):
             capabilities=JournalCapabilities.declare(
                 self._store.settings.durability,
                 "cross_process fencing crash_durable fault_injection snapshots lease_expiry",
-                "run_summaries run_purge network run_index run_wakeups queue_control",
+                "run_summaries run_purge network run_index run_wakeups queue_control schedule_store",
             ),
         )
 

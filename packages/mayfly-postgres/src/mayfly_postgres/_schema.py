@@ -24,6 +24,9 @@ Tables (all inside the configured schema):
                        :data:`CLAIM_FUNCTION`). A store at migration 2
                        upgrades in place: its entries have no dedup id and
                        no recorded start (they count as never started).
+``schedules``          (migration 4) per stored schedule: its definition
+                       (:func:`mayfly.schedules.encode_schedule` bytes) and
+                       the last tick a worker recorded starting.
 """
 
 from __future__ import annotations
@@ -365,6 +368,17 @@ MIGRATIONS: Final[Sequence[tuple[int, str, Sequence[str]]]] = (
             # The live leases, for counting a queue's runs in progress (released ones are at -infinity).
             "CREATE INDEX leases_expiry ON {schema}.leases (expires_at)",
             CLAIM_FUNCTION,
+        ),
+    ),
+    (
+        4,
+        "stored schedules: definitions and last started ticks",
+        (
+            """CREATE TABLE {schema}.schedules (
+                name text PRIMARY KEY CHECK (name ~ '^[a-z0-9][a-z0-9_.:-]{{0,127}}$'),
+                definition bytea NOT NULL,
+                last_tick_ms bigint CHECK (last_tick_ms >= 0)
+            )""",
         ),
     ),
 )
