@@ -81,12 +81,13 @@ _DATABASES: Final = (
     b"qruns",
     b"dedup",
     b"starts",
+    b"schedules",
 )
 # The run index (mayfly_lmdb._index) and queue flow control (mayfly_lmdb._queues) came after format 1's
 # first release: a read-only handle on an environment written before them finds these absent and sees
 # an empty index and no queue settings.
 _OPTIONAL: Final = frozenset(
-    {b"index", b"claims", b"timers", b"waits", b"queues", b"qruns", b"dedup", b"starts"}
+    {b"index", b"claims", b"timers", b"waits", b"queues", b"qruns", b"dedup", b"starts", b"schedules"}
 )
 _GROUP_LIMIT: Final = 512  # the most writes one group commit takes
 _OPEN_ATTEMPTS: Final = 20
@@ -326,6 +327,7 @@ class SharedEnv:
             self.qruns,
             self.dedup,
             self.starts,
+            self.schedules,  # stored schedules (mayfly_lmdb._schedules)
         ) = optional
         if readonly:
             stored = self.read(lambda txn: txn.get(b"format", db=self.meta), "reading the format marker")

@@ -29,6 +29,7 @@ from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 from mayfly_lmdb import _codec, _index
 from mayfly_lmdb._env import SharedEnv, acquire_env, off_hub, release_env
 from mayfly_lmdb._lease import LmdbLeaseStore, grant_in, lease_live, now_ms, try_lock
+from mayfly_lmdb._schedules import LmdbSchedules
 from mayfly_lmdb._url import parse_url
 
 __all__ = ["LmdbJournal"]
@@ -37,14 +38,14 @@ _EMPTY_RUN: Final = b""
 _KEY_LENGTH: Final = 24  # run id (16 bytes) || u64be sequence
 _FEATURES: Final = (
     "cross_process fencing crash_durable fault_injection snapshots lease_expiry run_purge "
-    "run_index run_wakeups queue_control"
+    "run_index run_wakeups queue_control schedule_store"
 )
 _INT64: Final = 1 << 63
 _NIL_RUN: Final = "00000000-0000-0000-0000-000000000000"  # validates a claim's owner and ttl
 
 
 @final
-class LmdbJournal(JournalBase):
+class LmdbJournal(LmdbSchedules, JournalBase):
     """The ``lmdb:///DIR`` journal: one LMDB environment, safe across threads and processes.
 
     ``DIR`` is created on first use. ``?durability=sync`` (the default)
