@@ -53,6 +53,7 @@ from mayfly.runindex import IndexEntry, check_claim
 from mayfly_redis import _index, _scripts
 from mayfly_redis._client import RedisStore, open_store, relayed_store
 from mayfly_redis._lease import RedisLeaseStore
+from mayfly_redis._schedules import RedisSchedules
 from mayfly_redis._url import RedisDurability
 from mayfly_redis._wakeups import RedisWakeupListener
 
@@ -110,7 +111,7 @@ def _text(value: object) -> str:
 
 
 @final
-class RedisJournal(JournalBase):
+class RedisJournal(RedisSchedules, JournalBase):
     """The ``redis://`` journal: a list per run, CAS, dedup and fencing checked in one Lua script.
 
     ``durability=aof`` (the default) opens only against servers with
@@ -145,6 +146,7 @@ class RedisJournal(JournalBase):
                 "cross_process fencing fault_injection snapshots lease_expiry run_purge network",
                 "crash_durable" if durability is Durability.DURABLE else "",
                 "" if self._store.cluster else "run_index run_wakeups queue_control",
+                "" if self._store.cluster else "schedule_store",  # mayfly_redis._schedules
             ),
         )
         # Claims grant leases through a lease store on the same connections (guards renew and release

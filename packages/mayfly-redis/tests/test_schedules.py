@@ -1,0 +1,65 @@
+"""Stored schedules on Redis: damaged bytes fail closed, a Cluster declares none, AOF keeps them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from mayfly import Node, WorkflowSpec
+from mayfly.errors import CompatibilityError, CorruptionError
+from mayfly.schedules import SCHEDULE_STORE, Schedule, encode_schedule
+from mayfly_redis import RedisJournal
+from mayfly_redis.testing import RedisClusterNodes, RedisServer
+
+SPEC = WorkflowSpec(workflow_id="sched.redis", version=1, nodes=(Node("n", handler="n@1"),))
+
+
+@pytest.fixture
+def journal(aof_server: RedisServer) -> Iterator[RedisJournal]:
+    """A journal under a prefix of this test alone."""
+    with RedisJournal(f"{aof_server.url}?prefix=sched.{uuid.uuid4().hex[:12]}") as opened:
+        yield opened
+
+
+def test_damaged_bytes_fail_closed_and_a_damaged_schedule_can_be_removed(journal: RedisJournal) -> None:
+    stored = journal.schedule_put(Schedule(name="flip", spec=SPEC, every_ms=60_000), now_ms=1_000)
+    definitions, ticks = journal._schedule_keys()
+    data = bytearray(encode_schedule(stored))
+    data[data.index(b"60000")] ^= 0x01  # still JSON, no longer the checksummed body
+    journal._store.call("damage", "HSET", definitions, "flip", bytes(data))
+    with pytest.raises(CorruptionError, match="fails its checksum"):
+        journal.schedule_get("flip")
+    with pytest.raises(CorruptionError):
+        journal.schedule_list()
+    journal._store.call("damage", "HSET", definitions, "flip", b'{"format":3,"sha256":"","body":{}}')
+    with pytest.raises(CompatibilityError, match="schedule format 3"):
+        journal.schedule_get("flip")
+    journal._store.call("repair", "HSET", definitions, "flip", encode_schedule(stored))
+    journal._store.call("damage", "HSET", ticks, "flip", "soon")
+    with pytest.raises(CorruptionError, match="last tick"):
+        journal.schedule_get("flip")
+    assert journal.schedule_remove("flip") is True
+    assert journal.schedule_list() == []
+
+
+def test_a_schedule_survives_the_server_being_killed_with_aof(fresh_server: RedisServer) -> None:
+    """Acknowledged puts and marks are in the AOF (appendfsync always): a SIGKILLed server keeps them."""
+    url = f"{fresh_server.url}?prefix=sched.restart"
+    with RedisJournal(url) as journal:
+        journal.schedule_put(Schedule(name="kept", spec=SPEC, cron="0 9 * * 1-5"), now_ms=1_000)
+        journal.schedule_mark("kept", 5_000)
+    fresh_server.kill()
+    fresh_server.start()
+    with RedisJournal(url) as journal:
+        got = journal.schedule_get("kept")
+        assert got is not None and (got.schedule.cron, got.last_tick_ms) == ("0 9 * * 1-5", 5_000)
+
+
+def test_a_cluster_declares_no_schedule_store(aof_cluster: RedisClusterNodes) -> None:
+    """No worker can serve a Cluster (no run index), so it keeps no schedules, and says so by name."""
+    with RedisJournal(f"{aof_cluster.url}?prefix=sched.cluster") as journal:
+        assert SCHEDULE_STORE.of(journal) is None
+        with pytest.raises(CompatibilityError, match="Redis Cluster keeps no schedules"):
+            journal.schedule_list()
