@@ -122,7 +122,7 @@ def _row(stored: StoredSchedule, now_ms: int, *, with_spec: bool = False) -> dic
         "next_run_id": tick_run_id(schedule.name, next_tick),
     }
     if with_spec:
-        row["spec"] = schedule.spec
+        row["spec"] = json.loads(schedule.spec.to_json())  # canonical: defaults left out
     return row
 
 
