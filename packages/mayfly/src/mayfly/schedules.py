@@ -44,6 +44,10 @@ tick as it comes, whatever the policy.
 
 The run's input is ``{"scheduled_at_ms": TICK, "input": INPUT}``: a handler
 reads the tick it runs for from ``request.run_input``.
+
+Cron expressions are parsed here (:class:`Cron`, table-tested), not by a
+library: the five-field UTC subset needs no timezone or calendar rules, and
+the core takes no new runtime dependency for it.
 """
 
 from __future__ import annotations
