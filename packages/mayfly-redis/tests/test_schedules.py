@@ -7,9 +7,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from mayfly import Node, WorkflowSpec
+from mayfly import HandlerRegistry, Node, Succeeded, WorkflowSpec
 from mayfly.errors import CompatibilityError, CorruptionError
-from mayfly.schedules import SCHEDULE_STORE, Schedule, encode_schedule
+from mayfly.runtime import WorkflowRuntime
+from mayfly.schedules import (
+    SCHEDULE_STORE,
+    Schedule,
+    add_schedule,
+    encode_schedule,
+    list_schedules,
+    tick_run_id,
+)
+from mayfly.worker import Worker
 from mayfly_redis import RedisJournal
 from mayfly_redis.testing import RedisClusterNodes, RedisServer
 
@@ -63,3 +72,22 @@ def test_a_cluster_declares_no_schedule_store(aof_cluster: RedisClusterNodes) ->
         assert SCHEDULE_STORE.of(journal) is None
         with pytest.raises(CompatibilityError, match="Redis Cluster keeps no schedules"):
             journal.schedule_list()
+
+
+def test_a_worker_serves_a_schedule_added_from_python(aof_server: RedisServer) -> None:
+    """add_schedule on a standalone Redis: an in-process worker starts the tick runs and records the last tick."""
+    url = f"{aof_server.url}?prefix=sched.worker.{uuid.uuid4().hex[:8]}"
+    registry = HandlerRegistry()
+    registry.register("n", 1, lambda request: Succeeded())
+    with RedisJournal(url) as journal:
+        add_schedule(journal, Schedule(name="every-second", spec=SPEC, every_ms=1_000))
+    worker = Worker(url, registry, poll_interval_ms=100, log=lambda record: None)
+    worker.run(until=lambda: worker.ended >= 2)
+    runtime = WorkflowRuntime(url)
+    [stored] = list_schedules(runtime.journal)
+    runs = runtime.journal.list_runs()
+    assert sum(runtime.summary(run).status.value == "succeeded" for run in runs) >= 2
+    ticks = {run: runtime.inspect(run).state.input["scheduled_at_ms"] for run in runs}  # type: ignore[index, call-overload]
+    assert all(run == tick_run_id("every-second", tick) for run, tick in ticks.items())  # type: ignore[arg-type]
+    assert stored.last_tick_ms == max(ticks.values())  # type: ignore[type-var]
+    runtime.journal.close()
