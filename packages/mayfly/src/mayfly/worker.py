@@ -328,7 +328,8 @@ class Worker:
             self._note(
                 f"clash:{name}",
                 f"schedule {name} is defined in the handlers code and stored in the journal; this worker "
-                f"serves the code one; remove one of them (`{self.command} schedule remove {name}`)",
+                f"serves the code one; remove one of them (`{self.command} schedule remove {name} "
+                f"--journal {shlex.quote(self.runtime.journal.url)}`)",
             )
         self._stored = {name: entry for name, entry in stored.items() if name not in code_names}
 
