@@ -324,6 +324,7 @@ def test_a_role_with_the_documented_grants_and_run_index_drives_runs_through_a_w
         f"GRANT SELECT ON {schema}.mayfly_migrations TO {role}",
         f"GRANT SELECT, INSERT, UPDATE ON {schema}.run_index TO {role}",  # the README's addition
         f"GRANT SELECT, UPDATE ON {schema}.queues TO {role}",  # queue_control (docs page)
+        f"GRANT SELECT, UPDATE ON {schema}.schedules TO {role}",  # schedule_store (docs page)
     ]
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(role)))
@@ -340,6 +341,7 @@ def test_a_role_with_the_documented_grants_and_run_index_drives_runs_through_a_w
         deadline = time.monotonic() + 60
         worker.run(until=lambda: worker.ended >= 3 or time.monotonic() > deadline)
         assert [handle.status() for handle in handles] == ["succeeded"] * 3
+        assert [e for e in log if e["event"] == "error"] == []  # the stored schedules were readable too
     finally:
         drop_schema(server, schema)
         with psycopg.connect(server, autocommit=True) as admin:
