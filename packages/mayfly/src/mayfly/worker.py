@@ -58,6 +58,7 @@ from mayfly.runtime import HandlerRegistry, WorkflowRuntime
 from mayfly.runtime._driver import RunDriver
 from mayfly.schedules import Schedule, check_schedules, tick_run_id
 from mayfly.substrate import Channel, Hub, Task, WaitTimeout, current_hub, spawn, wait_readable
+from mayfly.telemetry.metrics import WorkerEvent, WorkerMetrics
 
 __all__ = ["Worker", "WorkerUnsupported"]
 
@@ -129,6 +130,7 @@ class Worker:
         self._stop_pipe: tuple[int, int] | None = None
         self.claimed = 0
         self.ended = 0
+        self._events: dict[WorkerEvent, int] = {}  # every logged event, by closed kind (metrics())
         self.schedules = check_schedules(schedules)
         self.command = command  # how the commands this worker prints start (the CLI: the path it ran by)
         self._ticked: dict[str, int] = {}  # schedule name -> the latest tick whose run this worker started
@@ -480,7 +482,19 @@ class Worker:
             )
 
     def _emit(self, event: str, **fields: Any) -> None:
+        kind = WorkerEvent.of(event)
+        self._events[kind] = self._events.get(kind, 0) + 1
         self._log({"event": event, "worker": self.owner, **fields})
+
+    def metrics(self) -> WorkerMetrics:
+        """This worker's in-process counters: events by kind (claims, lease losses, ...), active runs.
+
+        Serve them with :func:`mayfly.telemetry.prometheus.render_worker`; they
+        count this process only (docs/telemetry.md).
+        """
+        return WorkerMetrics(
+            events=dict(self._events), active=len(self._active), concurrency=self.concurrency
+        )
 
 
 def _text_log(stream: TextIO) -> Callable[[dict[str, Any]], None]:

@@ -41,6 +41,8 @@ from mayfly.telemetry.metrics import (
     MetricsPublisher,
     MetricsSnapshot,
     RecoveryMode,
+    WorkerEvent,
+    WorkerMetrics,
     compute_metrics,
     publish_metrics,
 )
@@ -69,6 +71,8 @@ __all__ = [
     "PalFact",
     "PalProjector",
     "RecoveryMode",
+    "WorkerEvent",
+    "WorkerMetrics",
     "causal_key",
     "compute_metrics",
     "project_pal",
