@@ -55,6 +55,7 @@ from mayfly.queues import QUEUE_CONTROL
 from mayfly.recovery import resume_claimed
 from mayfly.runindex import RUN_WAKEUPS, RunIndexJournal, WakeupListener, index_entry
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime
+from mayfly.runtime._context import notify_recovery
 from mayfly.runtime._driver import RunDriver
 from mayfly.schedules import Schedule, check_schedules, tick_run_id
 from mayfly.substrate import Channel, Hub, Task, WaitTimeout, current_hub, spawn, wait_readable
@@ -414,6 +415,7 @@ class Worker:
             return
         with session:
             state = session.state
+            notify_recovery(runtime.observer, state, session.effects)
             self._queue_of[run_id] = state.queue
             self._emit("claimed", run_id=run_id, queue=state.queue, status=state.status.value)
             # A stopping worker claims nothing; one that claimed just before it stopped hands over at once.
