@@ -12,13 +12,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -38,7 +39,7 @@ from mayfly.model.state import RunState
 from mayfly.reducer import decode_event
 from mayfly.runtime import WorkflowRuntime
 from mayfly.telemetry import causal_key
-from mayfly.telemetry.otel import SpanObserver, instrument, scope_context
+from mayfly.telemetry.otel import OffloadSpanExporter, SpanObserver, instrument, scope_context
 
 CANARY = "canary-5d1e-never-in-a-span"
 
@@ -262,3 +263,33 @@ def test_a_run_resumed_after_a_sigkill_writes_a_recovery_span_into_the_same_trac
     (run_span,) = (s for s in spans if s.name == "mayfly.run")
     state = runtime.inspect(run_id).state
     assert state.epoch_ms is not None and run_span.start_time == state.epoch_ms * 1_000_000
+
+
+class ThreadRecordingExporter(InMemorySpanExporter):
+    """The in-memory exporter, noting the thread each export ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.threads.append(threading.get_ident())
+        return super().export(spans)
+
+
+def test_an_offload_exporter_exports_off_the_hub_and_inline_outside_it(tmp_path: Path) -> None:
+    """Wrapped in OffloadSpanExporter, exports from hub tasks run on the offload thread, others inline."""
+    inner = ThreadRecordingExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OffloadSpanExporter(inner)))  # type: ignore[arg-type]
+    try:
+        runtime = WorkflowRuntime(f"file://{tmp_path}/journal", registry())
+        instrument(runtime, provider.get_tracer("mayfly"))
+        runtime.start(SPEC, None)  # committed outside any hub: exported inline, on this thread
+        assert inner.threads == [threading.get_ident()]
+        assert runtime.execute(SPEC, None).status is RunStatus.SUCCEEDED
+        hub_exports = inner.threads[1:]
+        assert hub_exports and threading.get_ident() not in hub_exports
+        assert len(inner.get_finished_spans()) == len(inner.threads)
+    finally:
+        provider.shutdown()

@@ -39,13 +39,15 @@ into the same trace without propagating anything.
 from __future__ import annotations
 
 import time
-from typing import Final, final
+from collections.abc import Sequence
+from typing import Any, Final, Protocol, final
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
+from mayfly.model.errors import HubNotRunning
 from mayfly.model.events import (
     ChildStarted,
     Event,
@@ -58,10 +60,11 @@ from mayfly.model.state import RunState, RunStatus
 from mayfly.recovery import ReconcileAttempt, ReconcileChild, RecoveryEffect
 from mayfly.runtime import WorkflowRuntime
 from mayfly.runtime._context import Observer
+from mayfly.substrate import offload
 from mayfly.telemetry.metrics import RecoveryMode
 from mayfly.telemetry.pal import causal_key
 
-__all__ = ["INSTRUMENTATION_NAME", "SpanObserver", "instrument", "scope_context"]
+__all__ = ["INSTRUMENTATION_NAME", "OffloadSpanExporter", "SpanObserver", "instrument", "scope_context"]
 
 INSTRUMENTATION_NAME: Final = "mayfly"
 """The instrumentation scope name of Mayfly's tracer."""
@@ -272,3 +275,44 @@ def instrument(runtime: WorkflowRuntime, tracer: trace.Tracer | None = None) -> 
     observer = SpanObserver(tracer, chain=current)
     runtime.observer = observer
     return observer
+
+
+class _SpanExporter(Protocol):
+    def export(self, spans: Sequence[Any]) -> Any: ...
+
+    def shutdown(self) -> None: ...
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool: ...
+
+
+@final
+class OffloadSpanExporter:
+    """An SDK span exporter whose blocking ``export`` runs on the hub's offload thread.
+
+    Network exporters (OTLP over HTTP) block on a socket and sleep between
+    retries; called from a hub task, that would stop every run of the hub.
+    Wrapped in this, an export parks only the task that ended the span while
+    ``mayfly.substrate.offload`` runs it; outside a hub it runs inline. Use it
+    under the SDK's ``SimpleSpanProcessor`` (``BatchSpanProcessor`` starts a
+    thread of its own, which a Mayfly process does not run). ``timeout_s``
+    bounds the task's wait (``OffloadTimeout``, which the span processor logs).
+    """
+
+    def __init__(self, exporter: _SpanExporter, *, timeout_s: float = 30.0) -> None:
+        self.exporter = exporter
+        self.timeout_s = timeout_s
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        """Export ``spans`` through the wrapped exporter, off the hub when one runs."""
+        try:
+            return offload(self.exporter.export, spans, timeout=self.timeout_s)
+        except HubNotRunning:
+            return self.exporter.export(spans)
+
+    def shutdown(self) -> None:
+        """Shut the wrapped exporter down."""
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Flush the wrapped exporter."""
+        return self.exporter.force_flush(timeout_millis)
