@@ -23,7 +23,9 @@ NODES = 20
 SPEC = WorkflowSpec(
     workflow_id="bench.otel",
     version=1,
-    nodes=tuple(Node(f"n{i}", handler="step@1", depends_on=(f"n{i - 1}",) if i else ()) for i in range(NODES)),
+    nodes=tuple(
+        Node(f"n{i}", handler="step@1", depends_on=(f"n{i - 1}",) if i else ()) for i in range(NODES)
+    ),
 )
 
 
@@ -65,7 +67,9 @@ def main() -> None:
     print(f"floor (no observer):            {floor:8.1f} us/node")
     for name, label in (("no_sdk", "span observer, no SDK"), ("sdk", "span observer, SDK in-memory")):
         best = min(results[name])
-        print(f"{label + ':':31} {best:8.1f} us/node  ratio {best / floor:.3f}  (+{best - floor:.1f} us/node)")
+        print(
+            f"{label + ':':31} {best:8.1f} us/node  ratio {best / floor:.3f}  (+{best - floor:.1f} us/node)"
+        )
 
 
 if __name__ == "__main__":
