@@ -40,6 +40,7 @@ from mayfly.reducer import decode_event
 from mayfly.runtime import WorkflowRuntime
 from mayfly.telemetry import causal_key
 from mayfly.telemetry.otel import OffloadSpanExporter, SpanObserver, instrument, scope_context
+from mayfly.worker import Worker
 
 CANARY = "canary-5d1e-never-in-a-span"
 
@@ -293,3 +294,61 @@ def test_an_offload_exporter_exports_off_the_hub_and_inline_outside_it(tmp_path:
         assert len(inner.get_finished_spans()) == len(inner.threads)
     finally:
         provider.shutdown()
+
+
+def test_without_the_api_the_import_says_which_extra_to_install() -> None:
+    """With opentelemetry unimportable, importing the module fails with the install command to run."""
+    script = "import sys; sys.modules['opentelemetry'] = None; import mayfly.telemetry.otel"
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert completed.returncode == 1
+    last = completed.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: mayfly.telemetry.otel needs the OpenTelemetry API")
+    assert last.endswith('install the extra: pip install "mayfly-runtime[otel]"')
+    # The rest of telemetry needs no extra.
+    script = "import sys; sys.modules['opentelemetry'] = None; import mayfly.telemetry, mayfly.telemetry.prometheus"
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 0
+
+
+def test_a_worker_that_claims_a_crashed_run_writes_its_recovery_span(
+    tmp_path: Path, exporter: tuple[InMemorySpanExporter, TracerProvider]
+) -> None:
+    """A worker's claim is a resume: instrumented, it writes the recovery span and finishes the trace."""
+    memory, provider = exporter
+    url = f"file://{tmp_path}/journal"
+    marker = tmp_path / "dispatched"
+    run_id = "0193a5c4-7b1e-7c3d-9f00-00000000beef"
+    child = subprocess.Popen([sys.executable, "-c", CRASHING_DRIVER, url, str(marker), run_id, CANARY])
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert child.poll() is None and time.monotonic() < deadline, "the attempt was never dispatched"
+            time.sleep(0.01)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+
+    handlers = HandlerRegistry()
+
+    @handlers.handler("first")
+    def first(request: HandlerRequest) -> Succeeded:
+        return Succeeded(output=None)
+
+    @handlers.handler("hang")
+    def hang(request: HandlerRequest) -> Succeeded:
+        return Succeeded(output=CANARY)
+
+    worker = Worker(url, handlers, poll_interval_ms=20, log=lambda record: None)
+    instrument(worker.runtime, provider.get_tracer("mayfly"))
+    deadline = time.monotonic() + 30
+    worker.run(until=lambda: time.monotonic() > deadline or worker.ended == 1)
+    assert worker.ended == 1 and worker.runtime.handle(run_id).status() == "succeeded"
+    spans = memory.get_finished_spans()
+    recoveries = [s for s in spans if s.name == "mayfly.recovery"]
+    assert recoveries and recoveries[0].attributes is not None
+    assert "ReconcileAttempt" in recoveries[0].attributes["mayfly.recovery.effect_types"]  # type: ignore[operator]
+    assert [s.name for s in spans].count("mayfly.run") == 1
+    (hung,) = (s for s in spans if s.name == "mayfly.attempt")
+    assert hung.attributes is not None and hung.attributes["mayfly.attempt.since"] == "recovery"
+    trace_id = int(causal_key(run_id), 16)
+    assert {s.context.trace_id for s in spans if s.context is not None} == {trace_id}
+    assert all(CANARY not in everything_said(s) for s in spans)

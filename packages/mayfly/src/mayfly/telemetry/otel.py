@@ -42,10 +42,16 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, final
 
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.util.types import AttributeValue
+try:
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+    from opentelemetry.util.types import AttributeValue
+except ImportError as missing:  # pragma: no cover - exercised in a subprocess without the API
+    raise ModuleNotFoundError(
+        f"mayfly.telemetry.otel needs the OpenTelemetry API ({missing}); "
+        'install the extra: pip install "mayfly-runtime[otel]"'
+    ) from None
 
 from mayfly.model.errors import HubNotRunning
 from mayfly.model.events import (
