@@ -205,3 +205,32 @@ def test_a_worker_counts_its_claims_and_renders_them(tmp_path: Path) -> None:
     assert got[("mayfly_worker_events_total", (("event", "ended"),))] == worker.ended == 2
     assert got[("mayfly_worker_active_runs", ())] == 0
     assert all(isinstance(e, enum.Enum) for e in metrics.events)
+
+
+def test_every_sample_follows_its_family_declaration(tmp_path: Path) -> None:
+    """Format 0.0.4 structure: HELP then TYPE once per family, each sample named as its family declares."""
+    runtime = WorkflowRuntime(f"file://{tmp_path}/journal", registry())
+    runtime.execute(SPEC, None)
+    worker = Worker(f"file://{tmp_path}/journal", registry(), log=lambda record: None)
+    for text in (render(runtime.journal).decode(), render_worker(worker.metrics()).decode()):
+        assert text.endswith("\n")
+        declared: dict[str, str] = {}
+        current: tuple[str, str] | None = None
+        for line in text.splitlines():
+            if line.startswith("# HELP "):
+                name = line.split()[2]
+                assert name not in declared, f"family {name} declared twice"
+            elif line.startswith("# TYPE "):
+                _, _, name, kind = line.split()
+                declared[name] = kind
+                current = (name, kind)
+            else:
+                assert current is not None, f"sample before any TYPE: {line}"
+                sample = line.split("{")[0].split(" ")[0]
+                name, kind = current
+                allowed = {name} if kind != "histogram" else {f"{name}_bucket", f"{name}_count"}
+                assert sample in allowed, f"{sample} under TYPE {name} {kind}"
+                assert kind != "counter" or name.endswith("_total")
+        kinds = {family.name: family.type for family in text_string_to_metric_families(text)}
+        for name, kind in declared.items():
+            assert kinds[name.removesuffix("_total") if kind == "counter" else name] == kind

@@ -244,6 +244,9 @@ class _Writer:
         self._lines: list[str] = []
 
     def family(self, name: str, kind: str, help_text: str) -> None:
+        if kind == "counter":
+            # Format 0.0.4 names a counter's HELP and TYPE by its sample name, the one with _total.
+            name = f"{name}_total"
         self._lines.append(f"# HELP {name} {_escape_help(help_text)}")
         self._lines.append(f"# TYPE {name} {kind}")
 
