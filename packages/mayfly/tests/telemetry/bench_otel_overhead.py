@@ -62,6 +62,20 @@ def main() -> None:
         results["no_sdk"].append(per_node_us(no_sdk_rt, runs))
         results["sdk"].append(per_node_us(sdk_rt, runs))
         exporter.clear()
+    # The observer alone, without an SDK, against an empty function: what one commit pays.
+    state = no_sdk_rt.inspect(no_sdk_rt.journal.list_runs(limit=1)[0]).state
+    calls = 200_000
+    observer = SpanObserver()
+
+    def nothing(state: object, events: tuple[object, ...]) -> None:
+        return None
+
+    timings = {}
+    for name, fn in (("empty", nothing), ("observer", observer)):
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn(state, ())
+        timings[name] = (time.perf_counter() - started) / calls * 1e9
     floor = min(results["floor"])
     print(f"{NODES}-node chain x {runs} runs, in-memory journal, best of 3 rounds")
     print(f"floor (no observer):            {floor:8.1f} us/node")
@@ -70,6 +84,10 @@ def main() -> None:
         print(
             f"{label + ':':31} {best:8.1f} us/node  ratio {best / floor:.3f}  (+{best - floor:.1f} us/node)"
         )
+    print(
+        f"one observer call without an SDK: {timings['observer']:.0f} ns "
+        f"(an empty function: {timings['empty']:.0f} ns, ratio {timings['observer'] / timings['empty']:.1f})"
+    )
 
 
 if __name__ == "__main__":

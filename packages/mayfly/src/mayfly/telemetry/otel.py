@@ -76,6 +76,7 @@ INSTRUMENTATION_NAME: Final = "mayfly"
 """The instrumentation scope name of Mayfly's tracer."""
 
 _MAX_OPEN: Final = 100_000
+_LOOKUP_INTERVAL_S: Final = 1.0
 _FAILED_OUTCOMES: Final = frozenset({NodeOutcomeKind.PERMANENT_FAILURE, NodeOutcomeKind.RETRYABLE_FAILURE})
 
 
@@ -96,8 +97,9 @@ class SpanObserver:
     """A commit observer that writes OpenTelemetry spans (see the module docstring).
 
     ``tracer`` defaults to the global provider's tracer named
-    :data:`INSTRUMENTATION_NAME`, looked up as long as no SDK provider is set,
-    so an SDK configured after instrumenting is picked up. ``chain`` is an
+    :data:`INSTRUMENTATION_NAME`. While no SDK provider is set it is looked up
+    again at most once a second, so an SDK configured after instrumenting is
+    picked up within a second (set it up first to miss nothing). ``chain`` is an
     observer called first with every commit (the one it replaces, usually).
     It keeps the dispatch (or takeover) time of attempts in flight, at most
     100,000 (the oldest is forgotten first: its span then starts at its outcome).
@@ -106,6 +108,7 @@ class SpanObserver:
     def __init__(self, tracer: trace.Tracer | None = None, *, chain: Observer | None = None) -> None:
         self._tracer = tracer
         self.chain = chain
+        self._next_lookup = float("-inf")  # when to ask the API for the global provider again
         # attempt id -> (wall ns, "dispatch" or "recovery"): when this process began to watch it
         self._dispatched: dict[str, tuple[int, str]] = {}
 
@@ -113,6 +116,12 @@ class SpanObserver:
         tracer = self._tracer
         if tracer is not None:
             return tracer
+        # Asking the API for the global provider reads os.environ (microseconds): without an SDK,
+        # ask at most once a second, and compute nothing in between.
+        now = time.monotonic()
+        if now < self._next_lookup:
+            return None
+        self._next_lookup = now + _LOOKUP_INTERVAL_S
         provider = trace.get_tracer_provider()
         if isinstance(provider, trace.ProxyTracerProvider):
             return None  # no SDK: nothing would be recorded, so nothing is computed
