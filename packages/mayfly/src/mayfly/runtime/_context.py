@@ -57,10 +57,12 @@ class DriveContext:
 
 
 def notify_recovery(observer: Observer | None, state: RunState, effects: tuple[RecoveryEffect, ...]) -> None:
-    """Tell an observer that watches recoveries (it has a ``recovered`` method) about a resumed run.
+    """Tell an observer that watches recoveries about a resumed run, before its recovery plan runs.
 
-    Once per recovered run, never per node; an observer without the method (or none) costs a lookup.
+    Such an observer has an ``on_recovery(state, effects)`` method, called as
+    ``WorkflowRuntime.resume``'s ``on_recovery`` is. Once per resumed run, never
+    per node; an observer without the method (or none) costs one lookup.
     """
-    recovered = getattr(observer, "recovered", None)
-    if recovered is not None:
-        recovered(state, effects)
+    on_recovery = getattr(observer, "on_recovery", None)
+    if callable(on_recovery):
+        on_recovery(state, effects)

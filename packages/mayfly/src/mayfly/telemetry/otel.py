@@ -172,7 +172,7 @@ class SpanObserver:
         if any(isinstance(e, RunCompleted) for e in events):
             self._run_span(tracer, state, now, run_parent)
 
-    def recovered(self, state: RunState, effects: tuple[RecoveryEffect, ...]) -> None:
+    def on_recovery(self, state: RunState, effects: tuple[RecoveryEffect, ...]) -> None:
         """Observe a run this process recovered (resumed under its lease), before its plan runs."""
         tracer = self._active_tracer()
         if tracer is None:
