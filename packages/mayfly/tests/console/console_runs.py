@@ -13,6 +13,7 @@ a queue with limits that no worker has claimed (new).
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -406,3 +407,63 @@ def png_pixels(path: Path) -> tuple[int, int, set[tuple[int, int, int]]]:
 def rgb(colour: str) -> tuple[int, int, int]:
     """``#rrggbb`` as a tuple."""
     return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+
+
+# -- reading pages -----------------------------------------------------------------------
+
+_NODE = re.compile(
+    r'<g class="node[^"]*" data-node="([^"]+)" data-state="([^"]+)"><title>[^<]*</title><rect [^>]*fill="(#[0-9a-f]{6})"'
+)
+
+
+def graph_nodes(page: str) -> dict[str, tuple[str, str]]:
+    """node id -> (data-state, rect fill) of every node of the page's SVG graph."""
+    return {html.unescape(n): (s, fill) for n, s, fill in _NODE.findall(page)}
+
+
+def crawl(base: str, start: list[str]) -> dict[str, str]:
+    """Every same-site page reachable from ``start`` (links, scripts, styles), by path."""
+    seen: dict[str, str] = {}
+    queue = list(start)
+    while queue:
+        path = queue.pop()
+        if path in seen or not path.startswith("/"):
+            continue
+        status, _, body = fetch(base + path)
+        assert status in (200, 303, 404), (path, status)
+        seen[path] = body
+        for found in re.findall(r'(?:href|src)="(/[^"]*)"', body):
+            link = html.unescape(found)
+            if link not in seen and len(seen) < 500:
+                queue.append(link)
+    return seen
+
+
+def walk_list(base: str, path: str) -> tuple[list[str], int]:
+    """The run ids of every page of the run list from ``path`` on, following the next-page links."""
+    seen: list[str] = []
+    pages = 0
+    while path:
+        status, _, body = fetch(base + path)
+        assert status == 200, (path, status)
+        seen.extend(re.findall(r'<tr data-run="([^"]+)"', body))
+        pages += 1
+        found = re.search(r'<a class="next" rel="next" href="([^"]+)"', body)
+        path = html.unescape(found.group(1)) if found else ""
+    return seen, pages
+
+
+def crawl_everything(base: str, runs: Runs) -> dict[str, str]:
+    """Every page, asset and endpoint the console serves for ``runs``, and all they link to."""
+    start = ["/", "/runs", "/workers", "/metrics", "/static/console.css", "/static/console.js"]
+    for run_id in runs.all:
+        start += [
+            f"/runs/{run_id}",
+            f"/runs/{run_id}/history",
+            f"/runs/{run_id}/history?after=5",
+            f"/runs/{run_id}/state.json",
+            f"/runs/{run_id}/graph.svg",
+        ]
+    for state in ("running", "waiting", "succeeded", "failed"):
+        start.append(f"/runs?state={state}")
+    return crawl(base, start)

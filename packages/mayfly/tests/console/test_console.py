@@ -21,18 +21,21 @@ from console_runs import (
     WRITE_TOKEN,
     Runs,
     Served,
+    crawl_everything,
     dump_dom,
     fetch,
+    graph_nodes,
     make_runs,
     png_pixels,
     rgb,
     screenshot,
     start_ui,
+    walk_list,
 )
 
 from mayfly.console import STATE_COLOURS, render_graph
-from mayfly.model.spec import Edge, Node, OnOutcome
 from mayfly.model.outcomes import NodeOutcomeKind
+from mayfly.model.spec import Edge, Node, OnOutcome
 
 
 @pytest.fixture(scope="module")
@@ -48,34 +51,6 @@ def served(runs: Runs) -> Iterator[Served]:
         yield server
     finally:
         server.stop()
-
-
-_NODE = re.compile(
-    r'<g class="node[^"]*" data-node="([^"]+)" data-state="([^"]+)"><title>[^<]*</title><rect [^>]*fill="(#[0-9a-f]{6})"'
-)
-
-
-def graph_nodes(page: str) -> dict[str, tuple[str, str]]:
-    """node id -> (data-state, rect fill) of every node of the page's SVG graph."""
-    return {html.unescape(n): (s, fill) for n, s, fill in _NODE.findall(page)}
-
-
-def crawl(base: str, start: list[str]) -> dict[str, str]:
-    """Every same-site page reachable from ``start`` (links, scripts, styles), by path."""
-    seen: dict[str, str] = {}
-    queue = list(start)
-    while queue:
-        path = queue.pop()
-        if path in seen or not path.startswith("/"):
-            continue
-        status, _, body = fetch(base + path)
-        assert status in (200, 303, 404), (path, status)
-        seen[path] = body
-        for link in re.findall(r'(?:href|src)="(/[^"]*)"', body):
-            link = html.unescape(link)
-            if link not in seen and len(seen) < 500:
-                queue.append(link)
-    return seen
 
 
 def test_the_run_list_shows_every_run_with_its_status_and_filters_by_state_workflow_and_queue(
@@ -104,16 +79,9 @@ def test_the_run_list_shows_every_run_with_its_status_and_filters_by_state_workf
 
 
 def test_the_run_list_pages_with_a_cursor_and_every_run_appears_once(runs: Runs, served: Served) -> None:
-    """Pages of 20 on the file journal follow the next-page cursor; together they list each run once."""
-    # Seven runs need a page size below it: ask for the smallest and check the cursor walk.
-    seen: list[str] = []
-    path = "/runs?limit=20"
-    while path:
-        _, _, body = fetch(served.url + path)
-        seen.extend(re.findall(r'<tr data-run="([^"]+)"', body))
-        found = re.search(r'<a class="next" rel="next" href="([^"]+)"', body)
-        path = html.unescape(found.group(1)) if found else ""
-    assert sorted(seen) == sorted(runs.all)
+    """Pages of two runs follow the next-page cursor; together they list each run once."""
+    seen, pages = walk_list(served.url, "/runs?limit=2")
+    assert sorted(seen) == sorted(runs.all) and pages >= 4
 
 
 def test_a_run_page_draws_the_graph_coloured_by_node_state_with_the_correction_loop(
@@ -200,18 +168,7 @@ def test_the_workers_page_shows_queue_limits_usage_and_depth(runs: Runs, served:
 
 def test_no_payload_reaches_any_page_the_console_serves(runs: Runs, served: Served) -> None:
     """Canary: inputs, outputs, signal tokens and decisions appear in no page, asset or endpoint."""
-    start = ["/", "/runs", "/workers", "/metrics", "/static/console.css", "/static/console.js"]
-    for run_id in runs.all:
-        start += [
-            f"/runs/{run_id}",
-            f"/runs/{run_id}/history",
-            f"/runs/{run_id}/history?after=5",
-            f"/runs/{run_id}/state.json",
-            f"/runs/{run_id}/graph.svg",
-        ]
-    for state in ("running", "waiting", "succeeded", "failed"):
-        start.append(f"/runs?state={state}")
-    pages = crawl(served.url, start)
+    pages = crawl_everything(served.url, runs)
     assert len(pages) > 40
     for path, body in pages.items():
         for canary in CANARIES:

@@ -68,7 +68,7 @@ __all__ = ["Console"]
 StartResponse = Callable[..., Callable[[bytes], object]]
 
 _HTML: Final = "text/html; charset=utf-8"
-_PAGE_SIZES: Final = (20, 50, 100, 200)
+_MAX_PAGE: Final = 200
 _SECURITY_HEADERS: Final = [
     (
         "Content-Security-Policy",
@@ -320,7 +320,7 @@ class Console:
         queue = _one(query, "queue") or None
         cursor = _one(query, "cursor") or None
         size_text = _one(query, "limit")
-        size = int(size_text) if size_text.isdigit() and int(size_text) in _PAGE_SIZES else self._page_size
+        size = int(size_text) if size_text.isdigit() and 1 <= int(size_text) <= _MAX_PAGE else self._page_size
         if state is not None and state not in RUN_STATES:
             raise _HttpError(HTTPStatus.BAD_REQUEST, f"state must be one of {', '.join(RUN_STATES)}")
         if queue is not None and QUEUE_NAME.fullmatch(queue) is None:
