@@ -33,7 +33,8 @@ a { color: var(--accent); }
 .facts dd { margin: 0; }
 .graph-box { overflow-x: auto; border: 1px solid var(--line); border-radius: 6px; padding: 8px; }
 svg.graph { font: 13px system-ui, sans-serif; }
-svg.graph .edge-label { font-size: 11px; fill: var(--muted); }
+svg.graph .edge-label { font-size: 11px; fill: var(--muted); paint-order: stroke; stroke: #fff;
+  stroke-width: 3px; }
 svg.graph .edge-label.correction { fill: #8e24aa; }
 ul.legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 6px 14px; margin: 8px 0; }
 ul.legend li { display: flex; align-items: center; gap: 5px; font-size: 12px; }

@@ -49,9 +49,9 @@ STATE_COLOURS: Final[Mapping[str, StateColour]] = {
 
 _UNKNOWN: Final = StateColour("#ffffff", "#000000", "#000000")
 _CORRECTION: Final = "#8e24aa"
-_NODE_W: Final = 134
+_NODE_W: Final = 124
 _NODE_H: Final = 52
-_GAP_X: Final = 46
+_GAP_X: Final = 68
 _GAP_Y: Final = 28
 _MARGIN: Final = 20
 _ARC: Final = 30  # height of one correction arc above the nodes
@@ -212,8 +212,8 @@ def render_graph(
         colours = colour_of(state)
         x, y = box(i)
         child = node.child
-        attempts = "" if found is None else f" · {found.total_attempts} att."
-        title = f"{node.id}: {state}"
+        attempts = "" if found is None else f" · {found.total_attempts}"
+        title = f"{node.id}: {state}" + ("" if found is None else f", {found.total_attempts} attempts")
         group = (
             f'<g class="node{" child-call" if child is not None else ""}" data-node="{escape(node.id)}" '
             f'data-state="{escape(state)}"><title>{escape(title)}</title>'
@@ -229,7 +229,7 @@ def render_graph(
             f'<text x="{x + _NODE_W // 2}" y="{y + 21}" text-anchor="middle" font-weight="bold" '
             f'fill="{colours.text}">{escape(_label(node.id))}</text>'
             f'<text x="{x + _NODE_W // 2}" y="{y + 39}" text-anchor="middle" font-size="11" '
-            f'fill="{colours.text}">{escape(_label(state + attempts, 26))}</text></g>'
+            f'fill="{colours.text}">{escape(_label(state + attempts, 20))}</text></g>'
         )
         child_run = child_runs.get(node.id) or (None if found is None else found.child_run_id)
         if child is not None and child_run is not None:
