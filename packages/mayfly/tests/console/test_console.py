@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import io
 import json
 import re
 import socket
@@ -33,6 +34,7 @@ from console_runs import (
     walk_list,
 )
 
+from mayfly.cli import main
 from mayfly.console import STATE_COLOURS, render_graph
 from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.spec import Edge, Node, OnOutcome
@@ -138,6 +140,10 @@ def test_a_waiting_run_shows_its_wait_and_deadline_and_refreshes_while_in_progre
     assert state["status"] == "waiting" and state["terminal"] is False
     assert state["nodes"] == {"draft": "succeeded", "approval": "waiting", "publish": "pending"}
     assert "<form" not in page.split("<main>", 1)[1].replace('<form class="filters"', "")  # writes are off
+    form = urlencode({"node": "approval", "token": SIGNAL_TOKEN, "decision": "approve", "confirm": "yes"})
+    kind = {"Content-Type": "application/x-www-form-urlencoded"}
+    status, _, body = fetch(served.url + f"/runs/{runs.waiting}/signal", form.encode(), kind)
+    assert status == 403 and "write actions are off" in body
 
 
 def test_the_timeline_pages_through_the_whole_history(runs: Runs, served: Served) -> None:
@@ -229,8 +235,9 @@ def test_chromium_opens_the_run_list_and_a_run_page_and_sees_the_state_colours(
         assert canary not in dom
 
 
-def test_write_actions_need_the_token_and_a_confirmation_and_echo_nothing(runs: Runs, tmp_path: Path) -> None:
-    """With --allow-writes a signal needs the token, a confirmation and a same-origin post."""
+def test_write_actions_need_the_token_and_a_confirmation_and_echo_nothing(tmp_path: Path) -> None:
+    """With --allow-writes a signal or cancel needs the token, a confirmation and a same-origin post."""
+    runs = make_runs(f"file://{tmp_path}/journal")  # its own runs: this test changes them
     token_file = tmp_path / "token"
     token_file.write_text(WRITE_TOKEN + "\n")
     token_file.chmod(0o600)
@@ -260,6 +267,17 @@ def test_write_actions_need_the_token_and_a_confirmation_and_echo_nothing(runs: 
         assert code == 303
         _, _, page = fetch(served.url + f"/runs/{runs.waiting}?notice=signal-accepted")
         assert "Signal accepted." in page and all(canary not in page for canary in CANARIES)
+        _, _, body = fetch(served.url + f"/runs/{runs.waiting}/state.json")
+        assert json.loads(body)["nodes"]["approval"] != "waiting"  # the signal was recorded
+        cancel = served.url + f"/runs/{runs.queued}/cancel"
+        fields = {"reason": "not needed", "confirm": "yes"}
+        assert fetch(cancel, urlencode(fields).encode(), kind)[0] == 403
+        code, _, _ = fetch(cancel, urlencode({**fields, "console_token": WRITE_TOKEN}).encode(), kind)
+        assert code == 303
+        _, _, body = fetch(served.url + f"/runs/{runs.queued}/state.json")
+        assert json.loads(body)["status"] == "cancelled"
+        code, _, _ = fetch(cancel, urlencode({**fields, "console_token": WRITE_TOKEN}).encode(), kind)
+        assert code == 409  # an ended run accepts no more commands
     finally:
         out = served.stop()
     assert all(canary not in out for canary in CANARIES)
@@ -282,3 +300,30 @@ def test_the_graph_layout_puts_dependencies_left_to_right_and_draws_loops_as_arc
     assert xs == sorted(xs) and len(set(xs)) == 3
     assert svg.count('class="edge correction"') == 1 and 'data-from="c" data-to="b"' in svg
     assert svg.count('class="edge dependency"') == 1 and svg.count('class="edge conditional"') == 1
+
+
+def test_mayfly_ui_refuses_bad_flags_an_unsafe_token_file_and_a_missing_journal(tmp_path: Path) -> None:
+    """Usage errors exit 2 and a missing journal exits 5, each as one line, before anything is served."""
+    out, err = io.StringIO(), io.StringIO()
+
+    def ui(*args: str) -> tuple[int, str]:
+        err.seek(0)
+        err.truncate()
+        code = main(["ui", "--journal", f"file://{tmp_path}/none", *args], out=out, err=err)
+        return code, err.getvalue()
+
+    code, message = ui("--allow-writes")
+    assert code == 2 and "go together" in message
+    assert ui("--port", "70000")[0] == 2 and ui("--host", "localhost:80")[0] == 2
+    loose = tmp_path / "loose"
+    loose.write_text(WRITE_TOKEN)
+    loose.chmod(0o644)
+    code, message = ui("--allow-writes", "--token-file", str(loose))
+    assert code == 2 and "chmod 600" in message and WRITE_TOKEN not in message
+    short = tmp_path / "short"
+    short.write_text("tiny")
+    short.chmod(0o600)
+    assert "at least 16 characters" in ui("--allow-writes", "--token-file", str(short))[1]
+    code, message = ui()
+    assert code == 5 and "no journal at" in message and message.count("\n") == 1
+    assert out.getvalue() == ""
