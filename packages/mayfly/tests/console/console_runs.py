@@ -285,15 +285,18 @@ class Served:
         self.process.send_signal(signal.SIGTERM)
         out, err = self.process.communicate(timeout=20)
         assert self.process.returncode == 0, (self.process.returncode, out, err)
-        return out + err
+        return out + (err or "")
 
 
-def start_ui(url: str, *extra: str) -> Served:
-    """Start ``mayfly ui --journal URL --port 0`` and wait for the URL it prints."""
+def start_ui(url: str, *extra: str, log: Path | None = None) -> Served:
+    """Start ``mayfly ui --journal URL --port 0`` and wait for the URL it prints.
+
+    With ``log``, its standard error (``--access-log`` lines among it) goes to that file.
+    """
     process = subprocess.Popen(
         [sys.executable, "-m", "mayfly", "ui", "--journal", url, "--port", "0", *extra],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE if log is None else log.open("w"),
         text=True,
     )
     assert process.stdout is not None
@@ -345,6 +348,18 @@ def browse(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done
+
+
+def open_browser(profile: Path, *args: str) -> subprocess.Popen[str]:
+    """Start headless chromium with a fresh profile and ``args``, without waiting for it."""
+    profile.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "HOME": str(profile)},
+    )
 
 
 def dump_dom(profile: Path, url: str) -> str:

@@ -7,6 +7,8 @@ import io
 import json
 import re
 import socket
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
@@ -22,21 +24,26 @@ from console_runs import (
     WRITE_TOKEN,
     Runs,
     Served,
+    approval_spec,
     crawl_everything,
     dump_dom,
     fetch,
     graph_nodes,
     make_runs,
+    open_browser,
     png_pixels,
+    registry,
     rgb,
     screenshot,
     start_ui,
     walk_list,
 )
 
+from mayfly import WorkflowRuntime
 from mayfly.cli import main
 from mayfly.console import STATE_COLOURS, render_graph
 from mayfly.model.outcomes import NodeOutcomeKind
+from mayfly.model.signals import SignalToken
 from mayfly.model.spec import Edge, Node, OnOutcome
 
 
@@ -212,6 +219,14 @@ def test_the_server_answers_malformed_and_oversized_requests_and_keeps_connectio
     )
     answer = exchange(two)
     assert answer.count(b"HTTP/1.1 200 OK") == 2 and b"Connection: keep-alive" in answer
+    assert fetch(served.url + f"/runs/{uuid.uuid4()}")[0] == 404
+    assert fetch(served.url + "/runs/not-a-run")[0] == 404
+    # One connection per hub task: a client stalled mid-request does not hold up another.
+    with socket.create_connection((host, int(port)), timeout=10) as stalled:
+        stalled.sendall(b"GET /runs HTTP/1.1\r\nHost: x\r\n")
+        assert fetch(served.url + "/static/console.css")[0] == 200
+        stalled.sendall(b"Connection: close\r\n\r\n")
+        assert stalled.recv(64).startswith(b"HTTP/1.1 200 OK")
 
 
 def test_chromium_opens_the_run_list_and_a_run_page_and_sees_the_state_colours(
@@ -327,3 +342,36 @@ def test_mayfly_ui_refuses_bad_flags_an_unsafe_token_file_and_a_missing_journal(
     code, message = ui()
     assert code == 5 and "no journal at" in message and message.count("\n") == 1
     assert out.getvalue() == ""
+
+
+def test_a_run_page_open_in_chromium_reloads_itself_when_the_run_moves_on(tmp_path: Path) -> None:
+    """Live refresh: a page opened while the run waits polls state.json and reloads once it was signalled."""
+    url = f"file://{tmp_path}/journal"
+    runtime = WorkflowRuntime(url, registry())
+    parked = runtime.execute(approval_spec(), input={"ticket": "live"})
+    log = tmp_path / "ui.log"
+    served = start_ui(url, "--access-log", log=log)
+    try:
+        _, _, body = fetch(served.url + f"/runs/{parked.run_id}/state.json")
+        assert json.loads(body)["status"] == "waiting"
+        polls = log.read_text().count("state.json")
+        # An hour of the page's virtual time: it polls every 2 s (virtual), each poll a real request.
+        page = served.url + f"/runs/{parked.run_id}"
+        browser = open_browser(tmp_path / "profile", "--virtual-time-budget=3600000", "--dump-dom", page)
+        deadline = time.monotonic() + 60
+        while log.read_text().count("state.json") < polls + 2:  # the page loaded and is polling
+            assert time.monotonic() < deadline and browser.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.05)
+        assert (
+            runtime.signal(parked.run_id, "approval", SignalToken(SIGNAL_TOKEN), "approve").status
+            == "accepted"
+        )
+        assert runtime.resume(parked.run_id).succeeded
+        dom, _ = browser.communicate(timeout=120)
+    finally:
+        served.stop()
+        runtime.journal.close()
+    assert browser.returncode == 0
+    shown = re.search(r"<body[^>]*>", dom)
+    assert shown is not None and "data-refresh" not in shown.group(0)  # reloaded as an ended run
+    assert graph_nodes(dom)["publish"] == ("succeeded", STATE_COLOURS["succeeded"].fill)

@@ -33,6 +33,9 @@ def add_ui_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, default=8080, help="port to bind (default 8080; 0 picks a free one)"
     )
     parser.add_argument(
+        "--access-log", action="store_true", help="print one line per request on standard error"
+    )
+    parser.add_argument(
         "--allow-writes",
         action="store_true",
         help="serve the signal and cancel actions (needs --token-file)",
@@ -80,8 +83,12 @@ def cmd_ui(ctx: Context) -> int:
             ctx.out.write(f"mayfly ui: serving {url}/runs (Ctrl-C stops it)\n")
         ctx.out.flush()
 
+    def access(line: str) -> None:
+        ctx.err.write(f"mayfly ui: {line}\n")
+        ctx.err.flush()
+
     try:
-        serve(console, args.host, args.port, on_ready=ready)
+        serve(console, args.host, args.port, on_ready=ready, log=access if args.access_log else None)
     except OSError as exc:
         raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
     finally:

@@ -15,6 +15,7 @@ import errno
 import io
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any, Final, final
@@ -141,7 +142,8 @@ class HttpServer:
     ``port=0`` binds a free port (read it from :attr:`port`). :meth:`serve`
     runs the accept loop on the current hub until its task is cancelled or
     :meth:`close` is called; each connection is a task of that hub, idle
-    ones closed after ``timeout`` seconds.
+    ones closed after ``timeout`` seconds. ``log`` is told one line per
+    request answered (peer, request line, status, bytes, milliseconds).
     """
 
     def __init__(
@@ -152,10 +154,12 @@ class HttpServer:
         *,
         timeout: float = 15.0,
         max_connections: int = 64,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self._app = app
         self._timeout = timeout
         self._max_connections = max_connections
+        self._log = log
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -260,7 +264,13 @@ class HttpServer:
         connection = found.get("connection", "").lower()
         keep_alive = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
         environ = self._environ(method, target, version, headers, body, peer)
+        started = time.perf_counter()
         status, response_headers, payload = _call(self._app, environ)
+        if self._log is not None:
+            took = (time.perf_counter() - started) * 1000
+            self._log(
+                f'{peer} "{method} {target[:200]}" {status.partition(" ")[0]} {len(payload)} {took:.1f}ms'
+            )
         names = {name.lower() for name, _ in response_headers}
         if "content-length" not in names:
             response_headers.append(("Content-Length", str(len(payload))))

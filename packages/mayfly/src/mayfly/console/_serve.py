@@ -21,14 +21,16 @@ def serve(
     port: int = 8080,
     *,
     on_ready: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``console`` on ``host:port`` until SIGTERM or SIGINT (``port=0``: a free port).
 
     The server binds before ``on_ready(url)`` is called, so a caller that
     prints the URL prints one that answers. Call it from the main thread (it
-    installs the signal handlers) outside any running hub.
+    installs the signal handlers) outside any running hub. ``log`` is told
+    one line per request (see :class:`~mayfly.console.HttpServer`).
     """
-    server = HttpServer(console, host, port)
+    server = HttpServer(console, host, port, log=log)
     read, write = os.pipe()
     os.set_blocking(write, False)
     os.set_blocking(read, False)
