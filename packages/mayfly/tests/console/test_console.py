@@ -205,25 +205,29 @@ def test_the_server_answers_malformed_and_oversized_requests_and_keeps_connectio
                 chunks.append(chunk)
 
     assert exchange(b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
-    assert exchange(b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+    assert exchange(b"GET /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").startswith(
         b"HTTP/1.1 404 "
     )
-    assert exchange(b"PUT /runs HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 405 ")
-    big = b"POST /runs HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"
+    assert exchange(b"PUT /runs HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+    big = b"POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10000000\r\n\r\n"
     assert exchange(big).startswith(b"HTTP/1.1 413 ")
-    huge = b"GET /runs HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n"
+    huge = b"GET /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n"
     assert exchange(huge).startswith(b"HTTP/1.1 431 ")
     two = (
-        b"GET /static/console.css HTTP/1.1\r\nHost: x\r\n\r\n"
-        b"HEAD /runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        b"GET /static/console.css HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        b"HEAD /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
     answer = exchange(two)
     assert answer.count(b"HTTP/1.1 200 OK") == 2 and b"Connection: keep-alive" in answer
+    rebound = exchange(b"GET /runs HTTP/1.1\r\nHost: evil.example:8080\r\nConnection: close\r\n\r\n")
+    assert rebound.startswith(b"HTTP/1.1 400 ") and b"tr data-run" not in rebound  # DNS rebinding
+    local = b"GET /runs HTTP/1.1\r\nHost: localhost:1\r\nConnection: close\r\n\r\n"
+    assert exchange(local).startswith(b"HTTP/1.1 200 ")
     assert fetch(served.url + f"/runs/{uuid.uuid4()}")[0] == 404
     assert fetch(served.url + "/runs/not-a-run")[0] == 404
     # One connection per hub task: a client stalled mid-request does not hold up another.
     with socket.create_connection((host, int(port)), timeout=10) as stalled:
-        stalled.sendall(b"GET /runs HTTP/1.1\r\nHost: x\r\n")
+        stalled.sendall(b"GET /runs HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         assert fetch(served.url + "/static/console.css")[0] == 200
         stalled.sendall(b"Connection: close\r\n\r\n")
         assert stalled.recv(64).startswith(b"HTTP/1.1 200 OK")

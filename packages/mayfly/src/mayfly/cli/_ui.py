@@ -17,8 +17,10 @@ __all__ = ["add_ui_arguments", "cmd_ui"]
 UI_HELP = """\
 The console binds 127.0.0.1 by default: anyone who can reach the port can read run
 states, node ids, reasons and queue settings (never inputs, outputs, decisions or
-tokens). Write actions (signal, cancel) are off unless --allow-writes is given with
---token-file; each then needs that token and a confirmation.
+tokens). It answers only requests addressed to an IP address or localhost, unless
+--allow-host names another host (a proxy in front of it). Write actions (signal,
+cancel) are off unless --allow-writes is given with --token-file; each then needs
+that token and a confirmation.
 
 exit codes: 0 stopped by SIGTERM or Ctrl-C; 2 usage (a bad flag, an unusable token
 file, the address in use); 5 no journal at --journal, or it cannot be read."""
@@ -31,6 +33,13 @@ def add_ui_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
         "--port", type=int, default=8080, help="port to bind (default 8080; 0 picks a free one)"
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this host name (a proxy's); repeat for several",
     )
     parser.add_argument(
         "--access-log", action="store_true", help="print one line per request on standard error"
@@ -74,7 +83,7 @@ def cmd_ui(ctx: Context) -> int:
         raise UsageError("--allow-writes and --token-file go together: write actions need a token")
     token = _token(args.token_file) if args.token_file is not None else None
     ctx.require_journal()
-    console = Console(ctx.journal_url, plugins=ctx.plugins, write_token=token)
+    console = Console(ctx.journal_url, plugins=ctx.plugins, write_token=token, allowed_hosts=args.allow_host)
 
     def ready(url: str) -> None:
         if ctx.json:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import hmac
+import ipaddress
 import os
 from collections.abc import Callable, Iterable, Mapping
 from html import escape
@@ -185,8 +186,11 @@ class Console:
     ``journal`` is a journal URL, opened through ``plugins`` (default: the
     process's entry-point manager). ``write_token`` enables the signal and
     cancel actions: each POST must carry it and a confirmation; ``None``
-    (the default) serves no write action at all. Call it from a hub task
-    (the server does): journal reads park on the hub as the runtime's do.
+    (the default) serves no write action at all. A request whose ``Host``
+    is a name (not an IP address or ``localhost``) is refused unless it is
+    in ``allowed_hosts``: a page of another site cannot reach the console by
+    pointing its own name at 127.0.0.1 (DNS rebinding). Call it from a hub
+    task (the server does): journal reads park on the hub as the runtime's do.
     """
 
     def __init__(
@@ -196,6 +200,7 @@ class Console:
         plugins: PluginManager | None = None,
         write_token: str | None = None,
         page_size: int = 50,
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         if write_token is not None and len(write_token) < 16:
             raise ValueError(
@@ -207,6 +212,7 @@ class Console:
         self._upcasters = self._plugins.event_upcasters()
         self._write_token = write_token
         self._page_size = page_size
+        self._allowed_hosts = frozenset(name.lower() for name in allowed_hosts)
         self._runtime: WorkflowRuntime | None = None
 
     @property
@@ -224,6 +230,7 @@ class Console:
         self._journal.close()
         if self._runtime is not None:
             self._runtime.journal.close()
+            self._runtime.leases.close()
 
     # -- WSGI -------------------------------------------------------------------------
 
@@ -233,6 +240,7 @@ class Console:
         path = environ.get("PATH_INFO", "/") or "/"
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=False)
         try:
+            self._check_host(environ.get("HTTP_HOST", ""))
             response = self._route(method, path, query, environ)
         except _HttpError as exc:
             response = self._error(exc.status, exc.message)
@@ -282,6 +290,25 @@ class Console:
                 )
                 return _Response(svg, content_type="image/svg+xml")
         raise _HttpError(HTTPStatus.NOT_FOUND, "no such page")
+
+    def _check_host(self, host: str) -> None:
+        if host.startswith("["):  # [::1]:8080
+            name = host[1:].partition("]")[0]
+        elif host.count(":") == 1:  # 127.0.0.1:8080, localhost:8080
+            name = host.partition(":")[0]
+        else:  # a name or an address without a port
+            name = host
+        name = name.lower()
+        if name == "localhost" or name in self._allowed_hosts:
+            return
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            raise _HttpError(
+                HTTPStatus.BAD_REQUEST,
+                "this console answers only requests for its IP address or localhost "
+                "(start it with --allow-host NAME to serve a name)",
+            ) from None
 
     @staticmethod
     def _run_id(text: str) -> str:
