@@ -81,6 +81,8 @@ _SECURITY_HEADERS: Final = [
     ("Cache-Control", "no-store"),
 ]
 _MAX_FIELD: Final = 4_096
+SCANNED_EVENTS: Final = 20_000
+"""How many of a run's last events a run page reads for attempt numbers and times."""
 _NOTICES: Final = {
     "cancelled": "Cancellation recorded.",
     "signal-accepted": "Signal accepted.",
@@ -412,9 +414,12 @@ class Console:
 
     def _inspect(self, run_id: str) -> tuple[RunInspection, RunState]:
         recovered = inspect_run(self._journal, run_id, upcasters=self._upcasters)
+        # Attempt numbers and times come from the records: the last SCANNED_EVENTS of a long history.
+        last = recovered.state.sequence
+        after = max(last - SCANNED_EVENTS, 0)
         inspection = build_inspection(
             recovered,
-            self._journal.read(run_id, after=0, limit=recovered.state.sequence),
+            self._journal.read(run_id, after=after, limit=last - after),
             20,
             journal_url=self._journal.url,
             upcasters=self._upcasters,
@@ -434,6 +439,10 @@ class Console:
             ("Run time", escape(_duration(inspection.now))),
             ("Events", f'{inspection.sequence} (<a href="/runs/{quote(run_id)}/history">timeline</a>)'),
         ]
+        if inspection.sequence > SCANNED_EVENTS:
+            facts.append(
+                ("Attempt times", f"from the last {SCANNED_EVENTS} events (older attempts show none)")
+            )
         if inspection.parent_run_id is not None:
             parent = _run_link(inspection.parent_run_id)
             facts.append(("Parent", f"{parent} node {escape(inspection.parent_node_id or '')}"))
