@@ -379,3 +379,15 @@ def test_a_run_page_open_in_chromium_reloads_itself_when_the_run_moves_on(tmp_pa
     shown = re.search(r"<body[^>]*>", dom)
     assert shown is not None and "data-refresh" not in shown.group(0)  # reloaded as an ended run
     assert graph_nodes(dom)["publish"] == ("succeeded", STATE_COLOURS["succeeded"].fill)
+
+
+def test_metrics_serves_the_prometheus_text_of_the_journal(runs: Runs, served: Served) -> None:
+    """``/metrics`` parses with Prometheus's own text parser and counts the journal's runs."""
+    from prometheus_client.parser import text_string_to_metric_families  # a test-only dependency
+
+    status, content_type, body = fetch(served.url + "/metrics")
+    assert status == 200
+    assert content_type.startswith("text/plain; version=0.0.4")
+    families = {family.name: family for family in text_string_to_metric_families(body)}
+    (observed,) = families["mayfly_runs_observed"].samples
+    assert observed.value == len(runs.all)

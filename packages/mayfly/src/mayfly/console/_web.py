@@ -9,7 +9,7 @@ Routes (all ``GET`` unless said)::
     /runs/RUN/state.json    status, sequence and node states (the live refresh polls it)
     /runs/RUN/graph.svg     the graph alone
     /workers                queues: limits, usage, depth by index status; claimed runs
-    /metrics                Prometheus text (when mayfly.telemetry.prometheus is installed)
+    /metrics                Prometheus text (mayfly.telemetry.prometheus)
     /static/console.css, /static/console.js
     POST /runs/RUN/cancel, POST /runs/RUN/signal   only with write actions enabled
 
@@ -63,6 +63,7 @@ from mayfly.model.state import RunState
 from mayfly.plugins import PluginManager, plugin_manager
 from mayfly.recovery import inspect_run
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime, cancel_run_cascade
+from mayfly.telemetry import prometheus
 
 __all__ = ["Console"]
 
@@ -680,14 +681,7 @@ class Console:
         return self._page("Workers and queues", "".join(body))
 
     def _metrics(self) -> _Response:
-        try:
-            # Imported on use: the exporter is optional, and the console serves without it.
-            from mayfly.telemetry import prometheus  # type: ignore[attr-defined,unused-ignore]  # noqa: PLC0415
-        except ImportError:
-            raise _HttpError(HTTPStatus.NOT_FOUND, "this mayfly has no Prometheus exporter") from None
-        rendered: bytes = prometheus.render(self._journal)
-        content_type: str = prometheus.CONTENT_TYPE
-        return _Response(rendered, content_type=content_type)
+        return _Response(prometheus.render(self._journal), content_type=prometheus.CONTENT_TYPE)
 
     # -- write actions ----------------------------------------------------------------
 
