@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from mayfly.errors import DurabilityUnavailable, JournalUnavailable
+from mayfly.errors import CompatibilityError, CorruptionError, DurabilityUnavailable, JournalUnavailable
 from mayfly.journal import Relay
 from mayfly_redis._connection import (
     AofPolicy,
@@ -26,6 +26,7 @@ from mayfly_redis._connection import (
     HubSSLConnection,
     bound_to,
 )
+from mayfly_redis._layout import DEFAULT_SHARDS, MAX_SHARDS, Layout, LayoutKind
 from mayfly_redis._url import RedisDurability, RedisTarget, parse_url
 
 __all__ = ["RedisStore", "open_store", "relayed_store"]
@@ -102,6 +103,7 @@ class RedisStore:
                     self._client = self._cluster()
                     self.cluster = True
                 self.persistence = self._check_durability()
+                self.layout = self._choose_layout()
                 # From now on every (re)connection re-verifies AOF: a server restarted
                 # without it must not acknowledge appends.
                 self._aof.required = target.durability is RedisDurability.AOF
@@ -160,6 +162,47 @@ class RedisStore:
         except driver.NoPermissionError:
             return False  # a user barred from INFO: a Cluster would answer MOVED later, mapped
         return int(cluster_info.get("cluster_enabled", 0)) == 1
+
+    def _choose_layout(self) -> Layout:
+        """The store's key layout (see :mod:`mayfly_redis._layout`); a Cluster store records it once."""
+        target = self.target
+        prefix, asked = target.prefix, target.shards
+        if not self.cluster:
+            if asked is not None:
+                raise CompatibilityError(
+                    f"redis {target.address} is a standalone server, which keeps one run index: "
+                    "drop shards= from the URL (it applies to a new Redis Cluster store)"
+                )
+            return Layout(LayoutKind.STANDALONE, prefix)
+        marker = Layout(LayoutKind.SHARDED, prefix).marker_key
+        stored = self._client.execute_command("GET", marker)
+        if stored is None:
+            if int(self._client.execute_command("EXISTS", f"{prefix}:runs")):
+                if asked is not None:
+                    raise CompatibilityError(
+                        f"the Redis Cluster store with prefix {prefix!r} was written before run-index "
+                        "sharding (it has no run index), so shards= cannot apply to it: drop shards= "
+                        "to keep using it as a journal, or use a new prefix for a sharded store"
+                    )
+                return Layout(LayoutKind.UNSHARDED, prefix)
+            wanted = f"sharded {DEFAULT_SHARDS if asked is None else asked}"
+            self._client.execute_command("SET", marker, wanted, "NX")
+            stored = self._client.execute_command("GET", marker)
+        text = _text(stored)
+        kind, _, count = text.partition(" ")
+        if kind != "sharded" or not count.isdigit() or not 1 <= int(count) <= MAX_SHARDS:
+            raise CorruptionError(
+                f"the layout marker {marker} of the Redis Cluster store reads {text[:60]!r}, not "
+                f"'sharded <1-{MAX_SHARDS}>'; restore it from a backup (it names the store's shards)"
+            )
+        shards = int(count)
+        if asked is not None and asked != shards:
+            raise CompatibilityError(
+                f"the Redis Cluster store with prefix {prefix!r} has {shards} run-index shards, not the "
+                f"{asked} the URL asks for (shards are fixed when a store is created); use shards={shards} "
+                "or drop shards= from the URL"
+            )
+        return Layout(LayoutKind.SHARDED, prefix, shards)
 
     def _cluster_db_message(self) -> str:
         return (
@@ -295,9 +338,9 @@ class RedisStore:
         idle.append(connection)
         return reply
 
-    def _fresh(self) -> Any:
+    def _fresh(self, pool: Any = None) -> Any:
         # Built outside the pool's count: these are never handed back to it.
-        pool = self._client.connection_pool
+        pool = self._client.connection_pool if pool is None else pool
         connection = pool.connection_class(**pool.connection_kwargs)
         try:
             connection.connect()
@@ -307,11 +350,21 @@ class RedisStore:
         return connection
 
     def dedicated_connection(self) -> Any:
-        """A new connection of its own (not pooled), connected, for a subscription (standalone only).
+        """A new connection of its own (not pooled), connected, for a subscription.
 
-        Call inside :meth:`errors`: connecting may raise redis-py errors.
+        On a Cluster it is a connection to the first primary that answers
+        (classic pub/sub messages reach every node). Call inside
+        :meth:`errors`: connecting may raise redis-py errors.
         """
-        return self._fresh()
+        if not self.cluster:
+            return self._fresh()
+        failure: BaseException | None = None
+        for node in self._nodes():
+            try:
+                return self._fresh(node.connection_pool)
+            except (driver.ConnectionError, driver.TimeoutError) as error:
+                failure = error
+        raise failure if failure is not None else driver.ConnectionError("no Cluster primary is known")
 
     def _load(self, source: str, keys: Sequence[str]) -> None:
         if self.cluster:

@@ -56,8 +56,10 @@ def _free_port(*, cluster: bool = False) -> int:
             port: int = probe.getsockname()[1]
             return port
     # Redis derives the cluster bus port as port + 10000, so the port must be <= 55535.
+    # MAYFLY_REDIS_CLUSTER_PORTS=LOW-HIGH keeps the nodes in a range of one's own (shared hosts).
+    low, _, high = os.environ.get("MAYFLY_REDIS_CLUSTER_PORTS", "20000-55535").partition("-")
     for _ in range(200):
-        candidate = random.randint(20000, 55535)
+        candidate = random.randint(int(low), int(high or low))
         if _bindable(candidate) and _bindable(candidate + _BUS_OFFSET):
             return candidate
     raise RuntimeError("no free loopback port pair (port, port + 10000) for a cluster node")
