@@ -30,7 +30,14 @@ from typing import Final, Self, final
 
 import redis
 
-__all__ = ["RedisClusterNodes", "RedisServer", "aof_backend", "cluster_backend", "memory_url"]
+__all__ = [
+    "RedisClusterNodes",
+    "RedisServer",
+    "aof_backend",
+    "cluster_backend",
+    "legacy_cluster_store",
+    "memory_url",
+]
 
 _SLOTS: Final = 16384
 _BUS_OFFSET: Final = 10000
@@ -284,6 +291,20 @@ class RedisClusterNodes:
     ) -> None:
         """Stop the cluster."""
         self.stop()
+
+
+def legacy_cluster_store(cluster: RedisClusterNodes, prefix: str) -> None:
+    """Make ``prefix`` on ``cluster`` look like a store written before sharding (``P:runs``, no marker).
+
+    The listing holds one run id that has no records, as an interrupted first
+    append of that layout leaves it (listings skip it).
+    """
+    client = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, protocol=2)
+    try:
+        client.delete(f"{prefix}:layout")
+        client.zadd(f"{prefix}:runs", {"00000000-0000-7000-8000-000000000000": 0})
+    finally:
+        client.close()
 
 
 _session_server: RedisServer | None = None
