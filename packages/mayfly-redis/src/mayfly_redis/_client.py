@@ -7,8 +7,10 @@ and the lease store never let a ``redis.exceptions`` error reach a user.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from functools import partial
 from typing import Any, Final, final
 
 import redis
@@ -24,9 +26,11 @@ from mayfly_redis._connection import (
     DurabilityLost,
     HubConnection,
     HubSSLConnection,
+    _on_hub,
     bound_to,
 )
 from mayfly_redis._layout import DEFAULT_SHARDS, MAX_SHARDS, Layout, LayoutKind
+from mayfly_redis._pipeline import Pipeline
 from mayfly_redis._url import RedisDurability, RedisTarget, parse_url
 
 __all__ = ["RedisStore", "open_store", "relayed_store"]
@@ -37,6 +41,14 @@ _EVICTING: Final = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 # redis-py's pools cannot make a task wait for a free connection without blocking the hub, so the
 # bound is set well above any worker's concurrency and below the server's default maxclients (10000).
 _MAX_CONNECTIONS: Final = 4096
+# Replies after which a Cluster command is sent again through redis-py's redirection handling.
+_REDIRECTED: Final = (
+    driver.AskError,
+    driver.TryAgainError,
+    driver.ClusterDownError,
+    driver.ConnectionError,
+    driver.TimeoutError,
+)
 
 
 def _pack(args: Sequence[Any]) -> bytes:
@@ -87,6 +99,10 @@ class RedisStore:
         # Standalone scripts skip redis-py's command machinery (the hot path of every append): idle
         # connections of the same pool, taken and given back without its bookkeeping.
         self._idle: list[Any] = []
+        # Pipelines of hub tasks' scripts, one per server and thread (a hub runs on one thread).
+        self._local = threading.local()
+        self._pipelines: list[Pipeline] = []
+        self._pipelines_lock = threading.Lock()
         self._aof = AofPolicy()
         self._connection_class = bound_to(HubSSLConnection if target.tls else HubConnection, self._aof)
         self._client: Any = self._standalone()
@@ -298,13 +314,44 @@ class RedisStore:
         sha = self._shas.get(source)
         if sha is None:
             sha = self._shas[source] = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
-        run = self._client.execute_command if self.cluster else self._evalsha
+        run: Callable[..., Any]
+        if self.target.pipelined and _on_hub():
+            run = partial(self._pipelined, keys[0] if keys else None)
+        else:
+            run = self._client.execute_command if self.cluster else self._evalsha
         with self.errors(operation):
             try:
                 return run("EVALSHA", sha, len(keys), *keys, *args)
             except driver.NoScriptError:
                 self._load(source, keys)
                 return run("EVALSHA", sha, len(keys), *keys, *args)
+
+    def _pipeline(self, route: str, connect: Callable[[], Any]) -> Pipeline:
+        pipelines: dict[str, Pipeline] | None = getattr(self._local, "pipelines", None)
+        if pipelines is None:
+            pipelines = self._local.pipelines = {}
+        pipeline = pipelines.get(route)
+        if pipeline is None:
+            pipeline = pipelines[route] = Pipeline(connect)
+            with self._pipelines_lock:
+                self._pipelines.append(pipeline)
+        return pipeline
+
+    def _pipelined(self, key: str | None, *command: Any) -> Any:
+        """Send one command in its server's pipeline (see :mod:`mayfly_redis._pipeline`)."""
+        if not self.cluster:
+            return self._pipeline("", self._fresh).call(_pack(command))
+        if key is None:
+            return self._client.execute_command(*command)
+        client = self._client
+        node = client.nodes_manager.get_node_from_slot(client.keyslot(key))
+        pool = node.redis_connection.connection_pool
+        try:
+            return self._pipeline(node.name, partial(self._fresh, pool)).call(_pack(command))
+        except _REDIRECTED:
+            # A slot that moved (or is moving), a node down: redis-py's own path follows the
+            # redirection and refreshes the slot map. Safe to send again: see Pipeline.
+            return client.execute_command(*command)
 
     def _evalsha(self, *command: Any) -> Any:
         """Send one command on an idle connection of the pool and read its reply (standalone)."""
@@ -382,6 +429,9 @@ class RedisStore:
         with suppress(driver.RedisError):  # closing a broken pool still leaves nothing open
             while self._idle:
                 self._idle.pop().disconnect()
+            with self._pipelines_lock:
+                for pipeline in self._pipelines:
+                    pipeline.close()
             self._client.close()
 
 
