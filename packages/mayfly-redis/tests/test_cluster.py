@@ -8,6 +8,7 @@ verdict is read from the store; the workers' JSON logs only say when to look.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -24,9 +25,10 @@ import redis
 from redis.crc import key_slot
 from test_netns import Finished, chain, check_history, history, wait_for
 
-from mayfly.errors import CompatibilityError
+from mayfly.errors import CompatibilityError, JournalUnavailable
 from mayfly.runindex import IndexEntry, IndexStatus
 from mayfly.runtime import WorkflowRuntime
+from mayfly.substrate import Hub, offload, sleep, spawn
 from mayfly_redis import RedisJournal, RedisLeaseStore
 from mayfly_redis._layout import DEFAULT_SHARDS
 from mayfly_redis.testing import RedisClusterNodes, RedisServer
@@ -209,3 +211,90 @@ def test_three_worker_processes_share_120_runs_on_a_cluster_one_is_sigkilled_and
         for worker in workers:
             worker.stop()
     assert [w.process.returncode for w in survivors] == [0, 0]
+
+
+# -- a shard's slot migrating while runs append to it ---------------------------------------------
+
+
+def _migrate(cluster: RedisClusterNodes, slot: int, pause_s: float) -> tuple[int, int]:
+    """Move ``slot`` to another primary key by key, as ``redis-cli --cluster reshard`` does; (from, to) ports."""
+    clients = {node.port: redis.Redis(host="127.0.0.1", port=node.port, protocol=2) for node in cluster.nodes}
+    try:
+        ids = {port: client.execute_command("CLUSTER", "MYID").decode() for port, client in clients.items()}
+        owner = next(
+            port
+            for port, client in clients.items()
+            if any(int(lo) <= slot <= int(hi) for lo, hi, *_ in client.execute_command("CLUSTER", "SLOTS"))
+            and client.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0
+        )
+        target = next(port for port in clients if port != owner)
+        source, destination = clients[owner], clients[target]
+        destination.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner])
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 2):
+            source.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+            time.sleep(pause_s)  # appends meet a slot half moved
+        for client in clients.values():
+            client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+        return owner, target
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+def test_a_shards_slot_migrating_mid_run_loses_no_acknowledged_append(
+    aof_cluster: RedisClusterNodes, records: Any
+) -> None:
+    """Appends to a shard whose slot moves: each is acknowledged or refused (never both), none is lost."""
+    url = f"{aof_cluster.url}?prefix={_prefix('migrate')}&timeout=5"
+    with RedisJournal(url) as journal:
+        layout = journal._layout
+        runs: list[str] = []
+        while len(runs) < 6:
+            run = records.new_id()
+            if layout.shard(run) == 0:
+                runs.append(run)
+        slot = key_slot(layout.runs_key(layout.base(0)).encode())
+        acknowledged: dict[str, list[int]] = {run: [] for run in runs}
+        refused: list[str] = []
+        moving = {"done": False}
+
+        def drive(run: str) -> None:
+            first, after = 1, 0
+            while after < 5:  # until five appends were acknowledged once the slot had moved
+                try:
+                    journal.append(run, first, records.batch(run, first))
+                except JournalUnavailable as error:
+                    refused.append(str(error))
+                    sleep(0.05)
+                    with contextlib.suppress(JournalUnavailable):  # the outcome is unknown: ask
+                        first = journal.next_sequence(run)
+                    continue
+                acknowledged[run].append(first)
+                first += 1
+                after += moving["done"]
+
+        def main() -> tuple[int, int]:
+            tasks = [spawn(drive, run) for run in runs]
+            sleep(0.3)
+            moved = offload(_migrate, aof_cluster, slot, 0.05)
+            moving["done"] = True
+            for task in tasks:
+                task.join()
+            return moved
+
+        owner, target = Hub().run(main)
+        assert owner != target
+        for run in runs:
+            stored = [r.sequence for r in journal.read(run)]
+            assert stored == list(range(1, len(stored) + 1))
+            assert set(acknowledged[run]) <= set(stored), f"run {run} lost an acknowledged append"
+            assert journal.append(run, len(stored) + 1, records.batch(run, len(stored) + 1)).last_sequence
+    probe = redis.Redis(host="127.0.0.1", port=target, protocol=2)
+    try:
+        assert probe.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0, (
+            "the shard now lives on the target"
+        )
+    finally:
+        probe.close()
+    print(f"slot {slot} moved {owner} -> {target}; {len(refused)} appends refused while it moved")

@@ -128,9 +128,10 @@ class RedisJournal(JournalBase):
     run purging and ``network``; crash-durable only with AOF: in ``memory``
     mode a writer killed after an acknowledgement loses nothing either, but the
     contract ties ``crash_durable`` to a durability of at least ``write``,
-    which a non-persistent server does not meet. On a standalone server it
-    also keeps the run index (``run_index``, ``run_wakeups``) and enforces
-    queue settings in its claims (``queue_control``; see :mod:`mayfly_redis._index`).
+    which a non-persistent server does not meet. It also keeps the run index
+    (``run_index``, ``run_wakeups``; sharded over slots on a Cluster, see
+    :mod:`mayfly_redis._layout`) and, on a standalone server, enforces queue
+    settings in its claims (``queue_control``; see :mod:`mayfly_redis._index`).
     """
 
     remedy = _REMEDY

@@ -1,7 +1,8 @@
 """The server-side Lua scripts: compare-and-append and the lease operations.
 
-Each script runs atomically on the server and touches only keys of one run
-(one hash tag), so it works unchanged on Redis Cluster. Scripts are always
+Each script runs atomically on the server and touches only keys of one hash
+tag: a run's on a standalone server's journal keys, a shard's on a sharded
+Cluster store (:func:`for_layout`), so it works on Redis Cluster. Scripts are always
 called by SHA; a ``NOSCRIPT`` reply (first use, server restarted, failover,
 ``SCRIPT FLUSH``) loads them (``SCRIPT LOAD``) and retries once.
 
