@@ -41,6 +41,7 @@ _EVICTING: Final = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 # redis-py's pools cannot make a task wait for a free connection without blocking the hub, so the
 # bound is set well above any worker's concurrency and below the server's default maxclients (10000).
 _MAX_CONNECTIONS: Final = 4096
+_UNSENT: Final = object()
 # Replies after which a Cluster command is sent again through redis-py's redirection handling.
 _REDIRECTED: Final = (
     driver.AskError,
@@ -325,6 +326,48 @@ class RedisStore:
             except driver.NoScriptError:
                 self._load(source, keys)
                 return run("EVALSHA", sha, len(keys), *keys, *args)
+
+    def scripts(
+        self, operation: str, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run one script for each ``(keys, args)``; their replies, in order (the first error raises).
+
+        On the hub with pipelining the calls to each node go out in one round
+        trip; otherwise, and for any call answered with an error reply (a
+        ``NOSCRIPT``, a redirection), each is sent as :meth:`script` sends it.
+        """
+        if not (self.target.pipelined and _on_hub()) or len(calls) < 2:
+            return [self.script(operation, source, keys, args) for keys, args in calls]
+        sha = self._shas.get(source)
+        if sha is None:
+            sha = self._shas[source] = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        groups: dict[str, list[int]] = {}
+        connect: dict[str, Callable[[], Any]] = {}
+        for index, (keys, _) in enumerate(calls):
+            if not self.cluster:
+                route, make = "", self._fresh
+            else:
+                node = self._client.nodes_manager.get_node_from_slot(self._client.keyslot(keys[0]))
+                route, make = node.name, partial(self._fresh, node.redis_connection.connection_pool)
+            groups.setdefault(route, []).append(index)
+            connect[route] = make
+        replies: list[Any] = [_UNSENT] * len(calls)
+        with self.errors(operation):
+            for route, indexes in groups.items():
+                packed = [
+                    _pack(["EVALSHA", sha, len(calls[i][0]), *calls[i][0], *calls[i][1]]) for i in indexes
+                ]
+                try:
+                    answers = self._pipeline(route, connect[route]).call_many(packed)
+                except (driver.ConnectionError, driver.TimeoutError):
+                    answers = [None] * len(indexes)  # each sent again on its own below
+                for i, answer in zip(indexes, answers, strict=True):
+                    replies[i] = answer
+        for i, reply in enumerate(replies):
+            if isinstance(reply, driver.RedisError) or reply is _UNSENT:
+                keys, args = calls[i]
+                replies[i] = self.script(operation, source, keys, args)
+        return replies
 
     def _pipeline(self, route: str, connect: Callable[[], Any]) -> Pipeline:
         pipelines: dict[str, Pipeline] | None = getattr(self._local, "pipelines", None)

@@ -159,7 +159,6 @@ class RedisJournal(JournalBase):
         self._layout = self._store.layout
         # Scripts as they run on this layout (on a sharded Cluster store they build shard keys).
         self._lua: Callable[[str], str] = lambda source: _scripts.for_layout(source, self._layout.sharded)
-        self._next_shard = 0  # where the next claim starts visiting shards (they take turns)
         # Claims grant leases through a lease store on the same connections (guards renew and release
         # like those of RedisLeaseStore.acquire); closing the journal releases what it still holds.
         self._leases = RedisLeaseStore(target.url, store=self._store)
@@ -488,23 +487,28 @@ class RedisJournal(JournalBase):
             # Each shard looks first (granting nothing): the best `limit` runs of all shards in claim
             # order say how many to claim from each. Each shard's claim is atomic; a run another
             # claimant took in between is simply not granted here (the claim returns fewer).
-            looked: list[tuple[str, str]] = []
-            start = self._next_shard
-            self._next_shard = (start + 1) % layout.shards
-            for offset in range(layout.shards):
-                base = layout.base((start + offset) % layout.shards)
-                look = [base, "", limit, *tail]
-                found = self._store.script("claim runs", self._lua(_scripts.CLAIM), layout.route(base), look)
-                looked += [(_text(member), base) for member in found]
+            bases = layout.bases
+            found = self._store.scripts(
+                "claim runs",
+                self._lua(_scripts.CLAIM),
+                [(layout.route(base), [base, "", limit, *tail]) for base in bases],
+            )
+            looked = [
+                (_text(member), base)
+                for base, members in zip(bases, found, strict=True)
+                for member in members
+            ]
             wanted = {}
             for _, base in sorted(looked)[:limit]:
                 wanted[base] = wanted.get(base, 0) + 1
         sent = time.monotonic()
         claimed: list[tuple[str, RecoveryLeaseGuard]] = []
-        for base, count in wanted.items():
-            reply = self._store.script(
-                "claim runs", self._lua(_scripts.CLAIM), layout.route(base), [base, owner, count, *tail]
-            )
+        replies = self._store.scripts(
+            "claim runs",
+            self._lua(_scripts.CLAIM),
+            [(layout.route(base), [base, owner, count, *tail]) for base, count in wanted.items()],
+        )
+        for reply in replies:
             for offset in range(0, len(reply), 5):
                 run, token, grant, records, member = (_text(item) for item in reply[offset : offset + 5])
                 claimed.append((member, self._leases.adopt(run, owner, ttl, int(token), grant)))
@@ -524,19 +528,12 @@ class RedisJournal(JournalBase):
         now = self._now(now_ms)
         self._indexed("next wake")
         layout = self._layout
-        times = [
-            _index.decode_ready(found)
-            for base in layout.bases
-            if (
-                found := self._store.script(
-                    "next wake",
-                    self._lua(_scripts.NEXT_WAKE),
-                    layout.route(base),
-                    [base, _index.bound(now), *(names or ())],
-                )
-            )
-            is not None
-        ]
+        found = self._store.scripts(
+            "next wake",
+            self._lua(_scripts.NEXT_WAKE),
+            [(layout.route(base), [base, _index.bound(now), *(names or ())]) for base in layout.bases],
+        )
+        times = [_index.decode_ready(ready) for ready in found if ready is not None]
         return min(times, default=None)
 
     def index_get(self, run_id: str) -> IndexEntry | None:

@@ -32,20 +32,20 @@ __all__ = ["Pipeline"]
 
 @final
 class _Command:
-    __slots__ = ("answered", "error", "event", "lead", "packed", "reply")
+    __slots__ = ("answered", "error", "event", "lead", "packed", "replies")
 
-    def __init__(self, packed: bytes) -> None:
+    def __init__(self, packed: list[bytes]) -> None:
         self.packed = packed
-        self.reply: Any = None
+        self.replies: list[Any] = []  # a reply or the ResponseError of each packed command
         self.error: BaseException | None = None
         self.answered = False
         self.lead = False
         self.event: Event | None = None
 
-    def result(self) -> Any:
+    def results(self) -> list[Any]:
         if self.error is not None:
             raise self.error
-        return self.reply
+        return self.replies
 
 
 @final
@@ -68,6 +68,16 @@ class Pipeline:
 
     def call(self, packed: bytes) -> Any:
         """Send one packed command with whatever else is waiting; return its reply or raise its error."""
+        (reply,) = self.call_many([packed])
+        if isinstance(reply, driver.ResponseError):
+            raise reply
+        return reply
+
+    def call_many(self, packed: list[bytes]) -> list[Any]:
+        """Send packed commands together, with whatever else is waiting; each one's reply or error reply.
+
+        A broken connection raises (for all of them), as for :meth:`call`.
+        """
         command = _Command(packed)
         self._queue.append(command)
         if self._busy:
@@ -83,7 +93,7 @@ class Pipeline:
                         self._hand_off()
                 raise
             if not command.lead:
-                return command.result()
+                return command.results()
         self._busy = True
         try:
             while not command.answered:
@@ -91,7 +101,7 @@ class Pipeline:
                 self._flush(batch)
         finally:
             self._hand_off()
-        return command.result()
+        return command.results()
 
     def _hand_off(self) -> None:
         """The next queued command's task leads the next flush; no flush is in flight if none is queued."""
@@ -127,12 +137,17 @@ class Pipeline:
         if self._connection is None:
             self._connection = self._connect()
         connection = self._connection
-        connection.send_packed_command([command.packed for command in batch], check_health=False)
+        connection.send_packed_command(
+            [part for command in batch for part in command.packed], check_health=False
+        )
         for command in batch:
-            try:
-                command.reply = connection.read_response()
-            except driver.ResponseError as error:  # this command's error reply; the stream stays in step
-                command.error = error
+            replies: list[Any] = []
+            for _ in command.packed:
+                try:
+                    replies.append(connection.read_response())
+                except driver.ResponseError as error:  # this command's error reply; the stream stays in step
+                    replies.append(error)
+            command.replies = replies
             command.answered = True
             if command.event is not None:
                 command.event.set()
