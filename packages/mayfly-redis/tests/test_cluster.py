@@ -270,7 +270,7 @@ def test_a_shards_slot_migrating_mid_run_loses_no_acknowledged_append(
         slot = key_slot(layout.runs_key(layout.base(0)).encode())
         acknowledged: dict[str, list[int]] = {run: [] for run in runs}
         refused: list[str] = []
-        moving = {"done": False}
+        moving = {"active": False, "done": False, "during": 0}
 
         def drive(run: str) -> None:
             first, after = 1, 0
@@ -284,20 +284,23 @@ def test_a_shards_slot_migrating_mid_run_loses_no_acknowledged_append(
                         first = journal.next_sequence(run)
                     continue
                 acknowledged[run].append(first)
+                moving["during"] += moving["active"]
                 first += 1
                 after += moving["done"]
 
         def main() -> tuple[int, int]:
             tasks = [spawn(drive, run) for run in runs]
             sleep(0.3)
+            moving["active"] = True
             moved = offload(_migrate, aof_cluster, slot, 0.05)
-            moving["done"] = True
+            moving["active"], moving["done"] = False, True
             for task in tasks:
                 task.join()
             return moved
 
         owner, target = Hub().run(main)
         assert owner != target
+        assert moving["during"] > 0, "no append was acknowledged while the slot was moving"
         for run in runs:
             stored = [r.sequence for r in journal.read(run)]
             assert stored == list(range(1, len(stored) + 1))
@@ -310,4 +313,7 @@ def test_a_shards_slot_migrating_mid_run_loses_no_acknowledged_append(
         )
     finally:
         probe.close()
-    print(f"slot {slot} moved {owner} -> {target}; {len(refused)} appends refused while it moved")
+    print(
+        f"slot {slot} moved {owner} -> {target}; {moving['during']} appends acknowledged and "
+        f"{len(refused)} refused while it moved"
+    )
