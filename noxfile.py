@@ -46,7 +46,8 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """Run mypy --strict on each distribution's src/ (and the policy scripts), each installed editable."""
-    session.install("mypy>=1.10", "pytest>=8", "packaging>=24")
+    # The otel extra's API: mayfly.telemetry.otel is type-checked against it.
+    session.install("mypy>=1.10", "pytest>=8", "packaging>=24", "opentelemetry-api>=1.25,<2")
     dists = _distributions()
     for dist in dists:
         session.install("-e", _rel(dist))
@@ -76,7 +77,8 @@ def docs(session: nox.Session) -> None:
     """Build the docs with warnings as errors into docs/_build/html, then execute every docs example."""
     for dist in _distributions():
         session.install("-e", _rel(dist))
-    session.install("-r", "docs/requirements.txt", "pytest>=8")
+    # docs/telemetry.md's console-exporter example runs on the OpenTelemetry SDK (it pulls the API).
+    session.install("-r", "docs/requirements.txt", "pytest>=8", "opentelemetry-sdk>=1.25,<2")
     session.run(
         "sphinx-build",
         "--fail-on-warning",

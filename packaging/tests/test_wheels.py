@@ -131,6 +131,12 @@ CASES = [
         "lmdb",
     ),
     Case(
+        'pip install "mayfly-runtime[otel]"',
+        frozenset({CORE}),
+        CORE_DRIVERS,  # the extra adds opentelemetry-api to the core; no distribution of ours requires it
+        "file",
+    ),
+    Case(
         "pip install mayfly-contract",
         frozenset({CORE, "mayfly-contract"}),
         CORE_DRIVERS | CONTRACT_DRIVERS,

@@ -13,7 +13,7 @@ from mayfly.plugins import open_journal, open_leases
 from mayfly_redis import RedisJournal, _scripts
 from mayfly_redis._client import open_store
 from mayfly_redis._connection import HubConnection
-from mayfly_redis.testing import RedisClusterNodes, RedisServer
+from mayfly_redis.testing import RedisClusterNodes, RedisServer, legacy_cluster_store
 
 if TYPE_CHECKING:
     from conftest import Records
@@ -142,7 +142,8 @@ def test_cluster_without_persistence_is_refused_in_aof_mode() -> None:
 def test_cluster_listing_skips_runs_that_never_committed(
     aof_cluster: RedisClusterNodes, records: Records
 ) -> None:
-    """The index is written before a first append on a Cluster; a failed one is not listed."""
+    """A pre-sharding Cluster store lists a run before its first append; a failed one is not listed."""
+    legacy_cluster_store(aof_cluster, "clusterlist")
     with RedisJournal(aof_cluster.url + "?prefix=clusterlist") as journal:
         assert journal.cluster
         committed = records.new_id()

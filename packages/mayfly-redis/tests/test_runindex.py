@@ -20,7 +20,7 @@ from mayfly.errors import (
 )
 from mayfly.runindex import RUN_INDEX, RUN_WAKEUPS, IndexEntry, IndexStatus
 from mayfly_redis import RedisJournal, RedisLeaseStore
-from mayfly_redis.testing import RedisClusterNodes, RedisServer
+from mayfly_redis.testing import RedisClusterNodes, RedisServer, legacy_cluster_store
 
 if TYPE_CHECKING:
     from conftest import Records
@@ -357,9 +357,10 @@ def test_an_unreachable_server_surfaces_as_journal_unavailable(
         fresh_server.start()
 
 
-def test_a_cluster_declares_no_run_index(aof_cluster: RedisClusterNodes) -> None:
-    """On a Redis Cluster the journal keeps no index and says so by name when asked to claim."""
+def test_a_cluster_store_from_before_sharding_declares_no_run_index(aof_cluster: RedisClusterNodes) -> None:
+    """A Cluster store written before sharding keeps working as a journal and refuses claims by name."""
+    legacy_cluster_store(aof_cluster, "clusterindex")
     with RedisJournal(aof_cluster.url + "?prefix=clusterindex") as journal:
         assert not journal.capabilities.run_index and not journal.capabilities.run_wakeups
-        with pytest.raises(CompatibilityError, match="standalone"):
+        with pytest.raises(CompatibilityError, match="before run-index sharding"):
             journal.claim("w", limit=1, ttl_ms=1000, now_ms=NOW)

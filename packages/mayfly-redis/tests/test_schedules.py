@@ -1,4 +1,4 @@
-"""Stored schedules on Redis: damaged bytes fail closed, a Cluster declares none, AOF keeps them."""
+"""Stored schedules on Redis: damaged bytes fail closed, a Cluster keeps them too, AOF keeps them across a kill."""
 
 from __future__ import annotations
 
@@ -66,12 +66,22 @@ def test_a_schedule_survives_the_server_being_killed_with_aof(fresh_server: Redi
         assert got is not None and (got.schedule.cron, got.last_tick_ms) == ("0 9 * * 1-5", 5_000)
 
 
-def test_a_cluster_declares_no_schedule_store(aof_cluster: RedisClusterNodes) -> None:
-    """No worker can serve a Cluster (no run index), so it keeps no schedules, and says so by name."""
-    with RedisJournal(f"{aof_cluster.url}?prefix=sched.cluster") as journal:
-        assert SCHEDULE_STORE.of(journal) is None
-        with pytest.raises(CompatibilityError, match="Redis Cluster keeps no schedules"):
-            journal.schedule_list()
+def test_a_sharded_cluster_store_keeps_schedules_in_one_slot(aof_cluster: RedisClusterNodes) -> None:
+    """On a Cluster (a new prefix: run-index sharding) schedules are stored, versioned and marked alike."""
+    with RedisJournal(f"{aof_cluster.url}?prefix=sched.cluster.{uuid.uuid4().hex[:8]}") as journal:
+        store = SCHEDULE_STORE.of(journal)
+        assert store is not None
+        created = store.schedule_put(
+            Schedule(name="c", spec=SPEC, every_ms=2_000), now_ms=1_000, expected_version=0
+        )
+        assert store.schedule_mark("c", 4_000) and not store.schedule_mark("other", 4_000)
+        replaced = store.schedule_put(
+            Schedule(name="c", spec=SPEC, every_ms=4_000), now_ms=2_000, expected_version=1
+        )
+        assert (created.version, replaced.version) == (1, 2)
+        [listed] = store.schedule_list()
+        assert (listed.schedule.every_ms, listed.last_tick_ms, listed.created_ms) == (4_000, 4_000, 1_000)
+        assert store.schedule_remove("c") and store.schedule_get("c") is None
 
 
 def test_a_worker_serves_a_schedule_added_from_python(aof_server: RedisServer) -> None:

@@ -8,9 +8,10 @@ Install with ``pip install "mayfly-runtime[redis]"`` and open by URL::
 ``durability=aof`` refuses to open unless the server runs ``appendonly yes``
 with ``appendfsync always``; ``?durability=memory`` accepts a non-persistent
 server explicitly and reports it. Standalone servers and Redis Cluster are
-both served: every key of a run shares the hash tag ``{run-id}``. On a
-standalone server the journal also keeps the run index and prompt wake-ups,
-so ``mayfly worker`` claims runs from it (see ``mayfly_redis._index``).
+both served. The journal keeps the run index and prompt wake-ups, so
+``mayfly worker`` claims runs from it (see ``mayfly_redis._index``); a Cluster
+store shards it over slots, every key of a run under its shard's hash tag
+(``mayfly_redis._layout``), and offers no queue flow control.
 """
 
 from mayfly_redis._connection import HubConnection, HubSocket, HubSSLConnection

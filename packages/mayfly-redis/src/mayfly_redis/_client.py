@@ -7,8 +7,10 @@ and the lease store never let a ``redis.exceptions`` error reach a user.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from functools import partial
 from typing import Any, Final, final
 
 import redis
@@ -17,15 +19,18 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from mayfly.errors import DurabilityUnavailable, JournalUnavailable
+from mayfly.errors import CompatibilityError, CorruptionError, DurabilityUnavailable, JournalUnavailable
 from mayfly.journal import Relay
 from mayfly_redis._connection import (
     AofPolicy,
     DurabilityLost,
     HubConnection,
     HubSSLConnection,
+    _on_hub,
     bound_to,
 )
+from mayfly_redis._layout import DEFAULT_SHARDS, MAX_SHARDS, Layout, LayoutKind
+from mayfly_redis._pipeline import Pipeline
 from mayfly_redis._url import RedisDurability, RedisTarget, parse_url
 
 __all__ = ["RedisStore", "open_store", "relayed_store"]
@@ -36,6 +41,15 @@ _EVICTING: Final = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 # redis-py's pools cannot make a task wait for a free connection without blocking the hub, so the
 # bound is set well above any worker's concurrency and below the server's default maxclients (10000).
 _MAX_CONNECTIONS: Final = 4096
+_UNSENT: Final = object()
+# Replies after which a Cluster command is sent again through redis-py's redirection handling.
+_REDIRECTED: Final = (
+    driver.AskError,
+    driver.TryAgainError,
+    driver.ClusterDownError,
+    driver.ConnectionError,
+    driver.TimeoutError,
+)
 
 
 def _pack(args: Sequence[Any]) -> bytes:
@@ -86,6 +100,10 @@ class RedisStore:
         # Standalone scripts skip redis-py's command machinery (the hot path of every append): idle
         # connections of the same pool, taken and given back without its bookkeeping.
         self._idle: list[Any] = []
+        # Pipelines of hub tasks' scripts, one per server and thread (a hub runs on one thread).
+        self._local = threading.local()
+        self._pipelines: list[Pipeline] = []
+        self._pipelines_lock = threading.Lock()
         self._aof = AofPolicy()
         self._connection_class = bound_to(HubSSLConnection if target.tls else HubConnection, self._aof)
         self._client: Any = self._standalone()
@@ -102,6 +120,7 @@ class RedisStore:
                     self._client = self._cluster()
                     self.cluster = True
                 self.persistence = self._check_durability()
+                self.layout = self._choose_layout()
                 # From now on every (re)connection re-verifies AOF: a server restarted
                 # without it must not acknowledge appends.
                 self._aof.required = target.durability is RedisDurability.AOF
@@ -160,6 +179,47 @@ class RedisStore:
         except driver.NoPermissionError:
             return False  # a user barred from INFO: a Cluster would answer MOVED later, mapped
         return int(cluster_info.get("cluster_enabled", 0)) == 1
+
+    def _choose_layout(self) -> Layout:
+        """The store's key layout (see :mod:`mayfly_redis._layout`); a Cluster store records it once."""
+        target = self.target
+        prefix, asked = target.prefix, target.shards
+        if not self.cluster:
+            if asked is not None:
+                raise CompatibilityError(
+                    f"redis {target.address} is a standalone server, which keeps one run index: "
+                    "drop shards= from the URL (it applies to a new Redis Cluster store)"
+                )
+            return Layout(LayoutKind.STANDALONE, prefix)
+        marker = Layout(LayoutKind.SHARDED, prefix).marker_key
+        stored = self._client.execute_command("GET", marker)
+        if stored is None:
+            if int(self._client.execute_command("EXISTS", f"{prefix}:runs")):
+                if asked is not None:
+                    raise CompatibilityError(
+                        f"the Redis Cluster store with prefix {prefix!r} was written before run-index "
+                        "sharding (it has no run index), so shards= cannot apply to it: drop shards= "
+                        "to keep using it as a journal, or use a new prefix for a sharded store"
+                    )
+                return Layout(LayoutKind.UNSHARDED, prefix)
+            wanted = f"sharded {DEFAULT_SHARDS if asked is None else asked}"
+            self._client.execute_command("SET", marker, wanted, "NX")
+            stored = self._client.execute_command("GET", marker)
+        text = _text(stored)
+        kind, _, count = text.partition(" ")
+        if kind != "sharded" or not count.isdigit() or not 1 <= int(count) <= MAX_SHARDS:
+            raise CorruptionError(
+                f"the layout marker {marker} of the Redis Cluster store reads {text[:60]!r}, not "
+                f"'sharded <1-{MAX_SHARDS}>'; restore it from a backup (it names the store's shards)"
+            )
+        shards = int(count)
+        if asked is not None and asked != shards:
+            raise CompatibilityError(
+                f"the Redis Cluster store with prefix {prefix!r} has {shards} run-index shards, not the "
+                f"{asked} the URL asks for (shards are fixed when a store is created); use shards={shards} "
+                "or drop shards= from the URL"
+            )
+        return Layout(LayoutKind.SHARDED, prefix, shards)
 
     def _cluster_db_message(self) -> str:
         return (
@@ -255,13 +315,86 @@ class RedisStore:
         sha = self._shas.get(source)
         if sha is None:
             sha = self._shas[source] = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
-        run = self._client.execute_command if self.cluster else self._evalsha
+        run: Callable[..., Any]
+        if self.target.pipelined and _on_hub():
+            run = partial(self._pipelined, keys[0] if keys else None)
+        else:
+            run = self._client.execute_command if self.cluster else self._evalsha
         with self.errors(operation):
             try:
                 return run("EVALSHA", sha, len(keys), *keys, *args)
             except driver.NoScriptError:
                 self._load(source, keys)
                 return run("EVALSHA", sha, len(keys), *keys, *args)
+
+    def scripts(
+        self, operation: str, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run one script for each ``(keys, args)``; their replies, in order (the first error raises).
+
+        On the hub with pipelining the calls to each node go out in one round
+        trip; otherwise, and for any call answered with an error reply (a
+        ``NOSCRIPT``, a redirection), each is sent as :meth:`script` sends it.
+        """
+        if not (self.target.pipelined and _on_hub()) or len(calls) < 2:
+            return [self.script(operation, source, keys, args) for keys, args in calls]
+        sha = self._shas.get(source)
+        if sha is None:
+            sha = self._shas[source] = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        groups: dict[str, list[int]] = {}
+        connect: dict[str, Callable[[], Any]] = {}
+        for index, (keys, _) in enumerate(calls):
+            if not self.cluster:
+                route, make = "", self._fresh
+            else:
+                node = self._client.nodes_manager.get_node_from_slot(self._client.keyslot(keys[0]))
+                route, make = node.name, partial(self._fresh, node.redis_connection.connection_pool)
+            groups.setdefault(route, []).append(index)
+            connect[route] = make
+        replies: list[Any] = [_UNSENT] * len(calls)
+        with self.errors(operation):
+            for route, indexes in groups.items():
+                packed = [
+                    _pack(["EVALSHA", sha, len(calls[i][0]), *calls[i][0], *calls[i][1]]) for i in indexes
+                ]
+                try:
+                    answers = self._pipeline(route, connect[route]).call_many(packed)
+                except (driver.ConnectionError, driver.TimeoutError):
+                    answers = [None] * len(indexes)  # each sent again on its own below
+                for i, answer in zip(indexes, answers, strict=True):
+                    replies[i] = answer
+        for i, reply in enumerate(replies):
+            if isinstance(reply, driver.RedisError) or reply is _UNSENT:
+                keys, args = calls[i]
+                replies[i] = self.script(operation, source, keys, args)
+        return replies
+
+    def _pipeline(self, route: str, connect: Callable[[], Any]) -> Pipeline:
+        pipelines: dict[str, Pipeline] | None = getattr(self._local, "pipelines", None)
+        if pipelines is None:
+            pipelines = self._local.pipelines = {}
+        pipeline = pipelines.get(route)
+        if pipeline is None:
+            pipeline = pipelines[route] = Pipeline(connect)
+            with self._pipelines_lock:
+                self._pipelines.append(pipeline)
+        return pipeline
+
+    def _pipelined(self, key: str | None, *command: Any) -> Any:
+        """Send one command in its server's pipeline (see :mod:`mayfly_redis._pipeline`)."""
+        if not self.cluster:
+            return self._pipeline("", self._fresh).call(_pack(command))
+        if key is None:
+            return self._client.execute_command(*command)
+        client = self._client
+        node = client.nodes_manager.get_node_from_slot(client.keyslot(key))
+        pool = node.redis_connection.connection_pool
+        try:
+            return self._pipeline(node.name, partial(self._fresh, pool)).call(_pack(command))
+        except _REDIRECTED:
+            # A slot that moved (or is moving), a node down: redis-py's own path follows the
+            # redirection and refreshes the slot map. Safe to send again: see Pipeline.
+            return client.execute_command(*command)
 
     def _evalsha(self, *command: Any) -> Any:
         """Send one command on an idle connection of the pool and read its reply (standalone)."""
@@ -295,9 +428,9 @@ class RedisStore:
         idle.append(connection)
         return reply
 
-    def _fresh(self) -> Any:
+    def _fresh(self, pool: Any = None) -> Any:
         # Built outside the pool's count: these are never handed back to it.
-        pool = self._client.connection_pool
+        pool = self._client.connection_pool if pool is None else pool
         connection = pool.connection_class(**pool.connection_kwargs)
         try:
             connection.connect()
@@ -307,11 +440,21 @@ class RedisStore:
         return connection
 
     def dedicated_connection(self) -> Any:
-        """A new connection of its own (not pooled), connected, for a subscription (standalone only).
+        """A new connection of its own (not pooled), connected, for a subscription.
 
-        Call inside :meth:`errors`: connecting may raise redis-py errors.
+        On a Cluster it is a connection to the first primary that answers
+        (classic pub/sub messages reach every node). Call inside
+        :meth:`errors`: connecting may raise redis-py errors.
         """
-        return self._fresh()
+        if not self.cluster:
+            return self._fresh()
+        failure: BaseException | None = None
+        for node in self._nodes():
+            try:
+                return self._fresh(node.connection_pool)
+            except (driver.ConnectionError, driver.TimeoutError) as error:
+                failure = error
+        raise failure if failure is not None else driver.ConnectionError("no Cluster primary is known")
 
     def _load(self, source: str, keys: Sequence[str]) -> None:
         if self.cluster:
@@ -329,6 +472,9 @@ class RedisStore:
         with suppress(driver.RedisError):  # closing a broken pool still leaves nothing open
             while self._idle:
                 self._idle.pop().disconnect()
+            with self._pipelines_lock:
+                for pipeline in self._pipelines:
+                    pipeline.close()
             self._client.close()
 
 

@@ -44,14 +44,17 @@ Queue flow control (``queue_control``, :mod:`mayfly.queues`):
 Children (entries with a parent) and ended runs are filed nowhere: they are
 never claimed. A run waiting with no wake time is filed only once woken.
 
-**Standalone servers only.** A run's keys carry its own hash tag and its
-queue's keys the queue's, so on a Redis Cluster the two live in different
-slots and no script could store an entry and its queue position together,
-nor grant a run's lease (beside its fence, which the append checks) while
-selecting it from its queue. Rather than claim non-atomically, the journal
-declares ``run_index`` and ``run_wakeups`` only on a standalone server; a
-worker refuses a Cluster by name (``WorkerUnsupported``). The scripts build
-the run keys they touch from the prefix, which a standalone server allows.
+**On a Redis Cluster** the layout above would put a run's keys and its
+queue's in different slots, and no script could store an entry and its queue
+position together, nor grant a run's lease while selecting it from its queue.
+A Cluster store therefore shards the index (:mod:`mayfly_redis._layout`): the
+same structures exist once per shard, every key of a shard and of its runs
+under the shard's hash tag, so every script above runs within one slot (the
+scripts build the keys they touch from the shard's base, passed as the
+prefix, with :func:`mayfly_redis._scripts.for_layout`). Queue flow control
+would need a queue's runs in progress across every shard in one script, so a
+Cluster store does not declare ``queue_control``. A Cluster store written
+before sharding keeps no index at all; a worker refuses it by name.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, check_claim
 from mayfly_redis import _index, _scripts
 from mayfly_redis._client import RedisStore, open_store, relayed_store
+from mayfly_redis._layout import LayoutKind
 from mayfly_redis._lease import RedisLeaseStore
 from mayfly_redis._schedules import RedisSchedules
 from mayfly_redis._url import RedisDurability
@@ -66,6 +67,13 @@ _DECIMAL: Final = re.compile(rb"[1-9][0-9]{0,18}")
 _LEASE_MARGIN_S: Final = 0.1
 _REMEMBERED: Final = 4096  # runs whose last acknowledged append (and lease) this journal remembers
 _ANY_RUN: Final = "00000000-0000-7000-8000-000000000000"  # stands in for the run when checking an owner
+# The run index and its features on each layout: a sharded Cluster store keeps the index but cannot
+# enforce a queue's limits across shards (mayfly_redis._layout); an unsharded one keeps no index.
+_FEATURES: Final = {
+    LayoutKind.STANDALONE: "run_index run_wakeups queue_control",
+    LayoutKind.SHARDED: "run_index run_wakeups",
+    LayoutKind.UNSHARDED: "",
+}
 
 
 def encode_element(record: JournalRecord) -> bytes:
@@ -121,9 +129,10 @@ class RedisJournal(RedisSchedules, JournalBase):
     run purging and ``network``; crash-durable only with AOF: in ``memory``
     mode a writer killed after an acknowledgement loses nothing either, but the
     contract ties ``crash_durable`` to a durability of at least ``write``,
-    which a non-persistent server does not meet. On a standalone server it
-    also keeps the run index (``run_index``, ``run_wakeups``) and enforces
-    queue settings in its claims (``queue_control``; see :mod:`mayfly_redis._index`).
+    which a non-persistent server does not meet. It also keeps the run index
+    (``run_index``, ``run_wakeups``; sharded over slots on a Cluster, see
+    :mod:`mayfly_redis._layout`) and, on a standalone server, enforces queue
+    settings in its claims (``queue_control``; see :mod:`mayfly_redis._index`).
     """
 
     remedy = _REMEDY
@@ -145,10 +154,14 @@ class RedisJournal(RedisSchedules, JournalBase):
                 durability,
                 "cross_process fencing fault_injection snapshots lease_expiry run_purge network",
                 "crash_durable" if durability is Durability.DURABLE else "",
-                "" if self._store.cluster else "run_index run_wakeups queue_control",
-                "" if self._store.cluster else "schedule_store",  # mayfly_redis._schedules
+                _FEATURES[self._store.layout.kind],
+                # Stored schedules (mayfly_redis._schedules) wherever workers can serve them.
+                "" if self._store.layout.kind is LayoutKind.UNSHARDED else "schedule_store",
             ),
         )
+        self._layout = self._store.layout
+        # Scripts as they run on this layout (on a sharded Cluster store they build shard keys).
+        self._lua: Callable[[str], str] = lambda source: _scripts.for_layout(source, self._layout.sharded)
         # Claims grant leases through a lease store on the same connections (guards renew and release
         # like those of RedisLeaseStore.acquire); closing the journal releases what it still holds.
         self._leases = RedisLeaseStore(target.url, store=self._store)
@@ -163,15 +176,15 @@ class RedisJournal(RedisSchedules, JournalBase):
     def _append(
         self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
-        target = self._target
-        keys = [target.key(run_id, "records"), target.key(run_id, "ids"), target.key(run_id, "fence")]
-        if self._store.cluster:
+        layout = self._layout
+        keys = [layout.key(run_id, "records"), layout.key(run_id, "ids"), layout.key(run_id, "fence")]
+        if layout.kind is LayoutKind.UNSHARDED:
             if expected_next == 1:
                 # The index lives in another slot; add it first, so an acknowledged run is
                 # always listed (list_runs skips entries whose run holds no records).
-                self._store.call("append", "ZADD", target.runs_key, 0, run_id)
+                self._store.call("append", "ZADD", layout.runs_key(layout.prefix), 0, run_id)
         else:
-            keys.append(target.runs_key)
+            keys.append(layout.runs_key(layout.run_base(run_id)))
         args: list[Any] = ["" if fence is None else str(fence), str(expected_next), len(batch), run_id]
         args += [encode_element(record) for record in batch]
         reply = self._store.script(f"append to run {run_id}", _scripts.APPEND, keys, args)
@@ -234,14 +247,15 @@ class RedisJournal(RedisSchedules, JournalBase):
         caller's state was advanced; the caller discards it
         (``commit_command``).
         """
-        target = self._target
+        layout = self._layout
+        base = layout.run_base(run_id)
         keys = [
-            target.key(run_id, "records"),
-            target.key(run_id, "ids"),
-            target.key(run_id, "fence"),
-            target.runs_key,
-            target.key(run_id, "lease"),
-            target.key(run_id, "index"),
+            layout.key(run_id, "records"),
+            layout.key(run_id, "ids"),
+            layout.key(run_id, "fence"),
+            layout.runs_key(base),
+            layout.key(run_id, "lease"),
+            layout.key(run_id, "index"),
         ]
         head: list[Any] = ["" if fence is None else str(fence), str(expected_next), len(batch), run_id]
         elements = [encode_element(record) for record in batch]
@@ -255,14 +269,14 @@ class RedisJournal(RedisSchedules, JournalBase):
             or time.monotonic() >= known[2]
         ):
             check = [*head, "check", *[""] * 12]
-            reply = self._store.script(operation, _scripts.APPEND_INDEXED, keys, check + elements)
+            reply = self._store.script(operation, self._lua(_scripts.APPEND_INDEXED), keys, check + elements)
             if _text(reply[0]) != "ok":
                 self._granted.pop(run_id, None)
                 return self._answer(run_id, expected_next, batch, fence, reply)
-        fields = _index.entry_fields(entry())
+        fields = self._fields(entry())
         sent = time.monotonic()
-        args = [*head, "write", target.prefix, self._channel, *fields, *elements]
-        reply = self._store.script(operation, _scripts.APPEND_INDEXED, keys, args)
+        args = [*head, "write", base, self._channel, *fields, *elements]
+        reply = self._store.script(operation, self._lua(_scripts.APPEND_INDEXED), keys, args)
         if _text(reply[0]) != "ok":
             self._granted.pop(run_id, None)
             if _text(reply[0]) == "duplicate":
@@ -289,11 +303,11 @@ class RedisJournal(RedisSchedules, JournalBase):
         run is a gap too.
         """
         stop = -1 if limit is None or after + limit - 1 >= (1 << 62) else after + limit - 1
-        target = self._target
+        layout = self._layout
         appended, elements = self._store.script(
             f"read run {run_id}",
             _scripts.READ,
-            [target.key(run_id, "records"), target.key(run_id, "ids")],
+            [layout.key(run_id, "records"), layout.key(run_id, "ids")],
             [after, stop],
         )
         stored = (decode_element(run_id, element, after + 1 + i) for i, element in enumerate(elements))
@@ -308,48 +322,52 @@ class RedisJournal(RedisSchedules, JournalBase):
 
     def _next_sequence(self, run_id: str) -> int:
         run = run_id
-        length = self._store.call(f"next sequence of run {run}", "LLEN", self._target.key(run, "records"))
+        length = self._store.call(f"next sequence of run {run}", "LLEN", self._layout.key(run, "records"))
         return int(length) + 1
 
     def _list_runs(self, after: str | None, limit: int) -> list[str]:
-        """Page the run index with ZRANGEBYLEX (no KEYS or SCAN)."""
+        """Page the run listing with ZRANGEBYLEX (no KEYS or SCAN); a sharded store merges its shards'."""
+        layout = self._layout
+        if layout.sharded:
+            merged: list[str] = []
+            for base in layout.bases:
+                merged += self._list_shard(layout.runs_key(base), after, limit, filtered=False)
+            return sorted(merged)[:limit]
+        unsharded = layout.kind is LayoutKind.UNSHARDED
+        return self._list_shard(layout.runs_key(layout.prefix), after, limit, filtered=unsharded)
+
+    def _list_shard(self, key: str, after: str | None, limit: int, *, filtered: bool) -> list[str]:
         start = b"-" if after is None else b"(" + after.encode()
         runs: list[str] = []
         while len(runs) < limit:
             page = [
                 _text(run)
                 for run in self._store.call(
-                    "list runs",
-                    "ZRANGEBYLEX",
-                    self._target.runs_key,
-                    start,
-                    _LEX_MAX,
-                    "LIMIT",
-                    0,
-                    limit - len(runs),
+                    "list runs", "ZRANGEBYLEX", key, start, _LEX_MAX, "LIMIT", 0, limit - len(runs)
                 )
             ]
             if not page:
                 break
-            runs += self._holding_records(page) if self._store.cluster else page
+            runs += self._holding_records(page) if filtered else page
             start = b"(" + page[-1].encode()
         return runs
 
     def _holding_records(self, runs: list[str]) -> list[str]:
-        # Cluster only: an index entry is written before its run's first append, which may have failed.
+        # Unsharded Cluster stores only: the listing entry is written before the run's first append,
+        # which may have failed.
         return [
             run
             for run in runs
-            if int(self._store.call("list runs", "EXISTS", self._target.key(run, "records")))
+            if int(self._store.call("list runs", "EXISTS", self._layout.key(run, "records")))
         ]
 
     def _write_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
-        key = self._target.key(run_id, "snapshot")
+        key = self._layout.key(run_id, "snapshot")
         self._store.raw_call(f"write snapshot of run {run_id}", "SET", key, encode_snapshot(snapshot))
 
     def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
         body = self._store.raw_call(
-            f"read snapshot of run {run_id}", "GET", self._target.key(run_id, "snapshot")
+            f"read snapshot of run {run_id}", "GET", self._layout.key(run_id, "snapshot")
         )
         return None if body is None else decode_snapshot(run_id, body)
 
@@ -364,18 +382,19 @@ class RedisJournal(RedisSchedules, JournalBase):
     def purge_run(self, run_id: str) -> bool:
         """Delete the run's records, event ids, snapshot, lease and index entry in one script; keep the fence.
 
-        A live lease raises ``LeaseHeld`` and nothing changes. The run index
-        entry goes last (on a Cluster it lives in another slot), so a run
-        whose purge was interrupted is still listed, never half-hidden.
+        A live lease raises ``LeaseHeld`` and nothing changes. The run's
+        listing entry goes last (on an unsharded Cluster store it lives in
+        another slot), so a run whose purge was interrupted is still listed,
+        never half-hidden.
         """
         run = self.open_run(run_id, "purge")
-        target = self._target
-        keys = [target.key(run, name) for name in ("lease", "records", "ids", "snapshot", "index")]
-        prefix = "" if self._store.cluster else target.prefix
-        status, detail = self._store.script(f"purge run {run}", _scripts.PURGE, keys, [prefix, run])
+        layout = self._layout
+        keys = [layout.key(run, name) for name in ("lease", "records", "ids", "snapshot", "index")]
+        base = layout.run_base(run) if layout.indexed else ""
+        status, detail = self._store.script(f"purge run {run}", self._lua(_scripts.PURGE), keys, [base, run])
         if _text(status) == "held":
             raise LeaseHeld(run, _text(detail).split(" ", 2)[-1])
-        self._store.call(f"purge run {run}", "ZREM", target.runs_key, run)
+        self._store.call(f"purge run {run}", "ZREM", layout.runs_key(layout.run_base(run)), run)
         return bool(int(detail))
 
     # -- fault injection for the contract suite (capabilities.fault_injection) -----------------
@@ -383,7 +402,7 @@ class RedisJournal(RedisSchedules, JournalBase):
     def corrupt_record(self, run_id: str, sequence: int) -> None:
         """Change one stored payload without updating its checksum."""
         run = self.open_run(run_id, "fault injection")
-        key = self._target.key(run, "records")
+        key = self._layout.key(run, "records")
         element = self._store.call("corrupt record", "LINDEX", key, sequence - 1)
         if element is not None:
             damaged = bytes(element) + b" "  # still UTF-8, no longer the checksummed payload
@@ -392,14 +411,14 @@ class RedisJournal(RedisSchedules, JournalBase):
     def remove_record(self, run_id: str, sequence: int) -> None:
         """Delete one stored record, leaving a gap."""
         run = self.open_run(run_id, "fault injection")
-        key = self._target.key(run, "records")
+        key = self._layout.key(run, "records")
         self._store.call("remove record", "LSET", key, sequence - 1, b"__removed__")
         self._store.call("remove record", "LREM", key, 1, b"__removed__")
 
     def corrupt_snapshot(self, run_id: str) -> None:
         """Damage the stored snapshot body."""
         run = self.open_run(run_id, "fault injection")
-        key = self._target.key(run, "snapshot")
+        key = self._layout.key(run, "snapshot")
         self._store.call("corrupt snapshot", "SETRANGE", key, 0, b'{"run_id": 7')
 
     # -- the run index (capabilities.run_index, standalone; see mayfly_redis._index) -------------
@@ -408,9 +427,31 @@ class RedisJournal(RedisSchedules, JournalBase):
         self.ensure_open(operation)
         if not self._capabilities.run_index:
             raise CompatibilityError(
-                f"{operation}: the Redis Cluster at {self._target.address} keeps no run index (a run's "
-                "keys and its queue's live in different slots); run workers on a standalone Redis"
+                f"{operation}: the Redis Cluster store with prefix {self._target.prefix!r} at "
+                f"{self._target.address} was written before run-index sharding and keeps no run index "
+                "(a run's keys and its queue's live in different slots); run workers on a new prefix "
+                "of the Cluster (a sharded store) or on a standalone Redis"
             )
+
+    def _controlled(self, operation: str) -> None:
+        self._indexed(operation)
+        if not self._capabilities.queue_control:
+            raise CompatibilityError(
+                f"{operation}: the Redis Cluster store at {self._target.address} shards its run index "
+                "over slots, so no script sees a queue's runs in progress in every shard and queue "
+                "limits, priorities and dedup ids cannot be enforced; use a standalone Redis, "
+                "PostgreSQL or LMDB for queue control"
+            )
+
+    def _fields(self, entry: IndexEntry) -> list[str]:
+        """The entry as the scripts take it; a sharded store refuses a dedup id it could not enforce."""
+        fields = _index.entry_fields(entry)
+        if self._layout.sharded and fields[8]:
+            raise CompatibilityError(
+                f"index entry of run {entry.run_id}: the Redis Cluster store at {self._target.address} "
+                "cannot enforce dedup ids across its shards (no queue_control); submit without one"
+            )
+        return fields
 
     def claim(
         self,
@@ -441,19 +482,42 @@ class RedisJournal(RedisSchedules, JournalBase):
         pairs: list[Any] = [len(holding)]
         for name, count in holding.items():
             pairs += [name, count]
+        tail = [ttl, _index.bound(now), nonce, now, *pairs, *(names or ())]
+        layout = self._layout
+        if not layout.sharded:
+            wanted = {layout.prefix: limit}
+        else:
+            # Each shard looks first (granting nothing): the best `limit` runs of all shards in claim
+            # order say how many to claim from each. Each shard's claim is atomic; a run another
+            # claimant took in between is simply not granted here (the claim returns fewer).
+            bases = layout.bases
+            found = self._store.scripts(
+                "claim runs",
+                self._lua(_scripts.CLAIM),
+                [(layout.route(base), [base, "", limit, *tail]) for base in bases],
+            )
+            looked = [
+                (_text(member), base)
+                for base, members in zip(bases, found, strict=True)
+                for member in members
+            ]
+            wanted = {}
+            for _, base in sorted(looked)[:limit]:
+                wanted[base] = wanted.get(base, 0) + 1
         sent = time.monotonic()
-        reply = self._store.script(
+        claimed: list[tuple[str, RecoveryLeaseGuard]] = []
+        replies = self._store.scripts(
             "claim runs",
-            _scripts.CLAIM,
-            [],
-            [self._target.prefix, owner, limit, ttl, _index.bound(now), nonce, now, *pairs, *(names or ())],
+            self._lua(_scripts.CLAIM),
+            [(layout.route(base), [base, owner, count, *tail]) for base, count in wanted.items()],
         )
-        guards: list[RecoveryLeaseGuard] = []
-        for offset in range(0, len(reply), 4):
-            run, token, grant, records = (_text(item) for item in reply[offset : offset + 4])
-            guards.append(self._leases.adopt(run, owner, ttl, int(token), grant))
-            self._remember(run, int(records) + 1, int(token), sent + ttl / 1000)
-        return guards
+        for reply in replies:
+            for offset in range(0, len(reply), 5):
+                run, token, grant, records, member = (_text(item) for item in reply[offset : offset + 5])
+                claimed.append((member, self._leases.adopt(run, owner, ttl, int(token), grant)))
+                self._remember(run, int(records) + 1, int(token), sent + ttl / 1000)
+        claimed.sort(key=lambda pair: pair[0])
+        return [guard for _, guard in claimed]
 
     @staticmethod
     def _now(now_ms: object) -> int:
@@ -466,37 +530,52 @@ class RedisJournal(RedisSchedules, JournalBase):
         _, names = check_claim(1, queues)
         now = self._now(now_ms)
         self._indexed("next wake")
-        found = self._store.script(
-            "next wake", _scripts.NEXT_WAKE, [], [self._target.prefix, _index.bound(now), *(names or ())]
+        layout = self._layout
+        found = self._store.scripts(
+            "next wake",
+            self._lua(_scripts.NEXT_WAKE),
+            [(layout.route(base), [base, _index.bound(now), *(names or ())]) for base in layout.bases],
         )
-        return None if found is None else _index.decode_ready(found)
+        times = [_index.decode_ready(ready) for ready in found if ready is not None]
+        return min(times, default=None)
 
     def index_get(self, run_id: str) -> IndexEntry | None:
         """The run's index entry, or ``None``."""
         run = parse_run_id(run_id)
         self._indexed(f"index read of run {run}")
-        flat = self._store.raw_call(f"index read of run {run}", "HGETALL", self._target.key(run, "index"))
-        return _index.decode_entry(run, dict(zip(flat[0::2], flat[1::2], strict=True))) if flat else None
+        flat = self._store.raw_call(f"index read of run {run}", "HGETALL", self._layout.key(run, "index"))
+        if not flat:
+            return None
+        # A Cluster client answers HGETALL with a dict already.
+        fields = flat if isinstance(flat, dict) else dict(zip(flat[0::2], flat[1::2], strict=True))
+        return _index.decode_entry(run, fields)
 
     def index_put(self, entries: Sequence[IndexEntry]) -> None:
         """Store entries in one script; a lower sequence never replaces a stored one; a stored wake stays."""
         given: object = entries
         if isinstance(given, str | bytes) or not isinstance(given, Sequence):
             raise InvalidRecord(f"index entries must be a sequence, got {type(given).__name__}")
-        args: list[str] = [self._target.prefix, self._channel]
+        layout = self._layout
+        # One script per shard (one in all on a standalone server), each atomic.
+        shards: dict[str, list[str]] = {}
         for entry in entries:
-            fields = _index.entry_fields(entry)
-            args += [entry.run_id, *fields]
+            fields = self._fields(entry)
+            base = layout.run_base(entry.run_id)
+            shards.setdefault(base, [base, self._channel]).extend([entry.run_id, *fields])
         self._indexed("index put")
-        if len(args) > 2:
-            self._store.script("index put", _scripts.INDEX_PUT, [], args)
+        for base, args in shards.items():
+            self._store.script("index put", self._lua(_scripts.INDEX_PUT), layout.route(base), args)
 
     def index_wake(self, run_id: str) -> bool:
         """Ask for the run to be claimed although it waits; ``False`` if it has no entry or has ended."""
         run = parse_run_id(run_id)
         self._indexed(f"wake of run {run}")
+        base = self._layout.run_base(run)
         woken = self._store.script(
-            f"wake of run {run}", _scripts.INDEX_WAKE, [], [self._target.prefix, self._channel, run]
+            f"wake of run {run}",
+            self._lua(_scripts.INDEX_WAKE),
+            self._layout.route(base),
+            [base, self._channel, run],
         )
         return bool(int(woken))
 
@@ -540,7 +619,7 @@ class RedisJournal(RedisSchedules, JournalBase):
         """
         if not isinstance(settings, QueueSettings):
             raise InvalidRecord(f"queue settings must be a QueueSettings, got {type(settings).__name__}")
-        self._indexed("queue settings")
+        self._controlled("queue settings")
         body = msgspec.json.encode(settings)
         self._store.script(
             f"set queue {settings.name}", _scripts.QUEUE_SET, [], [self._target.prefix, settings.name, body]
@@ -549,13 +628,13 @@ class RedisJournal(RedisSchedules, JournalBase):
     def queue_get(self, name: str) -> QueueSettings | None:
         """The queue's settings, or ``None`` if it has none."""
         _check_queue(name)
-        self._indexed("queue settings")
+        self._controlled("queue settings")
         body = self._store.raw_call(f"read queue {name}", "HGET", self._settings_key, name)
         return None if body is None else self._decode_settings(name, body)
 
     def queue_list(self) -> list[QueueSettings]:
         """Every queue with settings, by name."""
-        self._indexed("queue settings")
+        self._controlled("queue settings")
         flat = self._store.raw_call("list queues", "HGETALL", self._settings_key)
         stored = {_text(name): body for name, body in zip(flat[0::2], flat[1::2], strict=True)}
         return [self._decode_settings(name, stored[name]) for name in sorted(stored)]
@@ -563,14 +642,14 @@ class RedisJournal(RedisSchedules, JournalBase):
     def queue_remove(self, name: str) -> bool:
         """Remove the queue's settings (its runs are claimed without limits); ``False`` if it had none."""
         _check_queue(name)
-        self._indexed("queue settings")
+        self._controlled("queue settings")
         return bool(int(self._store.raw_call(f"remove queue {name}", "HDEL", self._settings_key, name)))
 
     def queue_usage(self, name: str, *, now_ms: int) -> QueueUsage:
         """The queue's runs in progress now and its starts within its rate window ending at ``now_ms``."""
         _check_queue(name)
         now = self._now(now_ms)
-        self._indexed("queue usage")
+        self._controlled("queue usage")
         in_progress, starts = self._store.script(
             f"usage of queue {name}", _scripts.QUEUE_USAGE, [], [self._target.prefix, name, now]
         )

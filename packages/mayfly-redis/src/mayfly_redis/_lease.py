@@ -48,13 +48,13 @@ class RedisLeaseGuard(LeaseGuardBase[str]):
 
     def _release(self) -> None:
         store = self._store
-        target = store._redis.target
+        layout = store._redis.layout
         self._store._redis.script(
             f"release lease of run {self.run_id}",
-            _scripts.RELEASE,
-            [store._lease_key(self.run_id), target.key(self.run_id, "index")],
-            # The run index (standalone only) files a released run where claims find it at once.
-            [self._grant, "" if store._redis.cluster else target.prefix, self.run_id],
+            _scripts.for_layout(_scripts.RELEASE, layout.sharded),
+            [store._lease_key(self.run_id), layout.key(self.run_id, "index")],
+            # The run index files a released run where claims find it at once.
+            [self._grant, layout.run_base(self.run_id) if layout.indexed else "", self.run_id],
         )
 
 
@@ -68,17 +68,17 @@ class RedisLeaseStore(LeaseStoreBase[RedisLeaseGuard]):
 
     def _lease_key(self, run_id: str) -> str:
         """The key holding the run's lease, ``"<token> <nonce> <owner>"``."""
-        return self._redis.target.key(run_id, "lease")
+        return self._redis.layout.key(run_id, "lease")
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> RedisLeaseGuard:
         nonce = uuid.uuid4().hex
-        target = self._redis.target
-        keys = [self._lease_key(run_id), target.key(run_id, "fence")]
+        layout = self._redis.layout
+        keys = [self._lease_key(run_id), layout.key(run_id, "fence")]
         args: list[object] = [nonce, owner, ttl_ms]
         if not self._redis.cluster:
             # A standalone server counts the run in progress in its queue (queue_control).
-            keys.append(target.key(run_id, "index"))
-            args += [target.prefix, run_id]
+            keys.append(layout.key(run_id, "index"))
+            args += [layout.prefix, run_id]
         status, detail, *rest = self._redis.script(
             f"acquire lease of run {run_id}", _scripts.ACQUIRE, keys, args
         )
@@ -101,7 +101,7 @@ class RedisLeaseStore(LeaseStoreBase[RedisLeaseGuard]):
 
     def _current_fence(self, run_id: str) -> int:
         token = self._redis.call(
-            f"read fence of run {run_id}", "GET", self._redis.target.key(run_id, "fence")
+            f"read fence of run {run_id}", "GET", self._redis.layout.key(run_id, "fence")
         )
         return 0 if token is None else int(token)
 

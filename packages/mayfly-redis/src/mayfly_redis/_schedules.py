@@ -1,15 +1,17 @@
-"""Stored schedules on a standalone Redis (feature ``schedule_store``): two hashes under the prefix.
+"""Stored schedules on Redis (feature ``schedule_store``): two hashes under the prefix, in one slot.
 
-``PREFIX:schedules`` maps each name to its definition
+``P:{schedules}:definitions`` maps each name to its definition
 (:func:`mayfly.schedules.encode_schedule` bytes, checksummed, so damage fails
-closed on read); ``PREFIX:schedule-ticks`` maps it to the last tick a worker
-recorded starting. A put is a compare-and-set: the definition read, the new
+closed on read); ``P:{schedules}:ticks`` maps it to the last tick a worker
+recorded starting. The hash tag keeps both in one slot, so on a Cluster the
+scripts below touch one node. A put is a compare-and-set: the definition read, the new
 one computed, and a script that writes it only if the stored bytes are still
 the ones read (else the put reads again), so a conditional put is atomic
 across every client. Removing and marking are one script each.
 
-A Redis Cluster declares no ``schedule_store``: it keeps no run index, so no
-worker could serve the schedules there (see the journal's capabilities).
+A Cluster store written before run-index sharding declares no
+``schedule_store``: it keeps no run index, so no worker could serve the
+schedules there (see the journal's capabilities).
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _fields(reply: Any) -> dict[str, Any]:
+    """An ``HGETALL`` reply by field: a flat list on a standalone server, a dict from a Cluster client."""
+    if isinstance(reply, dict):
+        return {_text(name): value for name, value in reply.items()}
+    return {_text(name): value for name, value in zip(reply[0::2], reply[1::2], strict=True)}
+
+
 class RedisSchedules(JournalBase):
     """The ``schedule_store`` methods of :class:`~mayfly_redis.RedisJournal` (a base of it)."""
 
@@ -66,14 +75,15 @@ class RedisSchedules(JournalBase):
 
     def _schedule_keys(self) -> list[str]:
         prefix = self._target.prefix
-        return [f"{prefix}:schedules", f"{prefix}:schedule-ticks"]
+        return [f"{prefix}:{{schedules}}:definitions", f"{prefix}:{{schedules}}:ticks"]
 
     def _schedules_served(self, operation: str) -> RedisStore:
         self.ensure_open(operation)
         if not self._capabilities.schedule_store:
             raise CompatibilityError(
-                f"{operation}: a Redis Cluster keeps no schedules (no worker serves it: it keeps no run "
-                "index); store the schedules on a standalone Redis"
+                f"{operation}: this Redis Cluster store (prefix {self._target.prefix!r}) was written before "
+                "run-index sharding and keeps no run index, so no worker could serve its schedules; "
+                "use a new prefix"
             )
         return self._store
 
@@ -126,10 +136,8 @@ class RedisSchedules(JournalBase):
         """Every stored schedule, by name."""
         store = self._schedules_served("schedules")
         definitions, ticks = self._schedule_keys()
-        flat = store.raw_call("list schedules", "HGETALL", definitions)
-        stored = {_text(name): body for name, body in zip(flat[0::2], flat[1::2], strict=True)}
-        flat_ticks = store.raw_call("list schedule ticks", "HGETALL", ticks)
-        last = {_text(name): tick for name, tick in zip(flat_ticks[0::2], flat_ticks[1::2], strict=True)}
+        stored = _fields(store.raw_call("list schedules", "HGETALL", definitions))
+        last = _fields(store.raw_call("list schedule ticks", "HGETALL", ticks))
         return [self._decode(name, stored[name], last.get(name)) for name in sorted(stored)]
 
     def schedule_remove(self, name: str) -> bool:

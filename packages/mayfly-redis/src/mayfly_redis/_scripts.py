@@ -1,7 +1,8 @@
 """The server-side Lua scripts: compare-and-append and the lease operations.
 
-Each script runs atomically on the server and touches only keys of one run
-(one hash tag), so it works unchanged on Redis Cluster. Scripts are always
+Each script runs atomically on the server and touches only keys of one hash
+tag: a run's on a standalone server's journal keys, a shard's on a sharded
+Cluster store (:func:`for_layout`), so it works on Redis Cluster. Scripts are always
 called by SHA; a ``NOSCRIPT`` reply (first use, server restarted, failover,
 ``SCRIPT FLUSH``) loads them (``SCRIPT LOAD``) and retries once.
 
@@ -27,6 +28,7 @@ __all__ = [
     "READ",
     "RELEASE",
     "RENEW",
+    "for_layout",
 ]
 
 _CHECK_AND_APPEND: Final = """
@@ -385,8 +387,10 @@ CLAIM: Final = (
 -- ARGV: prefix, owner, limit, ttl_ms, the member bound of now_ms ('0' .. 20 digits), nonce, now_ms,
 -- the number H of held pairs, H pairs (queue, runs of it the claimant holds), then queues... (none:
 -- every queue). Grants up to limit leases in claim order (priority, then ready_at, then run id)
--- under each queue's settings (mayfly.queues.plan_claim); replies run id, token, nonce and record
--- count of each. Run keys are read by name: standalone.
+-- under each queue's settings (mayfly.queues.plan_claim); replies run id, token, nonce, record
+-- count and claim-order member of each. An empty owner only looks: it replies the members of the
+-- runs it would grant, granting nothing. Run keys are built from the prefix (a shard's base on a
+-- sharded Cluster store, whose hash tag they share).
 local p, owner, limit, ttl, bound, nonce = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local now_ms = ARGV[7]
 local now = server_ms()
@@ -502,7 +506,10 @@ while count < limit do
           room[q] = room[q] - 1
           if start then starts[q] = starts[q] - 1 end
         end
-        if take then
+        if take and owner == '' then
+          count = count + 1
+          granted[#granted + 1] = first
+        elseif take then
           local fence = rkey(p, run, 'fence')
           redis.call('SET', lease, 'granting', 'PX', ttl)
           local token = tostring(redis.call('INCR', fence))
@@ -530,6 +537,7 @@ while count < limit do
           granted[#granted + 1] = token
           granted[#granted + 1] = grant
           granted[#granted + 1] = tostring(redis.call('LLEN', rkey(p, run, 'records')))
+          granted[#granted + 1] = first
         end
       end
     end
@@ -635,3 +643,23 @@ end
 return 1
 """
 )
+
+
+# -- the sharded Cluster layout (mayfly_redis._layout) -----------------------------------------------
+
+_RKEY: Final = "local function rkey(p, run, name) return p .. ':{' .. run .. '}:' .. name end"
+_QKEY: Final = "local function qkey(p, queue, name) return p .. ':{q:' .. queue .. '}:' .. name end"
+# On a sharded Cluster store P is a shard's base 'P:{P:k}', whose hash tag every key shares.
+_SHARDED_RKEY: Final = "local function rkey(p, run, name) return p .. ':' .. run .. ':' .. name end"
+_SHARDED_QKEY: Final = "local function qkey(p, queue, name) return p .. ':q:' .. queue .. ':' .. name end"
+_sharded: dict[str, str] = {}
+
+
+def for_layout(source: str, sharded: bool) -> str:
+    """The script ``source`` as it runs on the layout: unchanged, or building keys under a shard's tag."""
+    if not sharded:
+        return source
+    found = _sharded.get(source)
+    if found is None:
+        found = _sharded[source] = source.replace(_RKEY, _SHARDED_RKEY).replace(_QKEY, _SHARDED_QKEY)
+    return found

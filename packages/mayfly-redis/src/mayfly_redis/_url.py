@@ -1,15 +1,17 @@
 """Redis backend URLs and the key layout they select.
 
 ``redis://[user[:password]@]host[:port][/db]?prefix=mayfly&durability=aof|memory&timeout=30``
-(``rediss://`` for TLS, which verifies the server's certificate and host name;
+(``&shards=16`` for a new Cluster store, ``&pipeline=off`` to send every append on its own;
+``rediss://`` for TLS, which verifies the server's certificate and host name;
 ``ca_certs=PATH`` names the CA bundle when the system one does not apply).
 Unknown options, a malformed prefix, a raw control character anywhere in the
 URL or a database number out of range raise ``InvalidBackendURL`` and nothing
 is opened: a URL is refused, never rewritten.
 
-Key layout (``P`` is the prefix, ``R`` a run id). Every key of a run carries the
-hash tag ``{R}``, so a run lives in one Redis Cluster slot and one Lua script
-can check and append atomically:
+Key layout on a standalone server (``P`` is the prefix, ``R`` a run id; a
+Cluster store shards its keys instead, see :mod:`mayfly_redis._layout`). Every
+key of a run carries the hash tag ``{R}``, so one Lua script can check and
+append atomically:
 
 * ``P:{R}:records``  list, one element per record, in sequence order;
 * ``P:{R}:ids``      hash, event id -> ``"<sequence> <checksum>"`` (dedup and replay);
@@ -19,7 +21,7 @@ can check and append atomically:
 * ``P:runs``         sorted set of run ids holding records (all scores 0, so
   ``ZRANGEBYLEX`` pages them in order without ``KEYS`` or ``SCAN``);
 * ``P:{R}:index``    hash, the run's run-index entry, and the per-queue claim
-  sets ``P:{q:Q}:...`` (standalone only; see :mod:`mayfly_redis._index`).
+  sets ``P:{q:Q}:...`` (see :mod:`mayfly_redis._index`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import msgspec
 
 from mayfly.backend import BackendURL, parse_backend_url
 
-__all__ = ["DEFAULT_PREFIX", "RedisDurability", "RedisOptions", "RedisTarget", "parse_url"]
+__all__ = ["DEFAULT_PREFIX", "Pipelining", "RedisDurability", "RedisOptions", "RedisTarget", "parse_url"]
 
 SCHEMES: Final = ("redis", "rediss")
 DEFAULT_PREFIX: Final = "mayfly"
@@ -52,6 +54,15 @@ class RedisDurability(enum.StrEnum):
     """No persistence is required: a server restart may lose acknowledged records."""
 
 
+class Pipelining(enum.StrEnum):
+    """Whether concurrent appends of one process share a round trip (``?pipeline=on|off``)."""
+
+    ON = "on"
+    """Appends waiting at the same time go out in one pipeline; each is acknowledged by its own reply."""
+    OFF = "off"
+    """Every append is its own round trip (for comparison)."""
+
+
 class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
     """The options of a ``redis://`` or ``rediss://`` URL."""
 
@@ -68,6 +79,11 @@ class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
         float, msgspec.Meta(gt=0, le=_MAX_TIMEOUT_S, description=f"seconds in (0, {_MAX_TIMEOUT_S:g}]")
     ] = DEFAULT_TIMEOUT_S
     ca_certs: str | None = None
+    shards: (
+        Annotated[int, msgspec.Meta(ge=1, le=1024, description="run-index shards of a new Cluster store")]
+        | None
+    ) = None
+    pipeline: Annotated[Pipelining, msgspec.Meta(description="'on' (the default) or 'off'")] = Pipelining.ON
 
 
 @final
@@ -129,6 +145,16 @@ class RedisTarget:
     def ca_certs(self) -> str | None:
         """The CA bundle to verify a TLS server with, if not the system's."""
         return self.source.options.ca_certs
+
+    @property
+    def shards(self) -> int | None:
+        """The run-index shards the URL asks of a Cluster store (``None``: the store's, or the default)."""
+        return self.source.options.shards
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether concurrent appends share round trips (``pipeline=on``, the default)."""
+        return self.source.options.pipeline is Pipelining.ON
 
     @property
     def address(self) -> str:

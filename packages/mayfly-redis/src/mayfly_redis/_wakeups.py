@@ -1,7 +1,8 @@
 """Prompt wake-ups for idle workers: a pub/sub channel per database and prefix.
 
 Whoever makes a run claimable now publishes on ``P:wakeups:<db>`` (pub/sub
-channels are server-wide, so the name carries the database): the append and
+channels are server-wide, so the name carries the database; a Cluster forwards
+every message to every node, so a listener there subscribes on any primary): the append and
 index scripts when a run enters its queue's ready set (a new run, a wake),
 and :meth:`~mayfly_redis.RedisJournal.notify_wakeups` (a released run). An
 idle worker subscribes on a connection of its own and waits on its socket on

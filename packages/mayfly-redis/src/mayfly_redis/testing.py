@@ -30,7 +30,14 @@ from typing import Final, Self, final
 
 import redis
 
-__all__ = ["RedisClusterNodes", "RedisServer", "aof_backend", "cluster_backend", "memory_url"]
+__all__ = [
+    "RedisClusterNodes",
+    "RedisServer",
+    "aof_backend",
+    "cluster_backend",
+    "legacy_cluster_store",
+    "memory_url",
+]
 
 _SLOTS: Final = 16384
 _BUS_OFFSET: Final = 10000
@@ -56,8 +63,10 @@ def _free_port(*, cluster: bool = False) -> int:
             port: int = probe.getsockname()[1]
             return port
     # Redis derives the cluster bus port as port + 10000, so the port must be <= 55535.
+    # MAYFLY_REDIS_CLUSTER_PORTS=LOW-HIGH keeps the nodes in a range of one's own (shared hosts).
+    low, _, high = os.environ.get("MAYFLY_REDIS_CLUSTER_PORTS", "20000-55535").partition("-")
     for _ in range(200):
-        candidate = random.randint(20000, 55535)
+        candidate = random.randint(int(low), int(high or low))
         if _bindable(candidate) and _bindable(candidate + _BUS_OFFSET):
             return candidate
     raise RuntimeError("no free loopback port pair (port, port + 10000) for a cluster node")
@@ -282,6 +291,20 @@ class RedisClusterNodes:
     ) -> None:
         """Stop the cluster."""
         self.stop()
+
+
+def legacy_cluster_store(cluster: RedisClusterNodes, prefix: str) -> None:
+    """Make ``prefix`` on ``cluster`` look like a store written before sharding (``P:runs``, no marker).
+
+    The listing holds one run id that has no records, as an interrupted first
+    append of that layout leaves it (listings skip it).
+    """
+    client = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, protocol=2)
+    try:
+        client.delete(f"{prefix}:layout")
+        client.zadd(f"{prefix}:runs", {"00000000-0000-7000-8000-000000000000": 0})
+    finally:
+        client.close()
 
 
 _session_server: RedisServer | None = None

@@ -55,9 +55,11 @@ from mayfly.queues import QUEUE_CONTROL
 from mayfly.recovery import resume_claimed
 from mayfly.runindex import RUN_WAKEUPS, RunIndexJournal, WakeupListener, index_entry
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime
+from mayfly.runtime._context import notify_recovery
 from mayfly.runtime._driver import RunDriver
 from mayfly.schedules import SCHEDULE_STORE, Schedule, StoredSchedule, check_schedules, tick_run_id
 from mayfly.substrate import Channel, Hub, Task, WaitTimeout, current_hub, spawn, wait_readable
+from mayfly.telemetry.metrics import WorkerEvent, WorkerMetrics
 
 __all__ = ["Worker", "WorkerUnsupported"]
 
@@ -130,6 +132,7 @@ class Worker:
         self._stop_pipe: tuple[int, int] | None = None
         self.claimed = 0
         self.ended = 0
+        self._events: dict[WorkerEvent, int] = {}  # every logged event, by closed kind (metrics())
         self.schedules = check_schedules(schedules)
         self.command = command  # how the commands this worker prints start (the CLI: the path it ran by)
         self._ticked: dict[str, int] = {}  # schedule name -> the latest tick whose run this worker started
@@ -509,6 +512,7 @@ class Worker:
             return
         with session:
             state = session.state
+            notify_recovery(runtime.observer, state, session.effects)
             self._queue_of[run_id] = state.queue
             self._emit("claimed", run_id=run_id, queue=state.queue, status=state.status.value)
             # A stopping worker claims nothing; one that claimed just before it stopped hands over at once.
@@ -577,7 +581,19 @@ class Worker:
             )
 
     def _emit(self, event: str, **fields: Any) -> None:
+        kind = WorkerEvent.of(event)
+        self._events[kind] = self._events.get(kind, 0) + 1
         self._log({"event": event, "worker": self.owner, **fields})
+
+    def metrics(self) -> WorkerMetrics:
+        """This worker's in-process counters: events by kind (claims, lease losses, ...), active runs.
+
+        Serve them with :func:`mayfly.telemetry.prometheus.render_worker`; they
+        count this process only (docs/telemetry.md).
+        """
+        return WorkerMetrics(
+            events=dict(self._events), active=len(self._active), concurrency=self.concurrency
+        )
 
 
 def _text_log(stream: TextIO) -> Callable[[dict[str, Any]], None]:

@@ -31,6 +31,7 @@ from mayfly.cli._queues import cmd_queue
 from mayfly.cli._schedules import ScheduleNotFound, catch_up_choices, cmd_schedule
 from mayfly.cli._service import cmd_index, cmd_result, cmd_submit, cmd_worker
 from mayfly.cli._support import DEFAULT_JOURNAL, EXIT, Context, Interrupted, UsageError
+from mayfly.cli._ui import add_ui_arguments, cmd_ui
 from mayfly.inspect import RUN_STATES
 from mayfly.model.commands import Rejection
 from mayfly.model.errors import (
@@ -313,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requester", default=os.environ.get("USER", "cli"), help="who cancels")
 
     command("backends", cmd_backends, "list installed journal and lease backends")
+
+    add_ui_arguments(command("ui", cmd_ui, "serve the read-only web console of the journal"))
     return parser
 
 

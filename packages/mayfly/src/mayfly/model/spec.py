@@ -133,11 +133,11 @@ class RunBudgets(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
 
 
 class OnAnyOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="any"):
-    """Matches every final outcome of the source node's activation; JSON ``{"match": "any"}``."""
+    """Matches every final outcome of the source node's activation; JSON ``{"type": "any"}``."""
 
 
 class OnOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="outcome"):
-    """Matches one outcome kind; JSON ``{"match": "outcome", "outcome": "changes_requested"}``."""
+    """Matches one outcome kind; JSON ``{"type": "outcome", "outcome": "changes_requested"}``."""
 
     outcome: NodeOutcomeKind
 
@@ -145,7 +145,7 @@ class OnOutcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="ou
 class OnField(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="field"):
     """Matches a Succeeded output whose top-level ``field`` equals the scalar ``equals``.
 
-    JSON ``{"match": "field", "field": "verdict", "equals": "ok"}``. Equality
+    JSON ``{"type": "field", "field": "verdict", "equals": "ok"}``. Equality
     compares JSON type and value: ``1`` is not ``true`` and not ``1.0``; floats
     cannot be named (a spec holding one fails validation); a missing field is
     not ``null``. Any other outcome kind never matches.
@@ -156,7 +156,7 @@ class OnField(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="fiel
 
 
 EdgePredicate: TypeAlias = OnAnyOutcome | OnOutcome | OnField
-"""Data-only edge conditions; JSON objects tagged by ``"match"``."""
+"""Data-only edge conditions; JSON objects tagged by ``"type"``."""
 
 
 class Edge(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

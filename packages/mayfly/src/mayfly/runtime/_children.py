@@ -47,7 +47,7 @@ from mayfly.recovery import (
 )
 from mayfly.reducer import Upcaster, decode_event
 from mayfly.reducer.children import child_completion, child_create_run
-from mayfly.runtime._context import Observer
+from mayfly.runtime._context import Observer, notify_recovery
 from mayfly.runtime._invoke import bounded_reason
 from mayfly.substrate import Task
 
@@ -267,7 +267,9 @@ class ChildSupervisor:
         if context.leases is None:
             state = inspect_run(context.journal, child_run_id, upcasters=context.upcasters).state
             check_unfinished_handlers(state, context.registry.is_available)
-            return None, state, recovery_effects(state)
+            effects = recovery_effects(state)
+            notify_recovery(context.observer, state, effects)
+            return None, state, effects
         session = resume_run(
             context.journal,
             context.leases,
@@ -277,6 +279,7 @@ class ChildSupervisor:
             handler_available=context.registry.is_available,
             upcasters=context.upcasters,
         )
+        notify_recovery(context.observer, session.state, session.effects)
         return session.lease, session.state, session.effects
 
     def _recorded_create(self, child_run_id: str) -> CreateRun:

@@ -20,10 +20,11 @@ from mayfly.lease import RecoveryLeaseStore
 from mayfly.model.events import Event
 from mayfly.model.ids import IdSource
 from mayfly.model.state import RunState
+from mayfly.recovery import RecoveryEffect
 from mayfly.reducer import Upcaster
 from mayfly.runtime.registry import HandlerRegistry
 
-__all__ = ["DriveContext", "Observer"]
+__all__ = ["DriveContext", "Observer", "notify_recovery"]
 
 Observer = Callable[[RunState, tuple[Event, ...]], None]
 """Called after every commit with the new state and the committed events (progress, timelines)."""
@@ -53,3 +54,15 @@ class DriveContext:
         """Tell the observer, if there is one, about a commit."""
         if self.observer is not None:
             self.observer(state, events)
+
+
+def notify_recovery(observer: Observer | None, state: RunState, effects: tuple[RecoveryEffect, ...]) -> None:
+    """Tell an observer that watches recoveries about a resumed run, before its recovery plan runs.
+
+    Such an observer has an ``on_recovery(state, effects)`` method, called as
+    ``WorkflowRuntime.resume``'s ``on_recovery`` is. Once per resumed run, never
+    per node; an observer without the method (or none) costs one lookup.
+    """
+    on_recovery = getattr(observer, "on_recovery", None)
+    if callable(on_recovery):
+        on_recovery(state, effects)

@@ -70,7 +70,7 @@ from mayfly.queues import check_queue_options
 from mayfly.recovery import RecoveredRun, RecoveryEffect, inspect_run, replay_run, require_run, resume_run
 from mayfly.reducer import check_input, decide
 from mayfly.runindex import RUN_WAKEUPS
-from mayfly.runtime._context import DriveContext, Observer
+from mayfly.runtime._context import DriveContext, Observer, notify_recovery
 from mayfly.runtime._driver import RunDriver, SignalRequest
 from mayfly.runtime._time import catch_up, run_time_at
 from mayfly.runtime.handle import RunHandle
@@ -549,6 +549,7 @@ class WorkflowRuntime:
                 self._reject_deadlines(session.state.spec)
             if on_recovery is not None:
                 on_recovery(session.state, session.effects)
+            notify_recovery(self.observer, session.state, session.effects)
             driver = self._driver(session.state, session.lease, concurrent, detach)
             return self._drive(driver, session.effects)
 

@@ -24,8 +24,12 @@ Metrics
 Exporters
     :class:`JsonLogExporter` writes metrics snapshots and PAL facts as JSON
     lines through the standard library's :mod:`logging` and can be registered
-    as a plugin. No OpenTelemetry exporter ships: its SDK is not an admitted
-    runtime dependency.
+    as a plugin. :mod:`mayfly.telemetry.prometheus` writes the Prometheus text
+    exposition of a journal and of a worker's counters;
+    :mod:`mayfly.telemetry.otel` (the ``otel`` extra, the OpenTelemetry API
+    only) writes spans of runs, attempts, commits and recoveries, exported by
+    the application's own SDK. Neither is imported here: ``import
+    mayfly.telemetry`` needs no extra.
 """
 
 from mayfly.telemetry.export import JsonLogExporter
@@ -41,6 +45,8 @@ from mayfly.telemetry.metrics import (
     MetricsPublisher,
     MetricsSnapshot,
     RecoveryMode,
+    WorkerEvent,
+    WorkerMetrics,
     compute_metrics,
     publish_metrics,
 )
@@ -69,6 +75,8 @@ __all__ = [
     "PalFact",
     "PalProjector",
     "RecoveryMode",
+    "WorkerEvent",
+    "WorkerMetrics",
     "causal_key",
     "compute_metrics",
     "project_pal",

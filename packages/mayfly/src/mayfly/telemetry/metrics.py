@@ -29,6 +29,8 @@ __all__ = [
     "MetricsPublisher",
     "MetricsSnapshot",
     "RecoveryMode",
+    "WorkerEvent",
+    "WorkerMetrics",
     "compute_metrics",
     "publish_metrics",
 ]
@@ -376,3 +378,50 @@ def publish_metrics(snapshot: MetricsSnapshot, publisher: MetricsPublisher | Non
     if not isinstance(snapshot, MetricsSnapshot):
         raise TypeError(f"publish_metrics takes a MetricsSnapshot, got {type(snapshot).__name__}")
     (plugin_manager() if publisher is None else publisher).publish_metrics(snapshot)
+
+
+# -- a worker's own counters ----------------------------------------------------------------
+
+
+class WorkerEvent(enum.Enum):
+    """The events a :class:`mayfly.Worker` logs; ``other`` stands for one this code does not know yet."""
+
+    CLAIMED = "claimed"
+    ENDED = "ended"
+    PARKED = "parked"
+    REFUSED = "refused"
+    LOST = "lost"
+    ERROR = "error"
+    SCHEDULED = "scheduled"
+    STARTED = "started"
+    STOPPING = "stopping"
+    ABORTING = "aborting"
+    STOPPED = "stopped"
+    INDEX_INCOMPLETE = "index_incomplete"
+    OTHER = "other"
+
+    @classmethod
+    def of(cls, name: str) -> WorkerEvent:
+        """The member named by a worker log event (``other`` for an unknown one)."""
+        return _WORKER_EVENTS.get(name, cls.OTHER)
+
+
+_WORKER_EVENTS: Final[Mapping[str, WorkerEvent]] = {e.value: e for e in WorkerEvent}
+
+
+@final
+class WorkerMetrics(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A worker's in-process counters: its log events by kind, its active runs and concurrency.
+
+    ``events[WorkerEvent.CLAIMED]`` counts claims, ``events[WorkerEvent.LOST]``
+    lease losses (a lost lease or a refused fencing token). They count what this
+    worker process did since it was built; nothing is read from the journal.
+    """
+
+    events: dict[WorkerEvent, int]
+    active: int
+    concurrency: int
+
+    def to_json(self) -> bytes:
+        """The counters as compact JSON (events keyed by their value)."""
+        return _ENCODER.encode(self)
