@@ -84,7 +84,9 @@ class Worker:
     ``grace_ms`` how long a stopping worker lets in-flight attempts finish.
     ``log`` receives one dict per event (``claimed``, ``ended``, ``parked``,
     ``refused``, ``lost``, ``error``, ``stopping``, ``stopped``); by default
-    lines are written to stderr.
+    lines are written to stderr. ``schedules`` are schedules given in code
+    (:mod:`mayfly.schedules`); the worker also serves the schedules stored in
+    the journal (feature ``schedule_store``), re-read every poll interval.
     """
 
     def __init__(
