@@ -1,0 +1,210 @@
+"""``GroupCommit``: many hub tasks' appends written and flushed together, each acknowledged after its flush.
+
+A worker drives many runs on one hub, and each run's driver appends and
+waits for its commit. Flushed one by one, N runs cost N disk flushes (or N
+server round trips). A backend instead hands each append to its
+:class:`GroupCommit`: the append is queued, a flusher task of the hub takes
+every queued append at once and calls the backend's ``flush`` with all of
+them on one offload thread (one write transaction, one ``fdatasync`` per
+file, one round trip), then wakes each caller with its own outcome. Appends
+that arrive while a flush is running wait for the next one, so the group
+grows with the load and a lone append pays only one hop to the flusher.
+
+The rules a backend's ``flush`` keeps (the kit cannot check them):
+
+* each item is checked on its own (fencing token, expected sequence, event
+  ids, size); a refused item gets its exception in its slot of the result
+  and nothing of it is written, and it never fails the others;
+* items are applied in the order given (the queue order), so two appends
+  of one run stay in the order they were made;
+* ``flush`` returns only once every item it reports as a success is durable
+  at the journal's declared level: no caller is woken before the flush that
+  covers its bytes.
+
+Outside a hub (a plain thread, a script) ``submit`` calls ``flush`` with the
+one item inline. Each hub has its own queue, so a journal shared by several
+threads' hubs groups each hub's appends separately.
+
+``flushers`` lets more than one group flush run at once (each on its own
+offload thread): the filesystem's journal merges concurrent file flushes
+into one commit, so the file journal runs a few. A cancelled caller whose
+append was not yet taken is dropped from the queue; one whose append is
+being flushed is not acknowledged (its outcome is unknown to it, as with any
+interrupted append), and the others are unaffected.
+
+Crash testing: with ``MAYFLY_TEST_KILL_AFTER_GROUP_FLUSH=N`` in the
+environment, the process kills itself with ``SIGKILL`` right after the N-th
+flush of two or more items returns, before any of its callers is woken
+(``tests/crash`` uses it to check that recovery keeps every acknowledged
+append and loses nothing that a later append built on).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from typing import Any, Final, Generic, TypeVar, final
+
+from mayfly.model.errors import HubNotRunning
+from mayfly.substrate import Event, current_hub, offload, spawn
+
+__all__ = ["GroupCommit"]
+
+I = TypeVar("I")  # noqa: E741 - the item type
+R = TypeVar("R")
+
+KILL_AFTER_ENV: Final = "MAYFLY_TEST_KILL_AFTER_GROUP_FLUSH"
+"""Test hook: SIGKILL this process after the N-th group flush (of two or more items), before its acks."""
+
+
+@final
+class _Waiter(Generic[I, R]):
+    """One queued item, and where its outcome goes."""
+
+    __slots__ = ("done", "error", "item", "result")
+
+    def __init__(self, item: I) -> None:
+        self.item = item
+        self.done = Event()
+        self.result: R | None = None
+        self.error: BaseException | None = None
+
+
+@final
+class _Queue:
+    """One hub's queued items and how many flushers it runs now."""
+
+    __slots__ = ("flushers", "hub", "pending")
+
+    def __init__(self, hub: object) -> None:
+        self.hub = hub
+        self.pending: deque[_Waiter[Any, Any]] = deque()
+        self.flushers = 0
+
+
+@final
+class GroupCommit(Generic[I, R]):
+    """Queue appends from many hub tasks and flush them in groups (see the module docstring).
+
+    ``flush(items)`` runs on an offload thread and returns one outcome per
+    item, in order: its result, or the exception to raise in its caller.
+    ``limit`` caps the items of one flush; ``flushers`` how many flushes of
+    one hub may run at once. With ``key`` (say, the item's run id), one
+    group holds at most one item per key: a later item of a key already in
+    the group waits for the next group, so the items of one key are
+    flushed one group after another, in the order they were submitted.
+    """
+
+    __slots__ = ("_flush", "_flushers", "_flushes", "_key", "_kill_after", "_limit", "_local", "_name")
+
+    def __init__(
+        self,
+        flush: Callable[[Sequence[I]], Sequence[R | BaseException]],
+        *,
+        name: str,
+        limit: int = 512,
+        flushers: int = 1,
+        key: Callable[[I], object] | None = None,
+    ) -> None:
+        if limit < 1 or flushers < 1:
+            raise ValueError(f"limit and flushers must be at least 1, got {limit} and {flushers}")
+        self._flush = flush
+        self._name = name
+        self._limit = limit
+        self._flushers = flushers
+        self._key = key
+        self._local = threading.local()
+        self._flushes = 0
+        text = os.environ.get(KILL_AFTER_ENV, "")
+        self._kill_after = int(text) if text.isdigit() else 0
+
+    def submit(self, item: I) -> R:
+        """Append ``item`` with the next group flush; return its result once that flush is durable."""
+        try:
+            hub = current_hub()
+        except HubNotRunning:
+            return self._one(item)
+        queue = self._queue(hub)
+        waiter: _Waiter[I, R] = _Waiter(item)
+        queue.pending.append(waiter)
+        if queue.flushers < self._flushers:
+            queue.flushers += 1
+            spawn(self._run_flusher, queue, name=f"{self._name}-group-commit")
+        try:
+            waiter.done.wait()
+        except BaseException:
+            if not waiter.done.is_set():
+                # Not taken yet: it is never written. Being flushed: its outcome is dropped.
+                with suppress(ValueError):
+                    queue.pending.remove(waiter)
+            raise
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.result  # type: ignore[return-value]
+
+    def _one(self, item: I) -> R:
+        (outcome,) = self._flush((item,))
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _queue(self, hub: object) -> _Queue:
+        queue: _Queue | None = getattr(self._local, "queue", None)
+        if queue is None or queue.hub is not hub:
+            queue = self._local.queue = _Queue(hub)
+        return queue
+
+    def _run_flusher(self, queue: _Queue) -> None:
+        """A flusher task: flush groups until the queue is empty."""
+        try:
+            while queue.pending:
+                group = self._take(queue)
+                try:
+                    outcomes: Sequence[Any] = offload(self._flush, [waiter.item for waiter in group])
+                except BaseException as error:  # the flusher was cancelled or the flush itself broke
+                    outcomes = [error] * len(group)
+                else:
+                    if len(outcomes) != len(group):
+                        broken = RuntimeError(
+                            f"{self._name} flush returned {len(outcomes)} outcomes for {len(group)} items"
+                        )
+                        outcomes = [broken] * len(group)
+                    if len(group) > 1:
+                        self._after_group()
+                for waiter, outcome in zip(group, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        waiter.error = outcome
+                    else:
+                        waiter.result = outcome
+                    waiter.done.set()
+        finally:
+            queue.flushers -= 1
+
+    def _take(self, queue: _Queue) -> list[_Waiter[Any, Any]]:
+        """The next group: queued items in order, up to ``limit``, at most one per key."""
+        pending = queue.pending
+        if self._key is None:
+            return [pending.popleft() for _ in range(min(len(pending), self._limit))]
+        group: list[_Waiter[Any, Any]] = []
+        keys: set[object] = set()
+        kept: list[_Waiter[Any, Any]] = []
+        while pending and len(group) < self._limit:
+            waiter = pending.popleft()
+            key = self._key(waiter.item)
+            if key in keys:
+                kept.append(waiter)  # waits for the next group, still ahead of everything behind it
+            else:
+                keys.add(key)
+                group.append(waiter)
+        pending.extendleft(reversed(kept))
+        return group
+
+    def _after_group(self) -> None:
+        """The crash-test hook point: between a group flush and its acknowledgements."""
+        self._flushes += 1
+        if self._kill_after and self._flushes >= self._kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
