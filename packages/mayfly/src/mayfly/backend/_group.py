@@ -57,6 +57,8 @@ __all__ = ["GroupCommit"]
 I = TypeVar("I")  # noqa: E741 - the item type
 R = TypeVar("R")
 
+_MIN_SHARE: Final = 8  # with several flushers, the fewest items one takes while more are queued
+
 KILL_AFTER_ENV: Final = "MAYFLY_TEST_KILL_AFTER_GROUP_FLUSH"
 """Test hook: SIGKILL this process after the N-th group flush (of two or more items), before its acks."""
 
@@ -163,6 +165,10 @@ class GroupCommit(Generic[I, R]):
         try:
             while queue.pending:
                 group = self._take(queue)
+                if queue.pending and queue.flushers < self._flushers:
+                    # More is queued than this group takes: another flusher starts on it now.
+                    queue.flushers += 1
+                    spawn(self._run_flusher, queue, name=f"{self._name}-group-commit")
                 try:
                     outcomes: Sequence[Any] = offload(self._flush, [waiter.item for waiter in group])
                 except BaseException as error:  # the flusher was cancelled or the flush itself broke
@@ -187,12 +193,15 @@ class GroupCommit(Generic[I, R]):
     def _take(self, queue: _Queue) -> list[_Waiter[Any, Any]]:
         """The next group: queued items in order, up to ``limit``, at most one per key."""
         pending = queue.pending
+        # With several flushers, the queue is shared among them: a flusher takes its share.
+        share = -(-len(pending) // self._flushers)
+        limit = min(self._limit, max(share, _MIN_SHARE))
         if self._key is None:
-            return [pending.popleft() for _ in range(min(len(pending), self._limit))]
+            return [pending.popleft() for _ in range(min(len(pending), limit))]
         group: list[_Waiter[Any, Any]] = []
         keys: set[object] = set()
         kept: list[_Waiter[Any, Any]] = []
-        while pending and len(group) < self._limit:
+        while pending and len(group) < limit:
             waiter = pending.popleft()
             key = self._key(waiter.item)
             if key in keys:

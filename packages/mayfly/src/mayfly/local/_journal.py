@@ -115,7 +115,7 @@ _QUEUE_LOCK: Final = "queues.lock"
 _LISTING_SETTLE_NS: Final = 2_000_000_000
 # Group flushes of one hub that may run at once: ext4's journal merges concurrent fdatasyncs into
 # shared commits (measured: 100 files synced from 4 threads take 0.43x the time of one thread).
-_GROUP_FLUSHERS: Final = 4
+_GROUP_FLUSHERS: Final = 8
 _Item: TypeAlias = tuple[str, int, tuple[JournalRecord, ...], int | None, Callable[[], IndexEntry] | None]
 """One queued append: run id, expected next sequence, batch, fencing token, run-index entry maker."""
 
