@@ -48,7 +48,7 @@ from typing import Any, Final, TypeVar, final
 
 import lmdb
 
-from mayfly.backend import VOLATILE_FILESYSTEMS, filesystem_type
+from mayfly.backend import VOLATILE_FILESYSTEMS, filesystem_type, group_flushed
 from mayfly.errors import (
     CompatibilityError,
     CorruptionError,
@@ -582,6 +582,7 @@ class SharedEnv:
                     raise
                 self.commits += 1
                 self.writes += len(group)
+                group_flushed(len(group))  # the crash-test hook: committed, nobody woken yet
                 return group
             except lmdb.MapFullError:
                 grow: int | None = seen

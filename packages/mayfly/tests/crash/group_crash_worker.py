@@ -65,7 +65,9 @@ def main() -> None:
             for effect in session.effects:
                 if isinstance(effect, ReconcileAttempt):
                     # The step is idempotent under its key, so reconciling means completing it again.
-                    state = commit(state, CompleteAttempt(effect.node_id, effect.attempt_id, Succeeded()), fence)
+                    state = commit(
+                        state, CompleteAttempt(effect.node_id, effect.attempt_id, Succeeded()), fence
+                    )
                 elif not isinstance(effect, DispatchReady):
                     raise AssertionError(f"unexpected recovery effect {effect}")
         while not state.status.is_terminal:

@@ -31,7 +31,9 @@ WORKER = Path(__file__).with_name("group_crash_worker.py")
 RUNS = 16
 
 
-def run_worker(url: str, tmp_path: Path, mode: str, kill_after: int | None) -> subprocess.CompletedProcess[str]:
+def run_worker(
+    url: str, tmp_path: Path, mode: str, kill_after: int | None
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop(KILL_AFTER_ENV, None)
     if kill_after is not None:
@@ -81,7 +83,9 @@ def kill_in_a_group_flush_then_resume(url: str, tmp_path: Path, kill_after: int)
             records = journal.read(run_id)
             assert [r.sequence for r in records] == list(range(1, len(records) + 1))
             assert len({r.event_id for r in records}) == len(records)
-            assert [r.event_id for r in records[: len(before[run_id])]] == [r.event_id for r in before[run_id]]
+            assert [r.event_id for r in records[: len(before[run_id])]] == [
+                r.event_id for r in before[run_id]
+            ]
             outcomes: dict[str, int] = {}
             for record in records:
                 event = decode_event(record.event_type, record.schema_version, record.payload)

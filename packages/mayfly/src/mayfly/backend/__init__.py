@@ -16,7 +16,7 @@ scratch, and the contract suite certifies it the same way.
 """
 
 from mayfly.backend._files import VOLATILE_FILESYSTEMS, filesystem_type
-from mayfly.backend._group import GroupCommit
+from mayfly.backend._group import GroupCommit, group_flushed
 from mayfly.backend._journal import MAX_LIST_LIMIT, JournalBase, decode_snapshot, encode_snapshot
 from mayfly.backend._lease import LeaseGuardBase, LeaseStoreBase
 from mayfly.backend._plugin import backend_hooks
@@ -36,6 +36,7 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "filesystem_type",
+    "group_flushed",
     "notify_fifo_wakeups",
     "parse_backend_url",
 ]

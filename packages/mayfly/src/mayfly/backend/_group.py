@@ -36,7 +36,8 @@ Crash testing: with ``MAYFLY_TEST_KILL_AFTER_GROUP_FLUSH=N`` in the
 environment, the process kills itself with ``SIGKILL`` right after the N-th
 flush of two or more items returns, before any of its callers is woken
 (``tests/crash`` uses it to check that recovery keeps every acknowledged
-append and loses nothing that a later append built on).
+append and loses nothing that a later append built on). A backend with a
+group commit of its own calls :func:`group_flushed` at the same point.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from typing import Any, Final, Generic, TypeVar, final
 from mayfly.model.errors import HubNotRunning
 from mayfly.substrate import Event, current_hub, offload, spawn
 
-__all__ = ["GroupCommit"]
+__all__ = ["GroupCommit", "group_flushed"]
 
 I = TypeVar("I")  # noqa: E741 - the item type
 R = TypeVar("R")
@@ -101,7 +102,7 @@ class GroupCommit(Generic[I, R]):
     flushed one group after another, in the order they were submitted.
     """
 
-    __slots__ = ("_flush", "_flushers", "_flushes", "_key", "_kill_after", "_limit", "_local", "_name")
+    __slots__ = ("_flush", "_flushers", "_key", "_limit", "_local", "_name")
 
     def __init__(
         self,
@@ -120,9 +121,6 @@ class GroupCommit(Generic[I, R]):
         self._flushers = flushers
         self._key = key
         self._local = threading.local()
-        self._flushes = 0
-        text = os.environ.get(KILL_AFTER_ENV, "")
-        self._kill_after = int(text) if text.isdigit() else 0
 
     def submit(self, item: I) -> R:
         """Append ``item`` with the next group flush; return its result once that flush is durable."""
@@ -179,8 +177,7 @@ class GroupCommit(Generic[I, R]):
                             f"{self._name} flush returned {len(outcomes)} outcomes for {len(group)} items"
                         )
                         outcomes = [broken] * len(group)
-                    if len(group) > 1:
-                        self._after_group()
+                    group_flushed(len(group))
                 for waiter, outcome in zip(group, outcomes, strict=True):
                     if isinstance(outcome, BaseException):
                         waiter.error = outcome
@@ -212,8 +209,27 @@ class GroupCommit(Generic[I, R]):
         pending.extendleft(reversed(kept))
         return group
 
-    def _after_group(self) -> None:
-        """The crash-test hook point: between a group flush and its acknowledgements."""
-        self._flushes += 1
-        if self._kill_after and self._flushes >= self._kill_after:
+
+_kill_after: int | None = None
+_group_flushes = 0
+_count_lock = threading.Lock()
+
+
+def group_flushed(items: int) -> None:
+    """Call right after a group flush of ``items`` appends is durable, before any of them is acknowledged.
+
+    The crash-test hook point of every group commit (this kit's and a
+    backend's own): with ``MAYFLY_TEST_KILL_AFTER_GROUP_FLUSH=N`` set, the
+    N-th flush of two or more items in this process kills it with SIGKILL.
+    Without it, this does nothing.
+    """
+    global _kill_after, _group_flushes  # noqa: PLW0603 - one counter per process
+    if _kill_after is None:
+        text = os.environ.get(KILL_AFTER_ENV, "")
+        _kill_after = int(text) if text.isdigit() else 0
+    if not _kill_after or items < 2:
+        return
+    with _count_lock:
+        _group_flushes += 1
+        if _group_flushes >= _kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
