@@ -1,6 +1,6 @@
 """A worker process for the group-commit crash test: many runs driven at once on one hub.
 
-Usage: python group_crash_worker.py URL RUNS_FILE ACKS_FILE {create|resume} OWNER
+Usage: python group_crash_worker.py URL RUNS_FILE ACKS_FILE {create|resume} OWNER [LEASE_TTL_MS]
 
 ``create`` starts every run listed in RUNS_FILE (one id a line) and drives
 them all concurrently, one hub task each, so their appends meet in group
@@ -10,7 +10,8 @@ record that was acknowledged before the process died. The parent sets
 ``MAYFLY_TEST_KILL_AFTER_GROUP_FLUSH`` so that the process kills itself with
 SIGKILL between a group flush and its acknowledgements. ``resume`` resumes
 every listed run (reconciling in-flight attempts) and drives it to the end,
-printing ``done RUN STATUS``.
+printing ``done RUN STATUS`` (``absent`` for a run whose creation was never
+committed).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import sys
 
 from mayfly.commit import commit_command
+from mayfly.errors import LeaseHeld
 from mayfly.identity import Uuid7IdSource
 from mayfly.model.commands import AttemptStart, CompleteAttempt, CreateRun, StartNodes
 from mayfly.model.outcomes import Succeeded
@@ -26,7 +28,7 @@ from mayfly.model.spec import Node, RetryPolicy, WorkflowSpec
 from mayfly.model.state import RunState
 from mayfly.plugins import open_journal, open_leases
 from mayfly.recovery import DispatchReady, ReconcileAttempt, resume_run
-from mayfly.substrate import Hub, offload, spawn
+from mayfly.substrate import Hub, offload, sleep, spawn
 
 NODES = 12
 SPEC = WorkflowSpec(
@@ -41,6 +43,8 @@ SPEC = WorkflowSpec(
 
 def main() -> None:
     url, runs_file, acks_file, mode, owner = sys.argv[1:6]
+    # A store whose leases expire (PostgreSQL) gets a short TTL, so the resumer need not wait long.
+    ttl_ms = int(sys.argv[6]) if len(sys.argv) > 6 else 60_000
     with open(runs_file) as listing:
         runs = listing.read().split()
     journal, leases = open_journal(url), open_leases(url)
@@ -57,10 +61,17 @@ def main() -> None:
     def drive(run_id: str) -> str:
         if mode == "create":
             state = commit(None, CreateRun(run_id=run_id, spec=SPEC), None)  # type: ignore[arg-type]
-            lease = leases.acquire(run_id, owner, 60_000)
+            lease = leases.acquire(run_id, owner, ttl_ms)
             fence = lease.fencing_token
+        elif journal.next_sequence(run_id) == 1:
+            return "absent"  # its creation was never committed (nor acknowledged): nothing to resume
         else:
-            session = resume_run(journal, leases, run_id, owner=owner)
+            while True:
+                try:
+                    session = resume_run(journal, leases, run_id, owner=owner)
+                    break
+                except LeaseHeld:
+                    sleep(0.2)  # the killed owner's lease has not expired yet
             state, fence = session.state, session.fence
             for effect in session.effects:
                 if isinstance(effect, ReconcileAttempt):

@@ -75,11 +75,17 @@ def kill_in_a_group_flush_then_resume(url: str, tmp_path: Path, kill_after: int)
 
     resumed = run_worker(url, tmp_path, "resume", None)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert sorted(resumed.stdout.split("\n")[:-1]) == sorted(f"done {run_id} succeeded" for run_id in runs)
+    # A run whose creation was still queued at the kill was never committed, nor acknowledged.
+    expected = [f"done {run_id} {'succeeded' if before[run_id] else 'absent'}" for run_id in runs]
+    assert sorted(resumed.stdout.split("\n")[:-1]) == sorted(expected)
+    assert sum(1 for run_id in runs if before[run_id]) >= 2  # the fatal flush held two or more
 
     journal = open_journal(url)
     try:
         for run_id in runs:
+            if not before[run_id]:
+                assert journal.read(run_id) == []
+                continue
             records = journal.read(run_id)
             assert [r.sequence for r in records] == list(range(1, len(records) + 1))
             assert len({r.event_id for r in records}) == len(records)

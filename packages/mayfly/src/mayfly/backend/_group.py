@@ -93,16 +93,18 @@ class _Queue:
 class GroupCommit(Generic[I, R]):
     """Queue appends from many hub tasks and flush them in groups (see the module docstring).
 
-    ``flush(items)`` runs on an offload thread and returns one outcome per
+    ``flush(items)`` runs on an offload thread (by default) and returns one outcome per
     item, in order: its result, or the exception to raise in its caller.
     ``limit`` caps the items of one flush; ``flushers`` how many flushes of
-    one hub may run at once. With ``key`` (say, the item's run id), one
+    one hub may run at once. ``offload=False`` runs ``flush`` in the
+    flusher task itself, for a backend whose I/O parks on the hub (sockets).
+    With ``key`` (say, the item's run id), one
     group holds at most one item per key: a later item of a key already in
     the group waits for the next group, so the items of one key are
     flushed one group after another, in the order they were submitted.
     """
 
-    __slots__ = ("_flush", "_flushers", "_key", "_limit", "_local", "_name")
+    __slots__ = ("_flush", "_flushers", "_key", "_limit", "_local", "_name", "_offload")
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class GroupCommit(Generic[I, R]):
         limit: int = 512,
         flushers: int = 1,
         key: Callable[[I], object] | None = None,
+        offload: bool = True,
     ) -> None:
         if limit < 1 or flushers < 1:
             raise ValueError(f"limit and flushers must be at least 1, got {limit} and {flushers}")
@@ -120,6 +123,7 @@ class GroupCommit(Generic[I, R]):
         self._limit = limit
         self._flushers = flushers
         self._key = key
+        self._offload = offload
         self._local = threading.local()
 
     def submit(self, item: I) -> R:
@@ -168,7 +172,10 @@ class GroupCommit(Generic[I, R]):
                     queue.flushers += 1
                     spawn(self._run_flusher, queue, name=f"{self._name}-group-commit")
                 try:
-                    outcomes: Sequence[Any] = offload(self._flush, [waiter.item for waiter in group])
+                    items = [waiter.item for waiter in group]
+                    outcomes: Sequence[Any] = (
+                        offload(self._flush, items) if self._offload else self._flush(items)
+                    )
                 except BaseException as error:  # the flusher was cancelled or the flush itself broke
                     outcomes = [error] * len(group)
                 else:
