@@ -96,3 +96,23 @@ def test_a_cancelled_caller_not_yet_taken_is_never_flushed() -> None:
 
     assert Hub().run(main) == 0
     assert recorder.groups == [[("a", 0)]]
+
+
+def test_a_key_being_flushed_is_not_taken_by_a_second_flusher() -> None:
+    recorder = Recorder()
+    group: GroupCommit[tuple[str, int], int] = GroupCommit(
+        recorder.flush, name="t", key=lambda item: item[0], flushers=2
+    )
+
+    def main() -> list[int]:
+        recorder.release.clear()
+        tasks = [spawn(group.submit, ("a", 0))]
+        sleep(0.05)  # the first flusher holds "a"
+        tasks += [spawn(group.submit, ("a", 2)), spawn(group.submit, ("b", 2))]
+        sleep(0.05)  # the second flusher took "b" alone: "a" is busy
+        recorder.release.set()
+        return [task.join() for task in tasks]
+
+    assert Hub().run(main) == [0, 20, 20]
+    assert sorted(recorder.groups) == [[("a", 0)], [("a", 2)], [("b", 2)]]
+    assert recorder.groups[-1] == [("a", 2)]  # after the group that held "a" before it

@@ -81,12 +81,13 @@ class _Waiter(Generic[I, R]):
 class _Queue:
     """One hub's queued items and how many flushers it runs now."""
 
-    __slots__ = ("flushers", "hub", "pending")
+    __slots__ = ("busy", "flushers", "hub", "pending")
 
     def __init__(self, hub: object) -> None:
         self.hub = hub
         self.pending: deque[_Waiter[Any, Any]] = deque()
         self.flushers = 0
+        self.busy: set[object] = set()  # the keys of the groups being flushed now
 
 
 @final
@@ -166,7 +167,9 @@ class GroupCommit(Generic[I, R]):
         """A flusher task: flush groups until the queue is empty."""
         try:
             while queue.pending:
-                group = self._take(queue)
+                group, keys = self._take(queue)
+                if not group:
+                    break  # every queued key is being flushed: those flushers take them next
                 if queue.pending and queue.flushers < self._flushers:
                     # More is queued than this group takes: another flusher starts on it now.
                     queue.flushers += 1
@@ -185,6 +188,7 @@ class GroupCommit(Generic[I, R]):
                         )
                         outcomes = [broken] * len(group)
                     group_flushed(len(group))
+                queue.busy -= keys
                 for waiter, outcome in zip(group, outcomes, strict=True):
                     if isinstance(outcome, BaseException):
                         waiter.error = outcome
@@ -194,27 +198,33 @@ class GroupCommit(Generic[I, R]):
         finally:
             queue.flushers -= 1
 
-    def _take(self, queue: _Queue) -> list[_Waiter[Any, Any]]:
-        """The next group: queued items in order, up to ``limit``, at most one per key."""
+    def _take(self, queue: _Queue) -> tuple[list[_Waiter[Any, Any]], set[object]]:
+        """The next group and its keys: queued items in order, up to ``limit``, at most one per key.
+
+        A key already being flushed by another group is skipped too, so a
+        key's items are flushed strictly one group after another.
+        """
         pending = queue.pending
         # With several flushers, the queue is shared among them: a flusher takes its share.
         share = -(-len(pending) // self._flushers)
         limit = min(self._limit, max(share, _MIN_SHARE))
-        if self._key is None:
-            return [pending.popleft() for _ in range(min(len(pending), limit))]
-        group: list[_Waiter[Any, Any]] = []
         keys: set[object] = set()
+        if self._key is None:
+            return [pending.popleft() for _ in range(min(len(pending), limit))], keys
+        group: list[_Waiter[Any, Any]] = []
         kept: list[_Waiter[Any, Any]] = []
+        busy = queue.busy
         while pending and len(group) < limit:
             waiter = pending.popleft()
             key = self._key(waiter.item)
-            if key in keys:
-                kept.append(waiter)  # waits for the next group, still ahead of everything behind it
+            if key in keys or key in busy:
+                kept.append(waiter)  # waits for a later group, still ahead of everything behind it
             else:
                 keys.add(key)
                 group.append(waiter)
         pending.extendleft(reversed(kept))
-        return group
+        busy |= keys
+        return group, keys
 
 
 _kill_after: int | None = None

@@ -420,7 +420,8 @@ class LocalWorkflowJournal(JournalBase):
         sees a frame before it is durable and no grant slips in between:
 
         1. each batch is checked on its own (fencing token, expected sequence,
-           event ids); a refused one gets its error, nothing of it is written;
+           event ids), in run-id order; a refused one gets its error, nothing
+           of it is written;
         2. the run-index entries of the remaining batches are written, more
            claimable first, in one SQLite transaction (one sync); a batch
            whose dedup id a live run holds is refused there;
@@ -435,8 +436,12 @@ class LocalWorkflowJournal(JournalBase):
         outcomes: list[AppendResult | BaseException | None] = [None] * count
         opened: list[tuple[str, threading.Lock, int, bool]] = []
         staged: list[tuple[int, int, _frames.RunIndex]] = []  # (item, fd, index) to write
+        # Locks are taken in run-id order, so two groups (flushers here or in another process)
+        # that share runs wait for each other instead of deadlocking.
+        order = sorted(range(count), key=lambda i: items[i][0])
         try:
-            for i, (run_id, expected_next, batch, fence, _entry) in enumerate(items):
+            for i in order:
+                run_id, expected_next, batch, fence, _ = items[i]
                 try:
                     lock = self._run_lock(run_id)
                     lock.acquire()
