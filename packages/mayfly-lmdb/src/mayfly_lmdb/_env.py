@@ -48,7 +48,7 @@ from typing import Any, Final, TypeVar, final
 
 import lmdb
 
-from mayfly.backend import VOLATILE_FILESYSTEMS, filesystem_type, group_flushed
+from mayfly.backend import VOLATILE_FILESYSTEMS, filesystem_type
 from mayfly.errors import (
     CompatibilityError,
     CorruptionError,
@@ -58,7 +58,7 @@ from mayfly.errors import (
     LimitExceeded,
     MayflyError,
 )
-from mayfly.substrate import Event, Hub, HubNotRunning, checkpoint, current_hub, offload
+from mayfly.substrate import Event, Hub, HubNotRunning, checkpoint, current_hub, group_flushed, offload
 from mayfly_lmdb._codec import FORMAT
 from mayfly_lmdb._url import LmdbTarget, format_size
 

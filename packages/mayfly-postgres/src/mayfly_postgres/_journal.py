@@ -37,7 +37,7 @@ from typing import Any, Final, TypeAlias, final
 import psycopg
 from psycopg import sql
 
-from mayfly.backend import GroupCommit, JournalBase
+from mayfly.backend import JournalBase
 from mayfly.errors import (
     ConflictingRecord,
     CorruptionError,
@@ -59,6 +59,7 @@ from mayfly.lease import RecoveryLeaseGuard, validate_acquire
 from mayfly.queues import QueueSettings, QueueUsage, check_held
 from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
+from mayfly.substrate import GroupCommit
 from mayfly_postgres._index import (
     IndexStatements,
     PostgresWakeupListener,
@@ -394,7 +395,7 @@ class PostgresJournal(JournalBase):
     def _flush_group(self, items: Sequence[_Item]) -> list[AppendResult | BaseException]:
         """Append a group of batches (one per run) in one transaction: one commit, one WAL flush.
 
-        Runs in the group-commit flusher task (:class:`~mayfly.backend.GroupCommit`,
+        Runs in the group-commit flusher task (:class:`~mayfly.substrate.GroupCommit`,
         on the hub). A lone batch takes the usual path. A group is sent on one
         connection inside ``BEGIN``/``COMMIT``, in run-id order (so two groups
         lock rows in one order, and with claims entry before run), each batch

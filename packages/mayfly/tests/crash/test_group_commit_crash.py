@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from mayfly.backend._group import KILL_AFTER_ENV
 from mayfly.identity import Uuid7IdSource
 from mayfly.model.events import NodeOutcomeCommitted
 from mayfly.model.state import RunStatus
 from mayfly.plugins import open_journal
 from mayfly.recovery import replay_run
 from mayfly.reducer import decode_event
+from mayfly.substrate._group import KILL_AFTER_ENV
 
 WORKER = Path(__file__).with_name("group_crash_worker.py")
 RUNS = 16

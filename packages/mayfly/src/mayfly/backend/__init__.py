@@ -6,7 +6,6 @@ implement the public methods of :class:`~mayfly.journal.WorkflowJournal`,
 :class:`~mayfly.lease.RecoveryLeaseStore` and
 :class:`~mayfly.lease.RecoveryLeaseGuard` once, with the validation, the
 closed-state checks and the error wording the contract suite expects.
-:class:`GroupCommit` flushes many hub tasks' appends together (group commit).
 :func:`parse_backend_url` turns a URL into the location and a backend-declared
 options struct, and :func:`backend_hooks` is the plugin in one line.
 ``docs/writing-a-backend.md`` walks through a backend built on the kit.
@@ -16,7 +15,6 @@ scratch, and the contract suite certifies it the same way.
 """
 
 from mayfly.backend._files import VOLATILE_FILESYSTEMS, filesystem_type
-from mayfly.backend._group import GroupCommit, group_flushed
 from mayfly.backend._journal import MAX_LIST_LIMIT, JournalBase, decode_snapshot, encode_snapshot
 from mayfly.backend._lease import LeaseGuardBase, LeaseStoreBase
 from mayfly.backend._plugin import backend_hooks
@@ -28,7 +26,6 @@ __all__ = [
     "VOLATILE_FILESYSTEMS",
     "BackendURL",
     "FifoWakeupListener",
-    "GroupCommit",
     "JournalBase",
     "LeaseGuardBase",
     "LeaseStoreBase",
@@ -36,7 +33,6 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "filesystem_type",
-    "group_flushed",
     "notify_fifo_wakeups",
     "parse_backend_url",
 ]

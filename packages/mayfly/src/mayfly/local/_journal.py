@@ -67,7 +67,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Final, TypeAlias, final
 
-from mayfly.backend import FifoWakeupListener, GroupCommit, JournalBase, notify_fifo_wakeups
+from mayfly.backend import FifoWakeupListener, JournalBase, notify_fifo_wakeups
 from mayfly.journal import (
     AppendResult,
     Durability,
@@ -101,6 +101,7 @@ from mayfly.model.ids import is_uuid, parse_run_id
 from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
 from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
+from mayfly.substrate import GroupCommit
 
 __all__ = ["LocalWorkflowJournal"]
 
@@ -414,7 +415,7 @@ class LocalWorkflowJournal(JournalBase):
     def _flush_group(self, items: Sequence[_Item]) -> list[AppendResult | BaseException]:
         """Append one group of batches, each to a different run, with one sync per file (group commit).
 
-        Runs on an offload thread (:class:`~mayfly.backend.GroupCommit`), or
+        Runs on an offload thread (:class:`~mayfly.substrate.GroupCommit`), or
         inline in ``write`` mode. In four steps, holding every run's thread
         lock and exclusive ``flock`` from the first to the last, so no reader
         sees a frame before it is durable and no grant slips in between:

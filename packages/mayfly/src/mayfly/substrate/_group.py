@@ -3,7 +3,8 @@
 A worker drives many runs on one hub, and each run's driver appends and
 waits for its commit. Flushed one by one, N runs cost N disk flushes (or N
 server round trips). A backend instead hands each append to its
-:class:`GroupCommit`: the append is queued, a flusher task of the hub takes
+:class:`GroupCommit` (a hub primitive, so it lives with the hub: a backend
+imports it from :mod:`mayfly.substrate`): the append is queued, a flusher task of the hub takes
 every queued append at once and calls the backend's ``flush`` with all of
 them on one offload thread (one write transaction, one ``fdatasync`` per
 file, one round trip), then wakes each caller with its own outcome. Appends
@@ -51,7 +52,8 @@ from contextlib import suppress
 from typing import Any, Final, Generic, TypeVar, final
 
 from mayfly.model.errors import HubNotRunning
-from mayfly.substrate import Event, current_hub, offload, spawn
+from mayfly.substrate._hub import current_hub, offload, spawn
+from mayfly.substrate._sync import Event
 
 __all__ = ["GroupCommit", "group_flushed"]
 
