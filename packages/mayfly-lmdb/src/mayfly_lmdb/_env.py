@@ -58,7 +58,7 @@ from mayfly.errors import (
     LimitExceeded,
     MayflyError,
 )
-from mayfly.substrate import Event, Hub, HubNotRunning, checkpoint, current_hub, offload
+from mayfly.substrate import Event, Hub, HubNotRunning, checkpoint, current_hub, group_flushed, offload
 from mayfly_lmdb._codec import FORMAT
 from mayfly_lmdb._url import LmdbTarget, format_size
 
@@ -584,6 +584,7 @@ class SharedEnv:
                     raise
                 self.commits += 1
                 self.writes += len(group)
+                group_flushed(len(group))  # the crash-test hook: committed, nobody woken yet
                 return group
             except lmdb.MapFullError:
                 grow: int | None = seen

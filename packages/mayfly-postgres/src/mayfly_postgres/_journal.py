@@ -32,7 +32,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, TypeAlias, final
 
 import psycopg
 from psycopg import sql
@@ -59,6 +59,7 @@ from mayfly.lease import RecoveryLeaseGuard, validate_acquire
 from mayfly.queues import QueueSettings, QueueUsage, check_held
 from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
+from mayfly.substrate import GroupCommit
 from mayfly_postgres._index import (
     IndexStatements,
     PostgresWakeupListener,
@@ -69,7 +70,7 @@ from mayfly_postgres._index import (
     row_entry,
 )
 from mayfly_postgres._lease import PostgresLeaseStore
-from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
+from mayfly_postgres._pool import HubConnection, in_hub_task, is_transient, pause, unavailable
 from mayfly_postgres._schedules import PostgresSchedules, ScheduleStatements
 from mayfly_postgres._store import Store, open_store
 
@@ -98,6 +99,15 @@ class _OnceEntry:
         if self._entry is None:
             self._entry = self._make()
         return self._entry
+
+
+_Item: TypeAlias = tuple[str, int, tuple[JournalRecord, ...], int | None, _OnceEntry | None]
+"""One queued append: run id, expected next sequence, batch, fencing token, run-index entry."""
+
+
+def _run_of(item: _Item) -> str:
+    """A queued append's run: one group transaction holds at most one batch per run."""
+    return item[0]
 
 
 def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]:
@@ -332,6 +342,15 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         self._schedule_sql = ScheduleStatements(self._store)
         self._leases: PostgresLeaseStore | None = None
         self._leases_lock = threading.Lock()
+        # Group transactions in flight at once, each on its own connection: half the pool,
+        # so reads, claims and grants still find connections.
+        self._group: GroupCommit[_Item, AppendResult] = GroupCommit(
+            self._flush_group,
+            name="postgres-journal",
+            key=_run_of,
+            offload=False,
+            flushers=max(1, self._store.settings.pool_size // 2),
+        )
         super().__init__(
             url=self._store.settings.url,
             capabilities=JournalCapabilities.declare(
@@ -356,6 +375,8 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
         """Compare-and-append an atomic batch under the run's fencing token (see the module doc)."""
+        if in_hub_task():
+            return self._group.submit((run_id, expected_next, batch, fence, None))
         return self._append_batch(run_id, expected_next, batch, fence, None)
 
     def _append_indexed(
@@ -367,7 +388,84 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         entry: Callable[[], IndexEntry],
     ) -> AppendResult:
         """The append, and the run's index entry in the same transaction (see the module doc)."""
+        if in_hub_task():
+            return self._group.submit((run_id, expected_next, batch, fence, _OnceEntry(entry)))
         return self._append_batch(run_id, expected_next, batch, fence, _OnceEntry(entry))
+
+    # -- group commit: many runs' appends in one transaction -----------------------------
+
+    def _flush_group(self, items: Sequence[_Item]) -> list[AppendResult | BaseException]:
+        """Append a group of batches (one per run) in one transaction: one commit, one WAL flush.
+
+        Runs in the group-commit flusher task (:class:`~mayfly.substrate.GroupCommit`,
+        on the hub). A lone batch takes the usual path. A group is sent on one
+        connection inside ``BEGIN``/``COMMIT``, in run-id order (so two groups
+        lock rows in one order, and with claims entry before run), each batch
+        through the same compare-and-append statement as alone, each indexed
+        batch's entry upserted once its statement inserted the batch. Only
+        the batches whose statement inserted them are acknowledged from the
+        group's commit. Every other batch — refused by its statement (a
+        stale fence, a lost race, an exact re-append), or all of them when the
+        transaction failed (an event id already used, a dedup id held, a lost
+        connection, even during ``COMMIT``) — then takes the usual path on
+        its own, which classifies it, retries it, or recognises it as already
+        committed (an exact re-append), so a batch is never written twice and
+        one run's refusal never fails another's append.
+        """
+        if len(items) == 1:
+            return [self._outcome(items[0])]
+        order = sorted(range(len(items)), key=lambda i: items[i][0])
+        try:
+            committed = self._append_together([items[i] for i in order])
+        except (psycopg.Error, CorruptionError):
+            committed = [False] * len(items)  # nothing of the group was committed, or it is unknown
+        outcomes: list[AppendResult | BaseException] = [JournalUnavailable("not attempted")] * len(items)
+        for position, i in enumerate(order):
+            run_id, _, batch, _, _ = items[i]
+            outcomes[i] = self.acknowledged(run_id, batch) if committed[position] else self._outcome(items[i])
+        return outcomes
+
+    def _outcome(self, item: _Item) -> AppendResult | BaseException:
+        try:
+            return self._append_batch(*item)
+        except Exception as error:  # this batch's outcome, raised in its own caller
+            return error
+
+    def _append_together(self, items: Sequence[_Item]) -> list[bool]:
+        """One transaction appending every batch it can; which ones it inserted (raises: none committed).
+
+        Two pipelines, so a group costs a few round trips whatever its size:
+        the compare-and-append statements (their counts read back before
+        anything commits), then the entries of the indexed batches that were
+        inserted, and ``COMMIT``.
+        """
+        now_ms = int(time.time() * 1000)
+        statements = self._sql
+        with self._store.pool.connection() as connection, connection.transaction():
+            with connection.pipeline():
+                cursors = []
+                for run_id, expected_next, batch, fence, entry in items:
+                    parameters = self._parameters(run_id, expected_next, batch, fence)
+                    if entry is None:
+                        first, later = statements.append_first, statements.append_next
+                    else:
+                        first, later = statements.append_first_indexed, statements.append_next_indexed
+                    cursors.append(connection.execute(first if expected_next == 1 else later, parameters))
+            inserted: list[bool] = []
+            for (run_id, _, batch, _, _), cursor in zip(items, cursors, strict=True):
+                count = cursor.rowcount
+                if count not in (0, len(batch)):
+                    # Rolled back; the batch's own append then reports it (see _append_batch).
+                    raise CorruptionError(f"{self.url}: run {run_id}: {count} of {len(batch)} inserted")
+                inserted.append(count == len(batch))
+            with connection.pipeline():
+                for (_, _, _, fence, entry), done in zip(items, inserted, strict=True):
+                    if done and entry is not None:
+                        value = entry.get()
+                        announce = fence is None and claimable_now(value, now_ms)
+                        index = self._index_sql.put_one_notify if announce else self._index_sql.put_one
+                        connection.execute(index, entry_parameters(value))
+        return inserted
 
     def _append_batch(
         self,
@@ -377,21 +475,7 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         fence: int | None,
         entry: _OnceEntry | None,
     ) -> AppendResult:
-        workflow, status = _inspection(batch)
-        parameters: dict[str, Any] = {
-            "run": run_id,
-            "expected": expected_next,
-            "next": expected_next + len(batch),
-            "fence": 0 if fence is None else fence,
-            "workflow": workflow,
-            "status": status,
-            "sequences": [r.sequence for r in batch],
-            "event_ids": [r.event_id for r in batch],
-            "types": [r.event_type for r in batch],
-            "versions": [r.schema_version for r in batch],
-            "payloads": [r.payload for r in batch],
-            "checksums": [r.checksum for r in batch],
-        }
+        parameters = self._parameters(run_id, expected_next, batch, fence)
         statement = self._sql.append_first if expected_next == 1 else self._sql.append_next
         acknowledged = self.acknowledged(run_id, batch)
         pool = self._store.pool
@@ -445,6 +529,27 @@ class PostgresJournal(PostgresSchedules, JournalBase):
                     "records table although runs.next_sequence and the fence allow it; the tables "
                     "disagree, inspect the run's rows before writing again"
                 )
+
+    @staticmethod
+    def _parameters(
+        run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
+    ) -> dict[str, Any]:
+        """The compare-and-append statement's parameters for one batch."""
+        workflow, status = _inspection(batch)
+        return {
+            "run": run_id,
+            "expected": expected_next,
+            "next": expected_next + len(batch),
+            "fence": 0 if fence is None else fence,
+            "workflow": workflow,
+            "status": status,
+            "sequences": [r.sequence for r in batch],
+            "event_ids": [r.event_id for r in batch],
+            "types": [r.event_type for r in batch],
+            "versions": [r.schema_version for r in batch],
+            "payloads": [r.payload for r in batch],
+            "checksums": [r.checksum for r in batch],
+        }
 
     def _append_with_entry(
         self,

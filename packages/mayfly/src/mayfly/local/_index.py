@@ -247,6 +247,39 @@ class LocalRunIndex:
         self._remember(entry)
         return wrote
 
+    def before_append_many(self, entries: Sequence[IndexEntry]) -> list[DuplicateRun | None]:
+        """:meth:`before_append` for the entries of one group flush, in one transaction (one sync).
+
+        Each entry is decided on its own: one whose queue's dedup id a live
+        run holds gets its ``DuplicateRun`` in its slot (and its batch is not
+        written), and the others are stored. The entries name distinct runs.
+        """
+        outcomes: list[DuplicateRun | None] = [None] * len(entries)
+        todo = [
+            (i, entry)
+            for i, entry in enumerate(entries)
+            if (known := self._written.get(entry.run_id)) is None or more_claimable(entry, known)
+        ]
+        if not todo:
+            return outcomes
+        refused: list[int] = []
+        with self._transaction(synced=self._durable) as db:
+            for i, entry in todo:
+                row = db.execute(f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (entry.run_id,)).fetchone()
+                if more_claimable(entry, None if row is None else _entry(row)):
+                    try:
+                        db.execute(_UPSERT, _row(entry))
+                    except sqlite3.IntegrityError:
+                        refused.append(i)  # a statement's failure leaves the transaction open
+        for i in refused:
+            entry = entries[i]
+            assert entry.dedup_id is not None
+            outcomes[i] = DuplicateRun(entry.run_id, entry.queue, entry.dedup_id, self.dedup_holder(entry))
+        for i, entry in todo:
+            if outcomes[i] is None:
+                self._remember(entry)
+        return outcomes
+
     def dedup_holder(self, entry: IndexEntry) -> str | None:
         """The live run other than ``entry``'s that holds its queue's dedup id, if any."""
         rows = self._query(

@@ -58,13 +58,14 @@ costs the end, not the history:
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, Final, final
+from typing import Any, Final, TypeAlias, final
 
 from mayfly.backend import FifoWakeupListener, JournalBase, notify_fifo_wakeups
 from mayfly.journal import (
@@ -101,6 +102,7 @@ from mayfly.model.ids import is_uuid, parse_run_id
 from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
 from mayfly.queues import check_queue_name as _check_queue
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
+from mayfly.substrate import GroupCommit
 
 __all__ = ["LocalWorkflowJournal"]
 
@@ -113,6 +115,11 @@ _FEATURES: Final = (
 )
 _QUEUE_LOCK: Final = "queues.lock"
 _LISTING_SETTLE_NS: Final = 2_000_000_000
+# Group flushes of one hub that may run at once: ext4's journal merges concurrent fdatasyncs into
+# shared commits (measured: 100 files synced from 4 threads take 0.43x the time of one thread).
+_GROUP_FLUSHERS: Final = 8
+_Item: TypeAlias = tuple[str, int, tuple[JournalRecord, ...], int | None, Callable[[], IndexEntry] | None]
+"""One queued append: run id, expected next sequence, batch, fencing token, run-index entry maker."""
 
 
 @final
@@ -143,6 +150,9 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         self._listing: tuple[tuple[int, int], list[str]] | None = None
         self._index_db: LocalRunIndex | None = None
         self._leases: LocalLeaseStore | None = None
+        self._group: GroupCommit[_Item, AppendResult] = GroupCommit(
+            self._flush_group, name="file-journal", flushers=_GROUP_FLUSHERS, key=_run_of
+        )
         super().__init__(
             url=target.url, capabilities=JournalCapabilities.declare(target.durability, _FEATURES)
         )
@@ -380,8 +390,8 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         self, run_id: str, expected_next: int, batch: tuple[JournalRecord, ...], fence: int | None
     ) -> AppendResult:
         if self._durability is Durability.DURABLE:
-            return off_hub(self._append_batch, run_id, expected_next, batch, fence, None)
-        return self._append_batch(run_id, expected_next, batch, fence, None)
+            return self._group.submit((run_id, expected_next, batch, fence, None))
+        return self._append_one((run_id, expected_next, batch, fence, None))
 
     def _append_indexed(
         self,
@@ -393,58 +403,171 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
     ) -> AppendResult:
         self._run_index()  # opened before the run's lock is taken
         if self._durability is Durability.DURABLE:
-            return off_hub(self._append_batch, run_id, expected_next, batch, fence, entry)
-        return self._append_batch(run_id, expected_next, batch, fence, entry)
+            return self._group.submit((run_id, expected_next, batch, fence, entry))
+        return self._append_one((run_id, expected_next, batch, fence, entry))
 
-    def _append_batch(
-        self,
-        run_id: str,
-        expected_next: int,
-        batch: tuple[JournalRecord, ...],
-        fence: int | None,
-        entry: Callable[[], IndexEntry] | None,
-    ) -> AppendResult:
-        # Explicit lock/try blocks instead of context managers: this is the hot path.
-        lock = self._run_lock(run_id)
-        lock.acquire()
+    def _append_one(self, item: _Item) -> AppendResult:
+        """One append flushed alone (``write`` and ``flush`` mode: there is no sync to share)."""
+        (outcome,) = self._flush_group((item,))
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _flush_group(self, items: Sequence[_Item]) -> list[AppendResult | BaseException]:
+        """Append one group of batches, each to a different run, with one sync per file (group commit).
+
+        Runs on an offload thread (:class:`~mayfly.substrate.GroupCommit`), or
+        inline in ``write`` mode. In four steps, holding every run's thread
+        lock and exclusive ``flock`` from the first to the last, so no reader
+        sees a frame before it is durable and no grant slips in between:
+
+        1. each batch is checked on its own (fencing token, expected sequence,
+           event ids), in run-id order; a refused one gets its error, nothing
+           of it is written;
+        2. the run-index entries of the remaining batches are written, more
+           claimable first, in one SQLite transaction (one sync); a batch
+           whose dedup id a live run holds is refused there;
+        3. the frames are written, then, in ``fsync`` mode, the ``runs/``
+           directory is fsynced once for all the files created, and each file
+           written is ``fdatasync``-ed; a file whose write or sync fails is
+           cut back to where the group found it and its batch fails;
+        4. the exact run-index entries are recorded, and the results returned;
+           no caller is woken before this returns.
+        """
+        count = len(items)
+        outcomes: list[AppendResult | BaseException | None] = [None] * count
+        opened: list[tuple[str, threading.Lock, int, bool]] = []
+        staged: list[tuple[int, int, _frames.RunIndex]] = []  # (item, fd, index) to write
+        # Locks are taken in run-id order, so two groups (flushers here or in another process)
+        # that share runs wait for each other instead of deadlocking.
+        order = sorted(range(count), key=lambda i: items[i][0])
         try:
-            fd = open_run_file(self._layout, run_id, create=True, durable=self._durable_files)
-            assert fd is not None  # created when absent
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                index = self._index(run_id, fd, exclusive=True)
-                self.check_fence(run_id, fence, read_fence(self._layout, run_id))
-                if expected_next != index.next_sequence:
-                    return self.refused(
-                        run_id,
-                        expected_next,
-                        batch,
-                        actual_next=index.next_sequence,
-                        stored_at=lambda sequence: self._stored(fd, index, run_id, sequence),
-                        sequence_of=index.event_ids.get,
-                    )
-                for record in batch:
-                    used = index.event_ids.get(record.event_id)
-                    if used is not None:
-                        raise self.event_id_taken(run_id, record.event_id, used)
-                if entry is None:
-                    self._write(run_id, fd, index, batch)
-                else:
-                    # The write order of the run index (see mayfly.local._index): a more claimable
-                    # entry before the frames, the exact one after, both under this run's lock.
-                    new_entry = entry()
-                    db = self._run_index()
-                    db.before_append(new_entry)  # refuses a live run's dedup id: no frame written yet
-                    self._write(run_id, fd, index, batch)
-                    db.after_append(new_entry)
-            finally:
-                # Unlock explicitly: a child forked meanwhile may share the descriptor.
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
+            for i in order:
+                run_id, expected_next, batch, fence, _ = items[i]
+                try:
+                    lock = self._run_lock(run_id)
+                    lock.acquire()
+                    try:
+                        fd = open_run_file(self._layout, run_id, create=False)
+                        created = fd is None
+                        if fd is None:
+                            # Its directory entry is fsynced once for the whole group (_sync_group).
+                            fd = open_run_file(self._layout, run_id, create=True, durable=False)
+                            assert fd is not None  # created when absent
+                    except BaseException:
+                        lock.release()
+                        self._run_unlock(run_id)
+                        raise
+                    opened.append((run_id, lock, fd, created))
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    index = self._index(run_id, fd, exclusive=True)
+                    self.check_fence(run_id, fence, read_fence(self._layout, run_id))
+                    if expected_next != index.next_sequence:
+                        outcomes[i] = self.refused(
+                            run_id,
+                            expected_next,
+                            batch,
+                            actual_next=index.next_sequence,
+                            stored_at=functools.partial(self._stored, fd, index, run_id),
+                            sequence_of=index.event_ids.get,
+                        )
+                        continue
+                    for record in batch:
+                        used = index.event_ids.get(record.event_id)
+                        if used is not None:
+                            raise self.event_id_taken(run_id, record.event_id, used)
+                    staged.append((i, fd, index))
+                except Exception as error:  # it is this batch's outcome
+                    outcomes[i] = error
+            entries: dict[int, IndexEntry] = {}
+            if any(items[i][4] is not None for i, _, _ in staged):
+                db = self._run_index()
+                wanted: list[int] = []
+                for i, _, _ in staged:
+                    make = items[i][4]
+                    if make is None:
+                        continue
+                    try:
+                        entries[i] = make()
+                    except Exception as error:  # it is this batch's outcome
+                        outcomes[i] = error
+                        continue
+                    wanted.append(i)
+                try:
+                    refusals = db.before_append_many([entries[i] for i in wanted])
+                except Exception as error:  # nothing written: every indexed batch fails
+                    refusals = [error] * len(wanted)  # type: ignore[list-item]
+                for i, refusal in zip(wanted, refusals, strict=True):
+                    if refusal is not None:
+                        outcomes[i] = refusal
+                staged = [(i, fd, index) for i, fd, index in staged if outcomes[i] is None]
+            bases: dict[int, int] = {}
+            for i, fd, index in staged:
+                bases[i] = index.end
+                try:
+                    self._write(items[i][0], fd, index, items[i][2], sync=False)
+                except Exception as error:  # _write cut the file back
+                    outcomes[i] = error
+            staged = [(i, fd, index) for i, fd, index in staged if outcomes[i] is None]
+            if self._durability is Durability.DURABLE and staged:
+                self._sync_group(items, staged, bases, opened, outcomes)
+            for i, _, _ in staged:
+                if outcomes[i] is not None:
+                    continue
+                run_id, _, batch, _, _ = items[i]
+                entry = entries.get(i)
+                if entry is not None:
+                    try:
+                        self._run_index().after_append(entry)
+                    except Exception as error:  # as before group commit: the caller sees it
+                        outcomes[i] = error
+                        continue
+                outcomes[i] = self.acknowledged(run_id, batch)
         finally:
-            lock.release()
-            self._run_unlock(run_id)
-        return self.acknowledged(run_id, batch)
+            for run_id, lock, fd, _ in opened:
+                try:
+                    # Unlock explicitly: a child forked meanwhile may share the descriptor.
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+                finally:
+                    lock.release()
+                    self._run_unlock(run_id)
+        missing = JournalUnavailable("append not attempted")
+        return [missing if outcome is None else outcome for outcome in outcomes]
+
+    def _sync_group(
+        self,
+        items: Sequence[_Item],
+        staged: list[tuple[int, int, _frames.RunIndex]],
+        bases: dict[int, int],
+        opened: list[tuple[str, threading.Lock, int, bool]],
+        outcomes: list[AppendResult | BaseException | None],
+    ) -> None:
+        """Make a group's frames durable: one ``runs/`` fsync for the new files, one fdatasync per file."""
+        created = {run_id for run_id, _, _, new in opened if new}
+        failure: OSError | None = None
+        if any(items[i][0] in created for i, _, _ in staged):
+            try:
+                sync_directory(self._layout.runs)
+            except OSError as error:
+                failure = error
+        for i, fd, _ in staged:
+            run_id = items[i][0]
+            problem = failure if run_id in created else None
+            if problem is None:
+                try:
+                    sync_data(fd)
+                except OSError as error:
+                    problem = error
+            if problem is not None:
+                # Nothing of it was acknowledged: cut it back so the file ends on a committed batch.
+                self._forget(run_id)
+                with suppress(OSError):
+                    os.ftruncate(fd, bases[i])
+                outcomes[i] = JournalUnavailable(
+                    f"append to run {run_id} failed to reach the disk: {problem}; "
+                    "nothing was acknowledged, retry when the disk is writable"
+                )
 
     @staticmethod
     def _stored(fd: int, index: _frames.RunIndex, run_id: str, sequence: int) -> JournalRecord | None:
@@ -462,6 +585,8 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         fd: int,
         index: _frames.RunIndex,
         batch: tuple[JournalRecord, ...],
+        *,
+        sync: bool = True,
     ) -> None:
         frames = _frames.encode_batch(batch)
         data = b"".join(frames)
@@ -469,7 +594,7 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         try:
             while written < len(data):
                 written += os.write(fd, data[written:])
-            if self._durability is Durability.DURABLE:
+            if sync and self._durability is Durability.DURABLE:
                 sync_data(fd)
         except OSError as error:
             # Nothing was acknowledged: cut the partial batch so the file ends
@@ -1071,6 +1196,11 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
             if self._leases is not None:
                 self._leases.close()
                 self._leases = None
+
+
+def _run_of(item: _Item) -> str:
+    """A queued append's run: one group flush holds at most one batch per run."""
+    return item[0]
 
 
 def _room(queue: QueueSettings, used: QueueUsage, held: Mapping[str, int]) -> int:

@@ -5,7 +5,8 @@ Everything that runs, waits or sleeps inside Mayfly does so as a task of one
 :func:`offload`, the only place Mayfly creates OS threads. Every wait that
 takes a ``timeout`` raises :class:`~mayfly.model.errors.WaitTimeout` (a
 ``TimeoutError``) when it runs out; :func:`offload` raises its subclass
-:class:`~mayfly.model.errors.OffloadTimeout`.
+:class:`~mayfly.model.errors.OffloadTimeout`. :class:`GroupCommit` lets many
+tasks' appends share one flush (a backend's group commit).
 """
 
 from mayfly.model.errors import (
@@ -20,6 +21,7 @@ from mayfly.model.errors import (
     WaitTimeout,
 )
 from mayfly.substrate._clock import Clock, RealClock, VirtualClock
+from mayfly.substrate._group import GroupCommit, group_flushed
 from mayfly.substrate._hub import (
     FAILURE_MESSAGE_LIMIT,
     CancellationHandle,
@@ -48,6 +50,7 @@ __all__ = [
     "Clock",
     "Deadlock",
     "Event",
+    "GroupCommit",
     "HasFileno",
     "Hub",
     "HubAlreadyRunning",
@@ -65,6 +68,7 @@ __all__ = [
     "checkpoint",
     "current_hub",
     "current_task",
+    "group_flushed",
     "now_ms",
     "offload",
     "sleep",
