@@ -116,7 +116,8 @@ class Worker:
             raise WorkerUnsupported(
                 f"journal {self.runtime.journal.url} keeps no run index, so a worker cannot find its runs; "
                 "use a backend that declares the run_index feature (file, lmdb, postgresql, "
-                "or redis on a standalone server)"
+                "or redis: a standalone server, or a Redis Cluster store with a sharded run index; "
+                "see docs/backends/redis.md)"
             )
         self.index: RunIndexJournal = self.runtime.journal
         self.concurrency = concurrency
