@@ -108,7 +108,7 @@ class Case:
     backend: str  # the journal the demo runs on: file, lmdb, redis or postgres
 
 
-CORE_DRIVERS = frozenset({"msgspec", "greenlet", "pluggy"})
+CORE_DRIVERS = frozenset({"msgspec", "greenlet", "pluggy", "cronsim"})
 CONTRACT_DRIVERS = frozenset({"pytest", "hypothesis"})
 CASES = [
     Case("pip install mayfly-runtime", frozenset({CORE}), CORE_DRIVERS, "file"),

@@ -52,14 +52,16 @@ the core takes no new runtime dependency for it.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import re
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Final, Literal, Protocol, final, runtime_checkable
 
+import cronsim
 import msgspec
 
 from mayfly.journal import Feature, WorkflowJournal
@@ -105,14 +107,7 @@ _NAMESPACE: Final = uuid.UUID("6f1b7a52-0d38-5a0e-9c41-6d61796c7921")
 _NAME: Final = re.compile(r"[a-z0-9][a-z0-9_.:-]{0,127}")
 _MINUTE_MS: Final = 60_000
 _DAY_MS: Final = 86_400_000
-_FIELDS: Final = (
-    ("minute", 0, 59),
-    ("hour", 0, 23),
-    ("day of month", 1, 31),
-    ("month", 1, 12),
-    ("day of week", 0, 7),
-)
-_SEARCH_DAYS: Final = 366 * 8  # a valid expression fires within 8 years (29 February on a Monday: 28 years)
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _MAX_TICK_MS: Final = 2**53  # ticks are JSON integers every reader decodes exactly
 
 MAX_CATCH_UP: Final = 1_000
@@ -145,88 +140,54 @@ def check_tick(tick_ms: object) -> int:
     return tick_ms
 
 
-def _field(text: str, name: str, low: int, high: int) -> frozenset[int]:
-    values: set[int] = set()
-    for part in text.split(","):
-        body, _, step_text = part.partition("/")
-        try:
-            step = int(step_text) if step_text else 1
-            if body == "*":
-                start, stop = low, high
-            elif "-" in body:
-                first, _, last = body.partition("-")
-                start, stop = int(first), int(last)
-            else:
-                start = stop = int(body)
-                if step_text:
-                    stop = high
-        except ValueError:
-            raise InvalidRecord(f"cron {name} field {text!r}: expected *, N, N-M, lists and /STEP") from None
-        if step < 1 or not low <= start <= stop <= high:
-            raise InvalidRecord(f"cron {name} field {text!r}: values must lie in {low}..{high}, steps >= 1")
-        values.update(range(start, stop + 1, step))
-    return frozenset(values)
+_CRON_FIELDS: Final = "minute hour day-of-month month day-of-week"
+
+
+def _utc(t_ms: int) -> datetime.datetime:
+    return _EPOCH + datetime.timedelta(milliseconds=t_ms)
+
+
+def _unix_ms(moment: datetime.datetime) -> int:
+    return (moment - _EPOCH) // datetime.timedelta(milliseconds=1)
 
 
 @final
 class Cron:
     """A five-field cron expression (minute hour day-of-month month day-of-week), evaluated in UTC.
 
-    Fields take ``*``, ``N``, ``N-M``, comma lists and ``/STEP``; day of week
-    is 0-7 with 0 and 7 both Sunday. As in cron, when both day fields are
-    restricted a day matches if either does.
+    Parsing and iteration are cronsim's (policy/dependency-admissions.md):
+    ``*``, ``N``, ``N-M``, lists, ``/STEP``, month and weekday names
+    (``JAN``, ``MON-FRI``), ``L`` (the last day of the month), ``W`` and ``#``.
+    Day of week is 0-7 with 0 and 7 both Sunday. As in cron, when both day
+    fields are restricted a day matches if either does. An expression that
+    can never fire (``0 0 31 2 *``) is refused.
     """
 
-    __slots__ = ("_any_dom", "_any_dow", "_days", "_hours", "_minutes", "_months", "_weekdays", "text")
+    __slots__ = ("text",)
 
     def __init__(self, text: str) -> None:
-        fields = text.split()
-        if len(fields) != 5:
-            raise InvalidRecord(f"cron {text!r}: expected five fields (minute hour day month weekday)")
-        parsed = [_field(f, *spec) for f, spec in zip(fields, _FIELDS, strict=True)]
+        if len(text.split()) != 5:
+            raise InvalidRecord(f"cron {text!r}: expected five fields ({_CRON_FIELDS}), in UTC")
+        try:
+            cronsim.CronSim(text, _EPOCH)
+        except cronsim.CronSimError as error:
+            raise InvalidRecord(
+                f"cron {text!r}: {str(error).lower()}; fields are {_CRON_FIELDS} (UTC), "
+                "each *, N, N-M, lists, /STEP or names such as MON-FRI"
+            ) from None
         self.text = text
-        self._minutes = sorted(parsed[0])
-        self._hours = sorted(parsed[1])
-        self._days, self._months = parsed[2], parsed[3]
-        self._weekdays = frozenset(d % 7 for d in parsed[4])
-        self._any_dom, self._any_dow = fields[2] == "*", fields[4] == "*"
-
-    def _day_matches(self, day_ms: int) -> bool:
-        tm = time.gmtime(day_ms // 1000)
-        if tm.tm_mon not in self._months:
-            return False
-        dom = tm.tm_mday in self._days
-        dow = (tm.tm_wday + 1) % 7 in self._weekdays  # tm_wday: Monday is 0; cron: Sunday is 0
-        if self._any_dom or self._any_dow:
-            return dom and dow
-        return dom or dow
-
-    def _times(self, day_ms: int) -> Iterator[int]:
-        for hour in self._hours:
-            for minute in self._minutes:
-                yield day_ms + hour * 3_600_000 + minute * _MINUTE_MS
 
     def next_after(self, t_ms: int) -> int:
         """The first tick strictly after ``t_ms``."""
-        day = t_ms - t_ms % _DAY_MS
-        for offset in range(_SEARCH_DAYS):
-            candidate = day + offset * _DAY_MS
-            if self._day_matches(candidate):
-                for tick in self._times(candidate):
-                    if tick > t_ms:
-                        return tick
-        raise InvalidRecord(f"cron {self.text!r} never fires (no matching day within eight years)")
+        # Ticks are whole minutes; from the whole second at or before t_ms, cronsim's next tick is after t_ms.
+        start = _utc(t_ms - t_ms % 1000)
+        return _unix_ms(next(cronsim.CronSim(self.text, start)))
 
     def latest_at(self, t_ms: int) -> int | None:
-        """The last tick at or before ``t_ms`` (``None`` if none within eight years)."""
-        day = t_ms - t_ms % _DAY_MS
-        for offset in range(_SEARCH_DAYS):
-            candidate = day - offset * _DAY_MS
-            if self._day_matches(candidate):
-                ticks = [tick for tick in self._times(candidate) if tick <= t_ms]
-                if ticks:
-                    return ticks[-1]
-        return None
+        """The last tick at or before ``t_ms`` (``None`` if it would lie before the Unix epoch)."""
+        # cronsim's reverse iteration yields ticks strictly before its start: start 1 ms after t_ms.
+        tick = _unix_ms(next(cronsim.CronSim(self.text, _utc(t_ms + 1), reverse=True)))
+        return tick if tick >= 0 else None
 
 
 @functools.lru_cache(maxsize=256)

@@ -42,6 +42,9 @@ def show(ms: int) -> str:
         ("0 12 13 * 5", "2026-12-01 00:00", "2026-12-04 12:00 Fri"),  # both day fields: either matches
         ("0 0 * * 7", "2026-12-01 00:00", "2026-12-06 00:00 Sun"),  # 7 is Sunday too
         ("5,10 1-2 * * *", "2026-12-01 01:07", "2026-12-01 01:10 Tue"),
+        ("0 9 * * MON-FRI", "2026-12-04 09:00", "2026-12-07 09:00 Mon"),  # names
+        ("0 0 L * *", "2026-02-01 00:00", "2026-02-28 00:00 Sat"),  # the last day of the month
+        ("0 12 * JAN 5#2", "2026-12-01 00:00", "2027-01-08 12:00 Fri"),  # the second Friday of January
     ],
 )
 def test_cron_next_tick(expression: str, after: str, expected: str) -> None:
@@ -58,10 +61,13 @@ def test_cron_latest_tick_at_or_before() -> None:
     ("expression", "message"),
     [
         ("* * * *", "expected five fields"),
-        ("60 * * * *", "minute field '60'"),
-        ("*/0 * * * *", "steps >= 1"),
-        ("a * * * *", "expected \\*, N"),
-        ("0 0 31 2 *", "never fires"),
+        ("* * * * * *", "expected five fields"),  # cronsim's seconds field is not taken
+        ("60 * * * *", "bad minute"),
+        ("*/0 * * * *", "bad minute"),
+        ("a * * * *", "bad minute"),
+        ("0 24 * * *", "bad hour"),
+        ("0 0 * * 8", "bad day-of-week"),
+        ("0 0 31 2 *", "bad day-of-month"),  # 31 February never comes
     ],
 )
 def test_bad_cron_expressions_are_refused(expression: str, message: str) -> None:
