@@ -103,7 +103,7 @@ class NodeStatus(enum.Enum):
         A run whose open nodes are all idle can never receive another outcome:
         it is quiescent, and its parked nodes are resolved (docs/transitions.md).
         """
-        return self is NodeStatus.PENDING or self is NodeStatus.CHANGES_REQUESTED
+        return self is _PENDING or self is _CHANGES_REQUESTED
 
 
 _TERMINAL = frozenset(
@@ -129,7 +129,21 @@ class RunStatus(enum.Enum):
     @property
     def is_terminal(self) -> bool:
         """Whether the run has its terminal result."""
-        return self is not RunStatus.RUNNING
+        return self is not _RUN_RUNNING
+
+
+# Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
+# EnumType's __getattr__ hook (several times a global load), and these are read on every event.
+_BLOCKED = NodeStatus.BLOCKED
+_CANCELLED = NodeStatus.CANCELLED
+_CHANGES_REQUESTED = NodeStatus.CHANGES_REQUESTED
+_FAILED = NodeStatus.FAILED
+_PENDING = NodeStatus.PENDING
+_READY = NodeStatus.READY
+_RUN_RUNNING = RunStatus.RUNNING
+_SKIPPED = NodeStatus.SKIPPED
+_SUCCEEDED = NodeStatus.SUCCEEDED
+_WAITING = NodeStatus.WAITING
 
 
 class NodeState:
@@ -177,7 +191,7 @@ class NodeState:
     ) -> None:
         self.index = index
         self.spec = spec
-        self.status = NodeStatus.PENDING
+        self.status = _PENDING
         self.attempt = 0
         """Attempts made in the current activation (one-based once started)."""
         self.total_attempts = 0
@@ -367,7 +381,7 @@ class RunState:
         self.spec = spec
         self.spec_hash = spec_hash
         self.input = input
-        self.status = RunStatus.RUNNING
+        self.status = _RUN_RUNNING
         self.sequence = 0
         self.now = 0
         self.attempts_used = 0
@@ -666,9 +680,9 @@ class RunState:
                 raise ValueError(f"state record node {node.node_id!r} has no open attempt {node.attempt_id}")
             if node.retry_deadline is not None:
                 state._retries[node.index] = node.retry_deadline
-            if node.status is NodeStatus.READY:
+            if node.status is _READY:
                 state._ready[node.index] = None
-            if node.status is NodeStatus.WAITING:
+            if node.status is _WAITING:
                 state._waiting[node.index] = None
             if node.status.is_terminal:
                 state.open_nodes -= 1
@@ -691,9 +705,7 @@ def is_parked(node: NodeState, status: NodeStatus) -> bool:
     node without ``depends_on`` (only an edge can start it). Nodes with
     ``depends_on`` are not parked: dependency propagation always decides them.
     """
-    return status is NodeStatus.CHANGES_REQUESTED or (
-        status is NodeStatus.PENDING and not node.spec.depends_on
-    )
+    return status is _CHANGES_REQUESTED or (status is _PENDING and not node.spec.depends_on)
 
 
 def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
@@ -705,20 +717,20 @@ def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
     again (their source finished and nothing can re-activate it).
     """
     status = node.status
-    if status is NodeStatus.FAILED:
+    if status is _FAILED:
         run.n_failed += 1
-    elif status is NodeStatus.BLOCKED:
+    elif status is _BLOCKED:
         run.n_blocked += 1
-    elif status is NodeStatus.CANCELLED:
+    elif status is _CANCELLED:
         run.n_cancelled += 1
     for d in node.dependents:
         dep = run.node_mut(d)
         dep.done_prereqs += 1
-        if status is NodeStatus.SUCCEEDED:
+        if status is _SUCCEEDED:
             dep.succeeded_prereqs += 1
-        elif status is NodeStatus.BLOCKED:
+        elif status is _BLOCKED:
             dep.blocked_prereqs += 1
-        elif status is NodeStatus.CANCELLED:
+        elif status is _CANCELLED:
             dep.cancelled_prereqs += 1
     if not node.in_edges:
         # No edge can re-activate this node, so its edges can never fire again.
@@ -732,20 +744,20 @@ def uncount_terminal(run: _TerminalCounts, node: NodeState) -> None:
     Call it while ``node.status`` still holds the status being left.
     """
     status = node.status
-    if status is NodeStatus.FAILED:
+    if status is _FAILED:
         run.n_failed -= 1
-    elif status is NodeStatus.BLOCKED:
+    elif status is _BLOCKED:
         run.n_blocked -= 1
-    elif status is NodeStatus.CANCELLED:
+    elif status is _CANCELLED:
         run.n_cancelled -= 1
     for d in node.dependents:
         dep = run.node_mut(d)
         dep.done_prereqs -= 1
-        if status is NodeStatus.SUCCEEDED:
+        if status is _SUCCEEDED:
             dep.succeeded_prereqs -= 1
-        elif status is NodeStatus.BLOCKED:
+        elif status is _BLOCKED:
             dep.blocked_prereqs -= 1
-        elif status is NodeStatus.CANCELLED:
+        elif status is _CANCELLED:
             dep.cancelled_prereqs -= 1
     if not node.in_edges:
         for t in node.edge_targets:
