@@ -126,9 +126,9 @@ class RunStatus(enum.Enum):
     BLOCKED = "blocked"
     CANCELLED = "cancelled"
 
-    @property
+    @functools.cached_property
     def is_terminal(self) -> bool:
-        """Whether the run has its terminal result."""
+        """Whether the run has its terminal result (an attribute load after the first read)."""
         return self is not _RUN_RUNNING
 
 
