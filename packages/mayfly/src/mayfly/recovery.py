@@ -25,7 +25,7 @@ result to the parent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Literal, Self, TypeAlias, final
 
@@ -45,7 +45,7 @@ from mayfly.model.ids import idempotency_key
 from mayfly.model.json import content_hash
 from mayfly.model.signals import AcceptedSignal
 from mayfly.model.spec import Node, WorkflowSpec
-from mayfly.model.state import RunState
+from mayfly.model.state import RunState, collector_paused
 from mayfly.reducer import Upcaster, decode_event, reduce
 from mayfly.reducer.children import catalog_entry
 from mayfly.runindex import RUN_INDEX, IndexEntry, index_entry
@@ -65,6 +65,7 @@ __all__ = [
     "load_run",
     "rebuild_run_index",
     "recovery_effects",
+    "replay_records",
     "replay_run",
     "require_run",
     "required_handlers",
@@ -164,15 +165,9 @@ def load_run(
     source: Literal["snapshot", "journal"] = "snapshot" if state is not None else "journal"
     after = 0 if state is None else state.sequence
     records = journal.read(run_id, after=after) if tail is None else tail
-    for record in records:
-        if record.sequence != after + 1:
-            raise CorruptionError(
-                f"journal {journal.url} returned run {run_id} sequence {record.sequence} after {after}"
-            )
-        event = decode_event(record.event_type, record.schema_version, record.payload, upcasters=upcasters)
-        state = reduce(state, event, record.sequence)
-        after = record.sequence
-        last = record
+    if records:
+        state = replay_records(records, state, run_id=run_id, url=journal.url, upcasters=upcasters)
+        last = records[-1]
     if not use_snapshot:
         _check_not_behind_snapshot(journal, run_id, 0 if last is None else last.sequence)
     if state is None or last is None:
@@ -183,6 +178,37 @@ def load_run(
             f"run {run_id}: the pinned specification does not match its recorded hash {state.spec_hash}"
         )
     return RecoveredRun(state, source, len(records), last, tuple(diagnostics))
+
+
+def replay_records(
+    records: Sequence[JournalRecord],
+    state: RunState | None,
+    *,
+    run_id: str,
+    url: str,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
+) -> RunState:
+    """Decode and reduce ``records``, which must follow ``state`` (``None``: from the first record).
+
+    The collector is paused meanwhile (:func:`~mayfly.model.state.collector_paused`):
+    a replay allocates per event but frees nothing cyclic, and with it running
+    each event of a long history cost more than one of a short history.
+    """
+    after = 0 if state is None else state.sequence
+    with collector_paused():
+        for record in records:
+            sequence = record.sequence
+            if sequence != after + 1:
+                raise CorruptionError(
+                    f"journal {url} returned run {run_id} sequence {sequence} after {after}"
+                )
+            event = decode_event(
+                record.event_type, record.schema_version, record.payload, upcasters=upcasters
+            )
+            state = reduce(state, event, sequence)
+            after = sequence
+    assert state is not None
+    return state
 
 
 def _pinned_spec_verifies(state: RunState, created: JournalRecord) -> bool:

@@ -11,16 +11,12 @@ with the diagnostic and rebuilds from events.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import msgspec
 
 from mayfly.journal import JournalRecord, SnapshotRecord, check_snapshot
 from mayfly.model.errors import one_line
 from mayfly.model.json import sha256_hex
-from mayfly.model.state import STATE_SCHEMA_VERSION, RunState, RunStateRecord
+from mayfly.model.state import STATE_SCHEMA_VERSION, RunState, RunStateRecord, collector_paused
 
 __all__ = ["SNAPSHOT_SCHEMA_VERSION", "make_snapshot", "restore_snapshot"]
 
@@ -28,26 +24,6 @@ SNAPSHOT_SCHEMA_VERSION = 1
 """The snapshot layout this code writes and reads; others are discarded, never guessed at."""
 
 _STATE_DECODER = msgspec.json.Decoder(RunStateRecord)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a snapshot is decoded and rebuilt.
-
-    Restoring allocates one object per node, attempt and outcome, none of them
-    cyclic garbage; in a process with a large heap each collection those
-    allocations trigger walks the whole heap, which made a restore cost
-    several times its own work (msgpack's documentation gives the same advice
-    for large messages). Only re-enabled if it was enabled on entry.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def make_snapshot(state: RunState, last_record: JournalRecord) -> SnapshotRecord:
@@ -86,7 +62,7 @@ def restore_snapshot(snapshot: SnapshotRecord, record_at_snapshot: JournalRecord
         return stale
     if "sha256:" + sha256_hex(snapshot.state) != snapshot.state_checksum:
         return f"snapshot of run {snapshot.run_id}: state bytes do not match their checksum"
-    with _collector_paused():
+    with collector_paused():
         return _rebuild(snapshot)
 
 

@@ -15,6 +15,7 @@ whose JSON equals its default's is left out whatever object holds it (see
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from collections.abc import Callable
@@ -73,8 +74,13 @@ class HandlerRef(msgspec.Struct, frozen=True):
         return f"{self.name}@{self.version}"
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_handler_ref(value: str) -> HandlerRef:
-    """Parse ``name@version`` (name ``[a-z][a-z0-9_.-]*``, version a positive integer)."""
+    """Parse ``name@version`` (name ``[a-z][a-z0-9_.-]*``, version a positive integer).
+
+    Cached (a :class:`HandlerRef` is immutable): the runtime resolves a node's
+    handler on every attempt. Refused values raise every time; errors are not cached.
+    """
     name, sep, version = value.rpartition("@")
     if (
         not sep

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterator
-from typing import Protocol
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 import msgspec
 import msgspec.structs
@@ -40,6 +42,7 @@ __all__ = [
     "RunState",
     "RunStateRecord",
     "RunStatus",
+    "collector_paused",
     "count_terminal",
     "is_parked",
     "uncount_terminal",
@@ -47,6 +50,28 @@ __all__ = [
 
 STATE_SCHEMA_VERSION = 1
 """Version of :class:`RunStateRecord`, the serialized state."""
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a large state is built, restored or replayed.
+
+    Building a state allocates one object per node (and restoring or
+    replaying, one per attempt and outcome), none of them cyclic garbage; in
+    a process with a large heap each collection those allocations trigger
+    walks the whole heap, which made a 100k-node state cost 1.7x its own work
+    and every event of a long replay cost more than the same event of a short
+    one (msgpack's documentation gives the same advice for large messages).
+    Only re-enabled if it was enabled on entry; results never depend on it.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class NodeStatus(enum.Enum):
@@ -78,7 +103,7 @@ class NodeStatus(enum.Enum):
         A run whose open nodes are all idle can never receive another outcome:
         it is quiescent, and its parked nodes are resolved (docs/transitions.md).
         """
-        return self is NodeStatus.PENDING or self is NodeStatus.CHANGES_REQUESTED
+        return self is _PENDING or self is _CHANGES_REQUESTED
 
 
 _TERMINAL = frozenset(
@@ -101,10 +126,24 @@ class RunStatus(enum.Enum):
     BLOCKED = "blocked"
     CANCELLED = "cancelled"
 
-    @property
+    @functools.cached_property
     def is_terminal(self) -> bool:
-        """Whether the run has its terminal result."""
-        return self is not RunStatus.RUNNING
+        """Whether the run has its terminal result (an attribute load after the first read)."""
+        return self is not _RUN_RUNNING
+
+
+# Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
+# EnumType's __getattr__ hook (several times a global load), and these are read on every event.
+_BLOCKED = NodeStatus.BLOCKED
+_CANCELLED = NodeStatus.CANCELLED
+_CHANGES_REQUESTED = NodeStatus.CHANGES_REQUESTED
+_FAILED = NodeStatus.FAILED
+_PENDING = NodeStatus.PENDING
+_READY = NodeStatus.READY
+_RUN_RUNNING = RunStatus.RUNNING
+_SKIPPED = NodeStatus.SKIPPED
+_SUCCEEDED = NodeStatus.SUCCEEDED
+_WAITING = NodeStatus.WAITING
 
 
 class NodeState:
@@ -152,7 +191,7 @@ class NodeState:
     ) -> None:
         self.index = index
         self.spec = spec
-        self.status = NodeStatus.PENDING
+        self.status = _PENDING
         self.attempt = 0
         """Attempts made in the current activation (one-based once started)."""
         self.total_attempts = 0
@@ -195,13 +234,24 @@ class NodeState:
 
     def clone(self) -> NodeState:
         """A shallow copy (specs and dependents are immutable and shared)."""
-        copy = NodeState.__new__(NodeState)
-        for name in NodeState.__slots__:
-            setattr(copy, name, getattr(self, name))
-        return copy
+        return _clone_node(self)
 
     def __repr__(self) -> str:
         return f"<NodeState {self.spec.id} {self.status.value} attempt={self.attempt}>"
+
+
+def _compile_clone() -> Callable[[NodeState], NodeState]:
+    """``NodeState`` shallow copy as straight-line attribute copies (a getattr/setattr loop cost 3x more)."""
+    lines = ["def clone(node):", "    copy = new(NodeState)"]
+    lines += [f"    copy.{name} = node.{name}" for name in NodeState.__slots__]
+    lines.append("    return copy")
+    namespace: dict[str, Any] = {"new": object.__new__, "NodeState": NodeState}
+    exec("\n".join(lines), namespace)  # source built above from the slot names only
+    clone: Callable[[NodeState], NodeState] = namespace["clone"]
+    return clone
+
+
+_clone_node = _compile_clone()
 
 
 # gc=False (here and on NodeRecord): frozen values that cannot form reference cycles; a run holds one per
@@ -331,7 +381,7 @@ class RunState:
         self.spec = spec
         self.spec_hash = spec_hash
         self.input = input
-        self.status = RunStatus.RUNNING
+        self.status = _RUN_RUNNING
         self.sequence = 0
         self.now = 0
         self.attempts_used = 0
@@ -342,38 +392,44 @@ class RunState:
         self.n_failed = 0
         self.n_blocked = 0
         self.n_cancelled = 0
-        index = {node.id: i for i, node in enumerate(spec.nodes)}
-        dependents: list[list[int]] = [[] for _ in spec.nodes]
-        for i, node in enumerate(spec.nodes):
+        nodes = spec.nodes
+        index = {node.id: i for i, node in enumerate(nodes)}
+        # Only the nodes that have dependents or edges get lists: most have neither, and a list per
+        # node made building a 100k-node state allocate (and the collector walk) 300k of them.
+        dependents: dict[int, list[int]] = {}
+        for i, node in enumerate(nodes):
             for prereq in node.depends_on:
-                dependents[index[prereq]].append(i)
-        out_edges: list[list[int]] = [[] for _ in spec.nodes]
-        edge_targets: list[list[int]] = [[] for _ in spec.nodes]
-        in_edges = [0] * len(spec.nodes)
+                dependents.setdefault(index[prereq], []).append(i)
+        out_edges: dict[int, list[int]] = {}
+        edge_targets: dict[int, list[int]] = {}
+        in_edges: dict[int, int] = {}
         for k, edge in enumerate(spec.edges):
-            out_edges[index[edge.source]].append(k)
-            edge_targets[index[edge.source]].append(index[edge.target])
-            in_edges[index[edge.target]] += 1
+            source, target = index[edge.source], index[edge.target]
+            out_edges.setdefault(source, []).append(k)
+            edge_targets.setdefault(source, []).append(target)
+            in_edges[target] = in_edges.get(target, 0) + 1
         self.index = index
-        self.nodes = [
-            NodeState(
-                i,
-                node,
-                len(node.depends_on),
-                tuple(dependents[i]),
-                out_edges=tuple(out_edges[i]),
-                edge_targets=tuple(edge_targets[i]),
-                in_edges=in_edges[i],
-            )
-            for i, node in enumerate(spec.nodes)
-        ]
+        with collector_paused():
+            self.nodes = [
+                NodeState(
+                    i,
+                    node,
+                    len(node.depends_on),
+                    tuple(dependents.get(i, ())),
+                    out_edges=tuple(out_edges.get(i, ())),
+                    edge_targets=tuple(edge_targets.get(i, ())),
+                    in_edges=in_edges.get(i, 0),
+                )
+                for i, node in enumerate(nodes)
+            ]
         self.open_nodes = len(self.nodes)
         self.n_idle = len(self.nodes)
         self._attempts: dict[str, AttemptRecord] = {}
         self._active: dict[str, int] = {}
         self._ready: dict[int, None] = {}
         self._retries: dict[int, int] = {}
-        self._parked: dict[int, None] = {n.index: None for n in self.nodes if is_parked(n, n.status)}
+        # Every node starts Pending: parked exactly when nothing but an edge can start it (is_parked).
+        self._parked: dict[int, None] = {i: None for i, node in enumerate(nodes) if not node.depends_on}
         self._edges_fired = [0] * len(spec.edges)
         self._children: dict[str, str] = {}
         self._signals: dict[str, ConsumedSignal] = {}
@@ -624,9 +680,9 @@ class RunState:
                 raise ValueError(f"state record node {node.node_id!r} has no open attempt {node.attempt_id}")
             if node.retry_deadline is not None:
                 state._retries[node.index] = node.retry_deadline
-            if node.status is NodeStatus.READY:
+            if node.status is _READY:
                 state._ready[node.index] = None
-            if node.status is NodeStatus.WAITING:
+            if node.status is _WAITING:
                 state._waiting[node.index] = None
             if node.status.is_terminal:
                 state.open_nodes -= 1
@@ -649,9 +705,7 @@ def is_parked(node: NodeState, status: NodeStatus) -> bool:
     node without ``depends_on`` (only an edge can start it). Nodes with
     ``depends_on`` are not parked: dependency propagation always decides them.
     """
-    return status is NodeStatus.CHANGES_REQUESTED or (
-        status is NodeStatus.PENDING and not node.spec.depends_on
-    )
+    return status is _CHANGES_REQUESTED or (status is _PENDING and not node.spec.depends_on)
 
 
 def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
@@ -663,20 +717,20 @@ def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
     again (their source finished and nothing can re-activate it).
     """
     status = node.status
-    if status is NodeStatus.FAILED:
+    if status is _FAILED:
         run.n_failed += 1
-    elif status is NodeStatus.BLOCKED:
+    elif status is _BLOCKED:
         run.n_blocked += 1
-    elif status is NodeStatus.CANCELLED:
+    elif status is _CANCELLED:
         run.n_cancelled += 1
     for d in node.dependents:
         dep = run.node_mut(d)
         dep.done_prereqs += 1
-        if status is NodeStatus.SUCCEEDED:
+        if status is _SUCCEEDED:
             dep.succeeded_prereqs += 1
-        elif status is NodeStatus.BLOCKED:
+        elif status is _BLOCKED:
             dep.blocked_prereqs += 1
-        elif status is NodeStatus.CANCELLED:
+        elif status is _CANCELLED:
             dep.cancelled_prereqs += 1
     if not node.in_edges:
         # No edge can re-activate this node, so its edges can never fire again.
@@ -690,20 +744,20 @@ def uncount_terminal(run: _TerminalCounts, node: NodeState) -> None:
     Call it while ``node.status`` still holds the status being left.
     """
     status = node.status
-    if status is NodeStatus.FAILED:
+    if status is _FAILED:
         run.n_failed -= 1
-    elif status is NodeStatus.BLOCKED:
+    elif status is _BLOCKED:
         run.n_blocked -= 1
-    elif status is NodeStatus.CANCELLED:
+    elif status is _CANCELLED:
         run.n_cancelled -= 1
     for d in node.dependents:
         dep = run.node_mut(d)
         dep.done_prereqs -= 1
-        if status is NodeStatus.SUCCEEDED:
+        if status is _SUCCEEDED:
             dep.succeeded_prereqs -= 1
-        elif status is NodeStatus.BLOCKED:
+        elif status is _BLOCKED:
             dep.blocked_prereqs -= 1
-        elif status is NodeStatus.CANCELLED:
+        elif status is _CANCELLED:
             dep.cancelled_prereqs -= 1
     if not node.in_edges:
         for t in node.edge_targets:

@@ -60,6 +60,33 @@ from mayfly.model.state import (
     uncount_terminal,
 )
 
+# Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
+# EnumType's __getattr__ hook (several times a global load), and these are read on every event.
+_BLOCKED = NodeStatus.BLOCKED
+_CANCELLED = NodeStatus.CANCELLED
+_CHANGES_REQUESTED = NodeStatus.CHANGES_REQUESTED
+_FAILED = NodeStatus.FAILED
+_KIND_BLOCKED = NodeOutcomeKind.BLOCKED
+_KIND_CANCELLED = NodeOutcomeKind.CANCELLED
+_KIND_CHANGES_REQUESTED = NodeOutcomeKind.CHANGES_REQUESTED
+_KIND_PERMANENT_FAILURE = NodeOutcomeKind.PERMANENT_FAILURE
+_KIND_RETRYABLE_FAILURE = NodeOutcomeKind.RETRYABLE_FAILURE
+_KIND_SKIPPED = NodeOutcomeKind.SKIPPED
+_KIND_SUCCEEDED = NodeOutcomeKind.SUCCEEDED
+_PENDING = NodeStatus.PENDING
+_READY = NodeStatus.READY
+_RETRY_PENDING = NodeStatus.RETRY_PENDING
+_RUNNING = NodeStatus.RUNNING
+_RUN_BLOCKED = RunStatus.BLOCKED
+_RUN_CANCELLED = RunStatus.CANCELLED
+_RUN_FAILED = RunStatus.FAILED
+_RUN_RUNNING = RunStatus.RUNNING
+_RUN_SUCCEEDED = RunStatus.SUCCEEDED
+_SKIPPED = NodeStatus.SKIPPED
+_SUCCEEDED = NodeStatus.SUCCEEDED
+_WAITING = NodeStatus.WAITING
+
+
 __all__ = ["RunView", "apply_event", "can_activate", "is_retry_class", "new_state", "run_result"]
 
 
@@ -127,9 +154,9 @@ def is_retry_class(node: NodeState, kind: NodeOutcomeKind) -> bool:
     NodeFailed); PermanentFailure only when the policy names it. This is static
     spec data, so decide and reduce agree without sharing dynamic policy.
     """
-    if kind is NodeOutcomeKind.RETRYABLE_FAILURE:
+    if kind is _KIND_RETRYABLE_FAILURE:
         return True
-    return kind is NodeOutcomeKind.PERMANENT_FAILURE and kind in node.spec.retry.retry_on
+    return kind is _KIND_PERMANENT_FAILURE and kind in node.spec.retry.retry_on
 
 
 def run_result(run: RunView) -> RunResult:
@@ -148,20 +175,20 @@ def run_result(run: RunView) -> RunResult:
 
 
 _OUTCOME_STATUS = {
-    NodeOutcomeKind.SUCCEEDED: NodeStatus.SUCCEEDED,
-    NodeOutcomeKind.PERMANENT_FAILURE: NodeStatus.FAILED,
-    NodeOutcomeKind.BLOCKED: NodeStatus.BLOCKED,
-    NodeOutcomeKind.CANCELLED: NodeStatus.CANCELLED,
-    NodeOutcomeKind.SKIPPED: NodeStatus.SKIPPED,
-    NodeOutcomeKind.RETRYABLE_FAILURE: NodeStatus.RETRY_PENDING,
-    NodeOutcomeKind.CHANGES_REQUESTED: NodeStatus.CHANGES_REQUESTED,
+    _KIND_SUCCEEDED: _SUCCEEDED,
+    _KIND_PERMANENT_FAILURE: _FAILED,
+    _KIND_BLOCKED: _BLOCKED,
+    _KIND_CANCELLED: _CANCELLED,
+    _KIND_SKIPPED: _SKIPPED,
+    _KIND_RETRYABLE_FAILURE: _RETRY_PENDING,
+    _KIND_CHANGES_REQUESTED: _CHANGES_REQUESTED,
 }
 
 _RESULT_STATUS: dict[str, RunStatus] = {
-    "succeeded": RunStatus.SUCCEEDED,
-    "failed": RunStatus.FAILED,
-    "blocked": RunStatus.BLOCKED,
-    "cancelled": RunStatus.CANCELLED,
+    "succeeded": _RUN_SUCCEEDED,
+    "failed": _RUN_FAILED,
+    "blocked": _RUN_BLOCKED,
+    "cancelled": _RUN_CANCELLED,
 }
 
 
@@ -189,9 +216,9 @@ def _set_status(run: RunView, node: NodeState, status: NodeStatus) -> None:
     if id(old) in _TERMINAL:
         uncount_terminal(run, node)
         run.open_nodes += 1
-    if old is NodeStatus.READY:
+    if old is _READY:
         run.set_ready(node.index, False)
-    elif old is NodeStatus.WAITING:
+    elif old is _WAITING:
         run.set_waiting(node.index, False)
     was_idle = id(old) in _IDLE
     now_idle = id(status) in _IDLE
@@ -202,9 +229,9 @@ def _set_status(run: RunView, node: NodeState, status: NodeStatus) -> None:
         if parked != (was_idle and is_parked(node, old)):
             run.set_parked(node.index, parked)
     node.status = status
-    if status is NodeStatus.READY:
+    if status is _READY:
         run.set_ready(node.index, True)
-    elif status is NodeStatus.WAITING:
+    elif status is _WAITING:
         run.set_waiting(node.index, True)
     if id(status) in _TERMINAL:
         if node.retry_deadline is not None:
@@ -216,10 +243,10 @@ def _set_status(run: RunView, node: NodeState, status: NodeStatus) -> None:
 
 def _node_ready(run: RunView, event: NodeReady, seq: int) -> None:
     node = _node(run, seq, event, event.node_id)
-    if node.status is not NodeStatus.PENDING:
+    if node.status is not _PENDING:
         raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}, not pending")
     node.attempt = 0
-    _set_status(run, node, NodeStatus.READY)
+    _set_status(run, node, _READY)
     _consume_transition(run, seq, event)
 
 
@@ -235,8 +262,8 @@ def can_activate(node: NodeState) -> bool:
     status = node.status
     return (
         status.is_terminal
-        or status is NodeStatus.CHANGES_REQUESTED
-        or (status is NodeStatus.PENDING and not node.spec.depends_on)
+        or status is _CHANGES_REQUESTED
+        or (status is _PENDING and not node.spec.depends_on)
     )
 
 
@@ -252,7 +279,7 @@ def _edge_activated(run: RunView, event: EdgeActivated, seq: int) -> None:
         event.source_sequence < 1
         or source.outcome_seq != event.source_sequence
         or source.attempt_id is not None
-        or source.status is NodeStatus.RETRY_PENDING
+        or source.status is _RETRY_PENDING
     ):
         raise _corrupt(
             seq,
@@ -274,7 +301,7 @@ def _edge_activated(run: RunView, event: EdgeActivated, seq: int) -> None:
         target.outcome_seq = 0
     target.attempt = 0
     target.failure = None
-    _set_status(run, target, NodeStatus.READY)
+    _set_status(run, target, _READY)
     run.set_edge_fired(event.edge, event.source_sequence)
     _consume_transition(run, seq, event)
 
@@ -308,13 +335,13 @@ def _child_started(run: RunView, event: ChildStarted, seq: int) -> None:
 def _start_attempt(run: RunView, node: NodeState, event: NodeStarted | ChildStarted, seq: int) -> None:
     attempt, attempt_id = event.attempt, event.attempt_id
     child_run_id = event.child_run_id if isinstance(event, ChildStarted) else None
-    if node.status is not NodeStatus.READY:
+    if node.status is not _READY:
         raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}, not ready")
     if run.attempt(attempt_id) is not None:
         raise _corrupt(seq, event, f"attempt id {attempt_id} was already consumed")
     if attempt != node.attempt + 1:
         raise _corrupt(seq, event, f"attempt {attempt} follows attempt {node.attempt}")
-    _set_status(run, node, NodeStatus.RUNNING)
+    _set_status(run, node, _RUNNING)
     node.attempt = attempt
     node.total_attempts += 1
     node.attempt_id = attempt_id
@@ -370,7 +397,7 @@ def _outcome_committed(run: RunView, event: NodeOutcomeCommitted, seq: int) -> N
     node.last_outcome = outcome
     run.last_outcome = LastOutcome(node.node_id, kind, event.attempt_id)
     if is_retry_class(node, kind):
-        _set_status(run, node, NodeStatus.RETRY_PENDING)
+        _set_status(run, node, _RETRY_PENDING)
         return
     _set_status(run, node, _OUTCOME_STATUS[kind])
 
@@ -378,18 +405,18 @@ def _outcome_committed(run: RunView, event: NodeOutcomeCommitted, seq: int) -> N
 def _node_failed(run: RunView, event: NodeFailed, seq: int) -> None:
     node = _node(run, seq, event, event.node_id)
     if node.status not in (
-        NodeStatus.RETRY_PENDING,
-        NodeStatus.CHANGES_REQUESTED,
-        NodeStatus.READY,
+        _RETRY_PENDING,
+        _CHANGES_REQUESTED,
+        _READY,
     ):
         raise _corrupt(seq, event, f"node {node.node_id!r} is {node.status.value}; it cannot fail now")
     node.failure = event.cause
-    _set_status(run, node, NodeStatus.FAILED)
+    _set_status(run, node, _FAILED)
 
 
 def _retry_scheduled(run: RunView, event: RetryScheduled, seq: int) -> None:
     node = _node(run, seq, event, event.node_id)
-    if node.status is not NodeStatus.RETRY_PENDING or node.retry_deadline is not None:
+    if node.status is not _RETRY_PENDING or node.retry_deadline is not None:
         raise _corrupt(seq, event, f"node {node.node_id!r} is not awaiting a retry decision")
     if event.next_attempt != node.attempt + 1 or event.deadline < run.now:
         raise _corrupt(seq, event, "retry attempt or deadline does not follow the current attempt")
@@ -401,13 +428,13 @@ def _retry_scheduled(run: RunView, event: RetryScheduled, seq: int) -> None:
 def _retry_released(run: RunView, event: RetryReleased, seq: int) -> None:
     node = _node(run, seq, event, event.node_id)
     deadline = node.retry_deadline
-    if node.status is not NodeStatus.RETRY_PENDING or deadline is None:
+    if node.status is not _RETRY_PENDING or deadline is None:
         raise _corrupt(seq, event, f"node {node.node_id!r} has no scheduled retry")
     if event.at < deadline or event.at != run.now or event.next_attempt != node.attempt + 1:
         raise _corrupt(seq, event, f"retry released at {event.at} before its deadline {deadline}")
     node.retry_deadline = None
     run.set_retry(node.index, None)
-    _set_status(run, node, NodeStatus.READY)
+    _set_status(run, node, _READY)
     _consume_transition(run, seq, event)
 
 
@@ -458,7 +485,7 @@ def _active_attempt(run: RunView, event: Event, seq: int, node_id: str, attempt_
 
 def _signal_wait_opened(run: RunView, event: SignalWaitOpened, seq: int) -> None:
     node = _active_attempt(run, event, seq, event.node_id, event.attempt_id)
-    if node.status is not NodeStatus.RUNNING or node.child_run_id is not None:
+    if node.status is not _RUNNING or node.child_run_id is not None:
         raise _corrupt(
             seq, event, f"node {node.node_id!r} is {node.status.value}; only running handlers wait"
         )
@@ -471,7 +498,7 @@ def _signal_wait_opened(run: RunView, event: SignalWaitOpened, seq: int) -> None
         # The attempt deadline is paused while waiting; the wait's own deadline applies.
         node.paused_deadline = max(node.attempt_deadline - run.now, 0)
         node.attempt_deadline = None
-    _set_status(run, node, NodeStatus.WAITING)
+    _set_status(run, node, _WAITING)
 
 
 def _consume(run: RunView, event: SignalAccepted | SignalRejected, seq: int, record: ConsumedSignal) -> None:
@@ -483,7 +510,7 @@ def _consume(run: RunView, event: SignalAccepted | SignalRejected, seq: int, rec
 def _signal_accepted(run: RunView, event: SignalAccepted, seq: int) -> None:
     node = _active_attempt(run, event, seq, event.node_id, event.attempt_id)
     wait = node.wait
-    if node.status is not NodeStatus.WAITING or wait is None or wait.name != event.name:
+    if node.status is not _WAITING or wait is None or wait.name != event.name:
         raise _corrupt(seq, event, f"node {node.node_id!r} is not waiting for signal {event.name!r}")
     _consume(run, event, seq, ConsumedSignal(event.signal_id, node.node_id, accepted=True))
     node.wait = None
@@ -491,7 +518,7 @@ def _signal_accepted(run: RunView, event: SignalAccepted, seq: int) -> None:
     if node.paused_deadline is not None:
         node.attempt_deadline = run.now + node.paused_deadline
         node.paused_deadline = None
-    _set_status(run, node, NodeStatus.RUNNING)
+    _set_status(run, node, _RUNNING)
 
 
 def _signal_rejected(run: RunView, event: SignalRejected, seq: int) -> None:
@@ -534,7 +561,7 @@ _APPLY: dict[type[Any], Callable[[RunView, Any, int], None]] = {
 
 def apply_event(run: RunView, event: Event, sequence: int) -> None:
     """Apply ``event`` (committed at ``sequence``) to ``run`` in place, or raise CorruptionError."""
-    if run.status is not RunStatus.RUNNING:
+    if run.status is not _RUN_RUNNING:
         raise _corrupt(sequence, event, f"the run already completed ({run.status.value})")
     handler = _APPLY.get(type(event))
     if handler is None:

@@ -45,6 +45,14 @@ from mayfly.reducer._draft import Draft
 from mayfly.reducer.backoff import retry_delay
 from mayfly.reducer.transitions import matches
 
+# Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
+# EnumType's __getattr__ hook (several times a global load), and these are read on every event.
+_CHANGES_REQUESTED = NodeStatus.CHANGES_REQUESTED
+_PENDING = NodeStatus.PENDING
+_RETRY_PENDING = NodeStatus.RETRY_PENDING
+_RUN_RUNNING = RunStatus.RUNNING
+
+
 __all__ = [
     "cancel_open_nodes",
     "commit_outcome",
@@ -66,9 +74,9 @@ def commit_outcome(draft: Draft, i: int, outcome: NodeOutcome, attempt_id: str |
         NodeOutcomeCommitted(node_id=node.node_id, outcome=outcome, attempt_id=attempt_id, at=draft.now)
     )
     node = draft.node(i)
-    if node.status is NodeStatus.RETRY_PENDING:
+    if node.status is _RETRY_PENDING:
         _decide_retry(draft, node)
-    elif node.status is NodeStatus.CHANGES_REQUESTED:
+    elif node.status is _CHANGES_REQUESTED:
         if not _fire_edges(draft, i):
             draft.emit(
                 NodeFailed(
@@ -97,7 +105,7 @@ def _fire_edges(draft: Draft, i: int) -> bool:
     """
     node = draft.node(i)
     outcome = node.last_outcome
-    if not node.out_edges or outcome is None or draft.status is not RunStatus.RUNNING:
+    if not node.out_edges or outcome is None or draft.status is not _RUN_RUNNING:
         return False
     edges = draft.spec.edges
     matched = False
@@ -200,13 +208,13 @@ def _settle(draft: Draft, start: int) -> None:
     Iterative, not recursive: a skip can cascade down a 100k-node chain.
     """
     work = [start]
-    while work and draft.status is RunStatus.RUNNING:
+    while work and draft.status is _RUN_RUNNING:
         i = work.pop()
         if not draft.node(i).status.is_terminal:
             continue
         for d in draft.node(i).dependents:
             dep = draft.node(d)
-            if dep.status is not NodeStatus.PENDING:
+            if dep.status is not _PENDING:
                 continue
             verdict = _policy_verdict(dep)
             if verdict is _RELEASE:
@@ -233,14 +241,14 @@ def _close_if_unreachable(draft: Draft, i: int) -> bool:
     node = draft.node(i)
     if node.closed_in != node.in_edges:
         return False
-    if node.status is NodeStatus.PENDING and not node.spec.depends_on:
+    if node.status is _PENDING and not node.spec.depends_on:
         draft.emit(
             NodeOutcomeCommitted(
                 node_id=node.node_id, outcome=Skipped(reason="branch not selected"), at=draft.now
             )
         )
         return True
-    if node.status is NodeStatus.CHANGES_REQUESTED:
+    if node.status is _CHANGES_REQUESTED:
         draft.emit(
             NodeFailed(
                 node_id=node.node_id,
@@ -328,13 +336,13 @@ def finish(draft: Draft) -> None:
     ever arrive and no edge can ever fire again. That is exact, needs no
     graph search, and costs O(parked nodes) once per quiescence.
     """
-    while draft.status is RunStatus.RUNNING and draft.open_nodes and draft.n_idle == draft.open_nodes:
+    while draft.status is _RUN_RUNNING and draft.open_nodes and draft.n_idle == draft.open_nodes:
         parked = draft.parked_nodes()
         if not parked:
             raise AssertionError(f"run {draft.run_id} is idle with open nodes but nothing parked")
         for i in parked:
             node = draft.node(i)
-            if node.status is NodeStatus.CHANGES_REQUESTED:
+            if node.status is _CHANGES_REQUESTED:
                 draft.emit(
                     NodeFailed(
                         node_id=node.node_id,
@@ -350,5 +358,5 @@ def finish(draft: Draft) -> None:
                 )
         for i in parked:
             _settle(draft, i)
-    if draft.status is RunStatus.RUNNING and draft.open_nodes == 0:
+    if draft.status is _RUN_RUNNING and draft.open_nodes == 0:
         draft.emit(RunCompleted(result=run_result(draft), at=draft.now))

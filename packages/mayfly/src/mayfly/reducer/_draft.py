@@ -22,22 +22,6 @@ from mayfly.reducer._apply import apply_event
 
 __all__ = ["Draft"]
 
-_SCALARS = (
-    "status",
-    "sequence",
-    "now",
-    "attempts_used",
-    "transitions_used",
-    "open_nodes",
-    "n_failed",
-    "n_blocked",
-    "n_cancelled",
-    "n_idle",
-    "last_outcome",
-    "exhausted",
-    "cancellation",
-)
-
 
 class Draft:
     """A copy-on-write view of a :class:`RunState` that collects proposed events.
@@ -67,8 +51,20 @@ class Draft:
         self.spec = base.spec
         self.parent = base.parent
         self.index = base.index
-        for name in _SCALARS:
-            setattr(self, name, getattr(base, name))
+        # The scalars a decision reads and changes, copied one by one (a getattr/setattr loop cost 2x).
+        self.status = base.status
+        self.sequence = base.sequence
+        self.now = base.now
+        self.attempts_used = base.attempts_used
+        self.transitions_used = base.transitions_used
+        self.open_nodes = base.open_nodes
+        self.n_failed = base.n_failed
+        self.n_blocked = base.n_blocked
+        self.n_cancelled = base.n_cancelled
+        self.n_idle = base.n_idle
+        self.last_outcome = base.last_outcome
+        self.exhausted = base.exhausted
+        self.cancellation = base.cancellation
         self.events: list[Event] = []
         self._nodes: dict[int, NodeState] = {}
         self._attempts: dict[str, AttemptRecord] = {}

@@ -34,6 +34,15 @@ from mayfly.model.outcomes import Blocked, Cancelled, NodeOutcome, PermanentFail
 from mayfly.model.spec import ChildCall, ChildDefinition, Node, WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
 
+# Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
+# EnumType's __getattr__ hook (several times a global load), and these are read on every event.
+_RUN_BLOCKED = RunStatus.BLOCKED
+_RUN_CANCELLED = RunStatus.CANCELLED
+_RUN_FAILED = RunStatus.FAILED
+_RUN_SUCCEEDED = RunStatus.SUCCEEDED
+_SUCCEEDED = NodeStatus.SUCCEEDED
+
+
 __all__ = [
     "call_graph_issues",
     "catalog_entry",
@@ -145,16 +154,16 @@ def child_output(state: RunState, fields: tuple[str, ...]) -> dict[str, JsonValu
     output: dict[str, JsonValue] = {}
     for node in state.nodes:
         outcome = node.last_outcome
-        if node.status is NodeStatus.SUCCEEDED and isinstance(outcome, Succeeded):
+        if node.status is _SUCCEEDED and isinstance(outcome, Succeeded):
             output.update(project_fields(outcome.output, fields))
     return output
 
 
 _RESULTS: dict[RunStatus, RunResult] = {
-    RunStatus.SUCCEEDED: "succeeded",
-    RunStatus.FAILED: "failed",
-    RunStatus.BLOCKED: "blocked",
-    RunStatus.CANCELLED: "cancelled",
+    _RUN_SUCCEEDED: "succeeded",
+    _RUN_FAILED: "failed",
+    _RUN_BLOCKED: "blocked",
+    _RUN_CANCELLED: "cancelled",
 }
 
 

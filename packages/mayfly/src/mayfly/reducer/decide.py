@@ -62,6 +62,13 @@ from mayfly.reducer.children import child_input, child_outcome, nesting_depth, p
 from mayfly.reducer.signals import deliver_signal, open_signal_wait
 from mayfly.reducer.validate import check_input, validate
 
+# Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
+# EnumType's __getattr__ hook (several times a global load), and these are read on every event.
+_READY = NodeStatus.READY
+_RETRY_PENDING = NodeStatus.RETRY_PENDING
+_RUN_RUNNING = RunStatus.RUNNING
+
+
 __all__ = ["Decision", "decide"]
 
 Decision = list[Event] | Rejection
@@ -86,7 +93,7 @@ def decide(state: RunState | None, command: Command) -> Decision:
         return _complete_child(state, command)
     if isinstance(command, DeliverSignal):
         return deliver_signal(state, command)
-    if state.status is not RunStatus.RUNNING:
+    if state.status is not _RUN_RUNNING:
         return _terminal(state)
     if isinstance(command, StartNodes):
         return _start_nodes(state, command)
@@ -215,7 +222,7 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
         if start.node_id in chosen:
             return Rejection(RejectionCode.DUPLICATE_START, f"node {start.node_id!r} is started twice")
         chosen.add(start.node_id)
-        if node.status is not NodeStatus.READY:
+        if node.status is not _READY:
             return Rejection(
                 RejectionCode.NODE_NOT_READY,
                 f"node {start.node_id!r} of run {state.run_id} is {node.status.value}, not ready",
@@ -247,7 +254,7 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
 def _emit_starts(draft: Draft, state: RunState, starts: tuple[AttemptStart, ...]) -> None:
     """Emit the start of each of ``starts`` (validated) on ``draft``, budgets permitting."""
     for start in starts:
-        if draft.status is not RunStatus.RUNNING:
+        if draft.status is not _RUN_RUNNING:
             break
         i = state.index[start.node_id]
         node = draft.node(i)
@@ -338,7 +345,7 @@ def _complete_attempt(state: RunState, command: CompleteAttempt) -> Decision:
         )
     if record.outcome is not None:
         return _redelivery(command.node_id, command.attempt_id, record.outcome, command.outcome)
-    if state.status is not RunStatus.RUNNING:
+    if state.status is not _RUN_RUNNING:
         return _terminal(state)
     offered = command.start_next
     if offered:
@@ -347,7 +354,7 @@ def _complete_attempt(state: RunState, command: CompleteAttempt) -> Decision:
             return problem
     draft = Draft(state)
     commit_outcome(draft, state.index[command.node_id], command.outcome, command.attempt_id)
-    if offered and draft.status is RunStatus.RUNNING:
+    if offered and draft.status is _RUN_RUNNING:
         _start_newly_ready(draft, state, offered)
     finish(draft)
     return draft.events
@@ -378,9 +385,7 @@ def _start_newly_ready(draft: Draft, state: RunState, offered: tuple[str, ...]) 
     ready = sorted(
         i
         for i, node in draft.changed_nodes()
-        if node.status is NodeStatus.READY
-        and node.spec.child is None
-        and node.spec.retry.attempt_deadline_ms is None
+        if node.status is _READY and node.spec.child is None and node.spec.retry.attempt_deadline_ms is None
     )
     pairs = zip(ready, offered, strict=False)
     starts = tuple(AttemptStart(state.nodes[i].spec.id, attempt_id) for i, attempt_id in pairs)
@@ -434,7 +439,7 @@ def _complete_child(state: RunState, command: CompleteChild) -> Decision:
         return Rejection(RejectionCode.INVALID_INPUT, f"child run {command.child_run_id} output: {exc}")
     if record.outcome is not None:
         return _redelivery(command.node_id, command.attempt_id, record.outcome, outcome)
-    if state.status is not RunStatus.RUNNING:
+    if state.status is not _RUN_RUNNING:
         return _terminal(state)
     draft = Draft(state)
     output = project_fields(command.output, call.outputs) if command.result == "succeeded" else None
@@ -488,7 +493,7 @@ def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
         if deadline <= command.to:
             due.append((deadline, i, 2, ""))
     for deadline, i, kind, attempt_id in sorted(due):
-        if draft.status is not RunStatus.RUNNING:
+        if draft.status is not _RUN_RUNNING:
             break
         node = draft.node(i)
         if kind == 0:
@@ -505,7 +510,7 @@ def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
                 reason=f"signal wait {wait.name!r} expired at {deadline} ms", timeout=True
             )
             commit_outcome(draft, i, expired, attempt_id)
-        elif node.status is NodeStatus.RETRY_PENDING and transition_available(draft):
+        elif node.status is _RETRY_PENDING and transition_available(draft):
             draft.emit(RetryReleased(node_id=node.node_id, next_attempt=node.attempt + 1, at=draft.now))
     finish(draft)
     return draft.events

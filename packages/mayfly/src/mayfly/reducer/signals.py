@@ -25,6 +25,13 @@ from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.reducer._draft import Draft
 from mayfly.reducer.validate import check_input
 
+# Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
+# EnumType's __getattr__ hook (several times a global load), and these are read on every event.
+_RUNNING = NodeStatus.RUNNING
+_RUN_RUNNING = RunStatus.RUNNING
+_WAITING = NodeStatus.WAITING
+
+
 __all__ = ["deliver_signal", "open_signal_wait"]
 
 
@@ -38,7 +45,7 @@ def open_signal_wait(state: RunState, command: OpenSignalWait) -> list[Event] | 
             RejectionCode.ATTEMPT_NOT_ACTIVE,
             f"attempt {command.attempt_id} is not the active attempt of node {command.node_id!r}",
         )
-    if node.status is not NodeStatus.RUNNING or node.child_run_id is not None:
+    if node.status is not _RUNNING or node.child_run_id is not None:
         return Rejection(
             RejectionCode.NOT_RUNNING,
             f"node {command.node_id!r} is {node.status.value}; only a running handler can wait",
@@ -82,7 +89,7 @@ def deliver_signal(state: RunState, command: DeliverSignal) -> list[Event] | Rej
             RejectionCode.SIGNAL_ALREADY_CONSUMED,
             f"signal {command.signal_id} was already consumed by node {consumed.node_id!r}: {verdict}",
         )
-    if state.status is not RunStatus.RUNNING:
+    if state.status is not _RUN_RUNNING:
         return Rejection(
             RejectionCode.RUN_TERMINAL,
             f"run {state.run_id} already {state.status.value}; it accepts no more signals",
@@ -93,7 +100,7 @@ def deliver_signal(state: RunState, command: DeliverSignal) -> list[Event] | Rej
         return Rejection(RejectionCode.INVALID_INPUT, str(exc))
     wait = node.wait
     reason: SignalRejection | None = None
-    if node.status is not NodeStatus.WAITING or wait is None:
+    if node.status is not _WAITING or wait is None:
         reason = SignalRejection.EXPIRED if node.wait_expired else SignalRejection.NOT_WAITING
     elif command.name is not None and command.name != wait.name:
         reason = SignalRejection.NAME_MISMATCH

@@ -30,6 +30,11 @@ from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome, NodeOutcomeKind, Succeeded
 from mayfly.model.spec import EdgePredicate, OnAnyOutcome, OnField, OnOutcome
 
+# Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
+# EnumType's __getattr__ hook (several times a global load), and these are read on every event.
+_KIND_SUCCEEDED = NodeOutcomeKind.SUCCEEDED
+
+
 __all__ = ["describe_predicate", "first_overlaps", "matches", "overlap_reason", "scalar_equals"]
 
 Scalar = str | int | bool | None
@@ -103,7 +108,7 @@ def overlap_reason(a: EdgePredicate, b: EdgePredicate) -> str | None:
         return None
     field, kind = (a, b) if isinstance(a, OnField) else (b, a)
     assert isinstance(field, OnField) and isinstance(kind, OnOutcome)
-    if kind.outcome is NodeOutcomeKind.SUCCEEDED:
+    if kind.outcome is _KIND_SUCCEEDED:
         return f"a succeeded output with field {field.field!r} == {_literal(field.equals)} matches both"
     return None
 
@@ -128,12 +133,12 @@ def first_overlaps(predicates: Sequence[EdgePredicate]) -> list[tuple[int, int]]
                 first_any = k
         elif isinstance(predicate, OnOutcome):
             candidates.append(first_kind.get(predicate.outcome))
-            if predicate.outcome is NodeOutcomeKind.SUCCEEDED and fields:
+            if predicate.outcome is _KIND_SUCCEEDED and fields:
                 candidates.append(fields[0][1])
             first_kind.setdefault(predicate.outcome, k)
         else:
             key = (predicate.field, _key(predicate.equals))
-            candidates.append(first_kind.get(NodeOutcomeKind.SUCCEEDED))
+            candidates.append(first_kind.get(_KIND_SUCCEEDED))
             candidates.append(first_value.get(key))
             other = [index for name, index in fields if name != predicate.field]
             candidates.append(other[0] if other else None)
