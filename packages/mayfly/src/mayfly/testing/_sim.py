@@ -710,6 +710,19 @@ class SimDriver:
             return False
         return True
 
+    def _drive(self, spec: WorkflowSpec, input: JsonValue, run_id: str) -> RunResult | None:
+        """Create or resume the run and drive it until it parks; ``None`` if the process died on the way."""
+        drives: list[RunResult] = []
+
+        def drive(rt: WorkflowRuntime) -> None:
+            if self._exists(run_id):
+                drives.append(rt.resume(run_id))
+            else:
+                drives.append(rt.execute(spec, input, run_id=run_id))
+
+        self._attempt(drive)
+        return drives[0] if drives else None
+
     def _exists(self, run_id: str) -> bool:
         assert self.journal is not None
         return self.journal.inner.next_sequence(run_id) > 1
@@ -723,12 +736,7 @@ class SimDriver:
         parked: RunResult | None = None  # what the last drive that ran to its end returned
         for _ in range(10_000):
             if parked is None:
-                drives: list[RunResult] = []
-                if self._exists(run_id):
-                    self._attempt(lambda rt, d=drives: d.append(rt.resume(run_id)))
-                else:
-                    self._attempt(lambda rt, d=drives: d.append(rt.execute(spec, input, run_id=run_id)))
-                parked = drives[0] if drives else None
+                parked = self._drive(spec, input, run_id)
                 continue
             result, parked = parked, None
             if result.status.is_terminal:
