@@ -111,6 +111,30 @@ class Backend:
         """A callable opening ``url`` afresh each time (a :class:`~mayfly.testing.SimDriver` opener)."""
         return lambda: self.open(url)
 
+    def expire_leases(self, owner: str) -> None:
+        """Let every lease ``owner`` holds expire now, as its TTL would during a long downtime.
+
+        A simulated death can leave a grant nobody holds a guard for (an
+        acquire in flight on another task when the process died); a real dead
+        owner's TTL lease runs out, so the restarted process could claim it.
+        Only PostgreSQL needs this: elsewhere the driver releases every grant.
+        """
+        if self.name != "postgres":
+            return
+        import psycopg  # noqa: PLC0415 - only with the backend
+        from psycopg import sql  # noqa: PLC0415
+
+        from mayfly_postgres._url import parse_url  # noqa: PLC0415
+
+        settings = parse_url(self.shared_url)
+        with psycopg.Connection.connect(settings.conninfo, autocommit=True) as connection:
+            connection.execute(
+                sql.SQL("UPDATE {} SET expires_at = '-infinity' WHERE owner = %s").format(
+                    sql.Identifier(settings.schema, "leases")
+                ),
+                (owner,),
+            )
+
     def release(self, seed: int) -> None:
         """Forget a finished seed's private stores."""
         for name in self._memory:

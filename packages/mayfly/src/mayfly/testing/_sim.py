@@ -662,10 +662,18 @@ class _TrackedLeases:
         """The inner store's current fence."""
         return self.inner.current_fence(run_id)
 
-    def drop_all(self) -> None:
-        """Release every guard still held, as the death of its process would."""
+    def drop_all(self, survivor: RecoveryLeaseStore) -> None:
+        """Release every lease the dead process took, through ``survivor`` (the restarted process's store).
+
+        The dead store's own connections may be stuck in the middle of an
+        abandoned call, so each grant is released on the new store's
+        connection (what its TTL expiring during the downtime would do; a
+        grant taken over since is left alone, as ``release`` always does).
+        """
         for guard in self.guards:
-            with contextlib.suppress(Exception):  # already released, or its store is gone
+            with contextlib.suppress(Exception):  # a guard of another kind, or its grant is gone
+                guard._store = survivor  # re-homed onto the live store
+                guard._released = False
                 guard.release()
         self.guards.clear()
 
@@ -757,8 +765,7 @@ class SimDriver:
     def _restart(self) -> None:
         """The process died: drop everything it held, let the downtime pass, and boot a new one."""
         self.restarts += 1
-        if isinstance(self.leases, _TrackedLeases):
-            self.leases.drop_all()
+        dead = self.leases
         if self.restarts > self.max_restarts:
             raise MayflyError(f"the run needed more than {self.max_restarts} restarts: it makes no progress")
         for closing in (self.journal, self.leases):
@@ -773,6 +780,8 @@ class SimDriver:
         wall = self.clock.wall_ms() + self.downtime_ms + self.wall_jumps.get(self.restarts, 0)
         self.clock = VirtualClock(now, wall_origin_ms=max(0, wall - now))
         self._boot()
+        if isinstance(dead, _TrackedLeases) and isinstance(self.leases, _TrackedLeases):
+            dead.drop_all(self.leases.inner)
         if self.on_restart is not None:
             self.on_restart(self)
 
