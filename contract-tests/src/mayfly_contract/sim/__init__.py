@@ -19,7 +19,12 @@ restart and at the end. Families:
   :class:`~mayfly.errors.CorruptionError`;
 - ``lease``: two claimants racing for a run, and a stale owner that wakes up
   after its lease expired and another owner took over, including expiry in
-  the middle of a commit: fencing must refuse the stale owner.
+  the middle of a commit: fencing must refuse the stale owner;
+- ``queue``: runs on a queue with a concurrency limit, drained by a
+  :class:`~mayfly.Worker` that dies at seeded journal operations; the
+  queue's runs in progress are sampled at every operation and may never
+  exceed the limit. (The worker runs in real time, so the interleaving of
+  its runs may vary between replays; the faults do not.)
 
 ``nox -s sim -- --backend file --seeds 60`` runs 60 seeds; docs/testing.md
 describes the invariants and :func:`mayfly.testing.simulate`, which runs a

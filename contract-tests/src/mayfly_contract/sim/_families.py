@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from mayfly_contract.sim._context import SeedContext, SeedResult
 from mayfly_contract.sim._crash import crash_family
 from mayfly_contract.sim._lease import lease_family
+from mayfly_contract.sim._queue import queue_family
 from mayfly_contract.sim._storage import storage_family
 
 __all__ = ["FAMILIES", "Family", "families_for", "pick_family"]
@@ -42,6 +43,9 @@ FAMILIES: list[Family] = [
     Family("crash", crash_family, weight=6),
     Family("storage", storage_family, weight=3, backends=frozenset({"file", "lmdb"})),
     Family("lease", lease_family, weight=1),
+    Family(
+        "queue", queue_family, weight=1, backends=frozenset({"memory", "file", "lmdb", "postgres", "redis"})
+    ),
 ]
 
 

@@ -95,6 +95,7 @@ __all__ = [
     "Invocation",
     "SimDriver",
     "SimEvent",
+    "TrackedLeases",
     "Violation",
     "check_invariants",
     "expected_of",
@@ -528,6 +529,8 @@ class FaultJournal:
         self.plan = plan
         self.effects = effects
         self.dead = False
+        self.on_operation: Callable[[], None] | None = None
+        """Called after every mutating operation that reached the store (to sample state between steps)."""
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.inner, name)
@@ -570,6 +573,8 @@ class FaultJournal:
                 self._die(f"inside {name} (operation {op}), before it was durable")
             if name in ("append", "append_indexed") and isinstance(result, AppendResult):
                 self.effects.acknowledged(args[0], args[2])
+            if self.on_operation is not None:
+                self.on_operation()
             if op in plan.crash_after:
                 plan.crash_after.discard(op)
                 self._die(f"after {name} (operation {op}), before its caller heard back")
@@ -640,7 +645,7 @@ class FaultJournal:
         self.close()
 
 
-class _TrackedLeases:
+class TrackedLeases:
     """A lease store that remembers the guards it handed out, so a simulated death can drop them.
 
     A killed process loses its leases with its file descriptors and
@@ -690,7 +695,7 @@ class _TrackedLeases:
         """Close the inner store."""
         self.inner.close()
 
-    def __enter__(self) -> _TrackedLeases:
+    def __enter__(self) -> TrackedLeases:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -759,7 +764,7 @@ class SimDriver:
         self._generation += 1
         inner, leases = self._open()
         self.journal = FaultJournal(inner, self.plan, self.effects)
-        self.leases = _TrackedLeases(leases)
+        self.leases = TrackedLeases(leases)
         self.runtime = WorkflowRuntime(
             self.journal,
             self.registry,
@@ -789,7 +794,7 @@ class SimDriver:
         wall = self.clock.wall_ms() + self.downtime_ms + self.wall_jumps.get(self.restarts, 0)
         self.clock = VirtualClock(now, wall_origin_ms=max(0, wall - now))
         self._boot()
-        if isinstance(dead, _TrackedLeases) and isinstance(self.leases, _TrackedLeases):
+        if isinstance(dead, TrackedLeases) and isinstance(self.leases, TrackedLeases):
             dead.drop_all(self.leases.inner)
         if self.on_restart is not None:
             self.on_restart(self)
