@@ -77,7 +77,7 @@ def test_a_failing_seed_prints_the_command_that_reproduces_it(
 def test_every_family_runs_on_the_file_journal() -> None:
     backend = open_backend("file")
     try:
-        for family in ("crash", "storage", "lease"):
+        for family in ("crash", "storage", "lease", "queue"):
             result = run_seed(SeedContext(3, backend), family)
             assert result.family == family and result.violations == [], result
     finally:
