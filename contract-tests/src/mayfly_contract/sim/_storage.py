@@ -168,8 +168,10 @@ def storage_family(ctx: SeedContext) -> SeedResult:
             )
         else:
             result.failed_closed += 1
-    # An unreadable store found between steps is a refusal too (the recovery then failed closed above).
+    # An unreadable store found between steps or at the end is a typed refusal too, where damage was done.
     findings = [v for v in lost + final if not (v.kind == "unreadable" and not recoverable)]
+    if refused is None and not recoverable and any(v.kind == "unreadable" for v in lost + final):
+        result.failed_closed += 1
     for found in findings:
         if found.kind in ("lost_ack", "result_differs", "double_outcome"):
             found = Violation(  # noqa: PLW2901 - the same finding, named for what it means here

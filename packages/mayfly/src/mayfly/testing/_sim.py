@@ -946,6 +946,7 @@ def check_invariants(
     """
     violations: list[Violation] = []
     started: dict[str, tuple[str, str]] = {}  # attempt id -> (run id, node id)
+    unreadable: set[str] = set()
     for run_id, want in acknowledged.items():
         try:
             records = journal.read(run_id)
@@ -972,6 +973,7 @@ def check_invariants(
             tree = list(_run_tree(journal, root))
         except CorruptionError as exc:
             violations.append(Violation("unreadable", root, f"{type(exc).__name__}: {exc}"))
+            unreadable.add(root)  # its invocations cannot be checked against it
             continue
         for run_id, events in tree:
             violations.extend(_check_deadlines(run_id, events))
@@ -1011,7 +1013,9 @@ def check_invariants(
                     )
                 )
     if effects is not None:
-        violations.extend(_check_effects(effects, started, runs))
+        violations.extend(
+            _check_effects(effects, started, {r: e for r, e in runs.items() if r not in unreadable})
+        )
     return violations
 
 
