@@ -46,9 +46,10 @@ def crash_family(ctx: SeedContext) -> SeedResult:
         effects.crash_after_effect = {rng.randrange(reference.invocations)}
     # Time faults: each restart's clock may jump back (up to a day) or forward (up to an hour: signals
     # arrive hours before their 10-day deadlines, so no jump may expire one), after a downtime that is
-    # long (a day; a month when nothing waits for a signal) or none.
+    # long (a day; a month when nothing waits for a signal or a cancellation) or none.
     jumps = {n: rng.choice([0, 0, -HOUR, -DAY, HOUR // 2, HOUR]) for n in range(1, 8)}
-    signals = any(event.kind == "signal" for event in workflow.events)
+    # A month of downtime would expire a wait before its signal or its cancellation came.
+    signals = any(event.kind in ("signal", "cancel") for event in workflow.events)
     downtime = rng.choice([0, 0, HOUR, DAY] + ([] if signals else [30 * DAY]))
     url = ctx.backend.url(ctx.seed)
     result = SeedResult("crash")
