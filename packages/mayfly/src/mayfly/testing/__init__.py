@@ -12,6 +12,11 @@
   time (:meth:`~WorkflowTestEnv.advance`, :meth:`~WorkflowTestEnv.signal`),
   crashes a drive after a chosen event and reads the decoded history
   (:func:`assert_events`). ``docs/testing.md`` walks through it.
+- The simulator's core (:func:`generate_workflow`, :class:`FaultJournal`,
+  :class:`SimDriver`, :func:`check_invariants`) drives seeded workflows
+  through simulated process deaths and clock faults on any journal, and
+  reports broken guarantees as :class:`Violation` values;
+  :func:`simulate` runs a user's own workflow that way.
 """
 
 from mayfly.model.ids import DeterministicIdSource
@@ -26,20 +31,48 @@ from mayfly.testing._memory import (
     drop_store,
     memory_store,
 )
+from mayfly.testing._sim import (
+    EffectLog,
+    ExpectedRun,
+    FaultJournal,
+    FaultPlan,
+    GeneratedWorkflow,
+    Invocation,
+    SimDriver,
+    SimEvent,
+    Violation,
+    check_invariants,
+    expected_of,
+    generate_workflow,
+    sim_registry,
+)
 
 __all__ = [
     "MEMORY_CAPABILITIES",
     "DeterministicIdSource",
+    "EffectLog",
     "EventPattern",
+    "ExpectedRun",
+    "FaultJournal",
+    "FaultPlan",
+    "GeneratedWorkflow",
+    "Invocation",
     "MemoryJournal",
     "MemoryLeaseGuard",
     "MemoryLeaseStore",
     "MemoryStore",
     "ReducerHarness",
     "ScriptExhausted",
+    "SimDriver",
+    "SimEvent",
     "SimulatedCrash",
+    "Violation",
     "WorkflowTestEnv",
     "assert_events",
+    "check_invariants",
     "drop_store",
+    "expected_of",
+    "generate_workflow",
     "memory_store",
+    "sim_registry",
 ]
