@@ -32,7 +32,7 @@ import atexit
 import collections
 import contextlib
 import dataclasses
-import hashlib
+import functools
 import json
 import os
 import random
@@ -47,22 +47,32 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from mayfly import (
-    FixedBackoff,
-    HandlerRegistry,
-    HandlerRequest,
-    Node,
-    RetryableFailure,
-    RetryPolicy,
-    Succeeded,
-    WorkflowSpec,
-)
-from mayfly.model.events import NodeOutcomeCommitted, NodeStarted, RunCompleted
-from mayfly.model.outcomes import NodeOutcome
+import msgspec
+
+from mayfly import FixedBackoff, HandlerRequest, Succeeded, WorkflowSpec, plugins
+from mayfly.journal import JournalRecord, WorkflowJournal
+from mayfly.lease import RecoveryLeaseStore
+from mayfly.model.events import NodeOutcomeCommitted
 from mayfly.queues import QUEUE_CONTROL, QueueSettings
 from mayfly.reducer import decode_event
 from mayfly.runtime import WorkflowRuntime
+from mayfly.testing import (
+    EffectLog,
+    ExpectedRun,
+    FaultJournal,
+    FaultPlan,
+    GeneratedWorkflow,
+    Invocation,
+    MemoryStore,
+    SimDriver,
+    Violation,
+    check_invariants,
+    expected_of,
+    generate_workflow,
+    sim_registry,
+)
 from mayfly.worker import Worker, json_log
+from mayfly_contract.sim._netproxy import NetProxy
 from mayfly_contract.sim._servers import private_server
 
 TTL_MS: Final = 1_000
@@ -74,51 +84,72 @@ FINISH_S: Final = 90.0
 
 # -- the workload --------------------------------------------------------------------------------
 
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """What one seed runs: a generated DAG of ``sim.step@1`` nodes and one input per run."""
-
-    seed: int
-    spec: WorkflowSpec
-    inputs: tuple[dict[str, Any], ...]
+_LONGEST_BACKOFF_MS: Final = 200
 
 
-def workload(seed: int, runs: int | None = None) -> Workload:
-    """The seed's workload: 3-6 nodes, each after up to two earlier ones; some fail their first attempts."""
-    rng = random.Random(f"procs-workload-{seed}")
-    count = rng.randint(3, 6)
+def _real_time(spec: WorkflowSpec) -> WorkflowSpec:
+    """``spec`` with fixed backoffs over 200 ms cut to 200 ms: workers wait real (wall-clock) time."""
     nodes = []
-    for index in range(count):
-        earlier = [f"n{j}" for j in range(index)]
-        depends = tuple(sorted(rng.sample(earlier, min(len(earlier), rng.randint(1, 2))))) if earlier else ()
-        node_input = {"fail_first": rng.choice([0, 0, 0, 1, 2]), "sleep_ms": rng.randint(5, 40)}
-        retry = RetryPolicy(max_attempts=3, backoff=FixedBackoff(delay_ms=rng.choice([0, 20, 150])))
-        nodes.append(
-            Node(f"n{index}", handler="sim.step@1", depends_on=depends, input=node_input, retry=retry)
-        )
-    spec = WorkflowSpec(workflow_id=f"sim.procs.s{seed}", version=1, nodes=tuple(nodes))
-    total = rng.randint(2, 5) if runs is None else runs
-    return Workload(seed, spec, tuple({"x": rng.randint(0, 10**6), "n": n} for n in range(total)))
+    for node in spec.nodes:
+        backoff = node.retry.backoff
+        if isinstance(backoff, FixedBackoff) and backoff.delay_ms > _LONGEST_BACKOFF_MS:
+            retry = msgspec.structs.replace(node.retry, backoff=FixedBackoff(_LONGEST_BACKOFF_MS))
+            nodes.append(msgspec.structs.replace(node, retry=retry))
+        else:
+            nodes.append(node)
+    return msgspec.structs.replace(spec, nodes=tuple(nodes))
 
 
-def value(run_input: Any, node_id: str, inputs: Sequence[Any]) -> str:
-    """A node's output value: a digest of the run input, the node and its prerequisites' values."""
-    digest = hashlib.sha256(json.dumps([run_input, node_id, list(inputs)], sort_keys=True).encode())
-    return digest.hexdigest()[:16]
+def workload(seed: int, runs: int | None = None) -> list[GeneratedWorkflow]:
+    """The seed's runs: 2-4 of ``mayfly.testing.generate_workflow``'s workflows, without signal waits.
+
+    Nothing here delivers signals (the workers run on wall-clock time), and a
+    retry waits at most 200 ms; otherwise the workflows are the generator's:
+    fan-out and fan-in, flaky nodes with retries, correction loops, permanent
+    failures, child runs.
+    """
+    rng = random.Random(f"procs-workload-{seed}")
+    count = rng.randint(2, 4) if runs is None else runs
+    drawn = [generate_workflow(rng, signals=False) for _ in range(count)]
+    return [msgspec.structs.replace(w, spec=_real_time(w.spec)) for w in drawn]
 
 
-class EffectLog:
-    """The handlers' effect log: JSON lines appended and fsynced when an invocation begins and ends."""
+def _opener(store: MemoryStore) -> Callable[[], tuple[WorkflowJournal, RecoveryLeaseStore]]:
+    return lambda: (store.journal(), store.leases())
+
+
+def fault_free(work: Sequence[GeneratedWorkflow]) -> list[ExpectedRun]:
+    """Each run's fault-free result: :class:`mayfly.testing.SimDriver` on a fresh memory store, no faults."""
+    expected = []
+    for n, generated in enumerate(work):
+        store = MemoryStore(f"simnet-fault-free-{uuid.uuid4().hex}")
+        driver = SimDriver(_opener(store), sim_registry(EffectLog()))
+        try:
+            result = driver.run(generated.spec, generated.input, str(uuid.UUID(int=n + 1)), generated.events)
+        finally:
+            driver.close()
+        expected.append(expected_of(result))
+    return expected
+
+
+class FileEffects(EffectLog):
+    """The simulator's :class:`mayfly.testing.EffectLog`, kept in a file shared by worker processes.
+
+    Each invocation, its return and each acknowledged append is one JSON
+    line, appended and fsynced before the worker goes on, stamped with
+    ``time.monotonic_ns()`` (one clock for every process on the machine), so
+    the parent rebuilds one :class:`EffectLog` from every worker's lines
+    (:func:`read_effects`) and orders invocations against acknowledgements.
+    """
 
     def __init__(self, path: Path, worker: int) -> None:
+        super().__init__()
         self.path = path
         self.worker = worker
+        self._count = 0
 
-    def write(self, entry: dict[str, Any]) -> None:
-        line = (
-            json.dumps({**entry, "worker": self.worker, "t": time.monotonic()}, sort_keys=True) + "\n"
-        ).encode()
+    def _write(self, record: dict[str, Any]) -> None:
+        line = (json.dumps({**record, "w": self.worker, "t": time.monotonic_ns()}) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)
@@ -126,44 +157,144 @@ class EffectLog:
         finally:
             os.close(fd)
 
+    def invoked(self, req: HandlerRequest) -> int:
+        with self._lock:
+            self._count += 1
+            index = self._count
+        entry = [req.run_id, req.node_id, req.attempt_id, req.idempotency_key, req.attempt]
+        self._write({"k": "invoked", "i": index, "a": entry})
+        return index
 
-def registry(effects: EffectLog | None) -> HandlerRegistry:
-    """The workload's handlers; with ``effects``, each invocation is logged before it returns."""
-    handlers = HandlerRegistry()
-
-    @handlers.handler("sim.step", version=1)
-    def step(request: HandlerRequest) -> Succeeded | RetryableFailure:
-        node_input = request.input if isinstance(request.input, dict) else {}
-        entry = {
-            "run": request.run_id,
-            "node": request.node_id,
-            "attempt": request.attempt,
-            "attempt_id": request.attempt_id,
-            "key": request.idempotency_key,
-        }
-        if effects is not None:
-            effects.write({**entry, "ev": "begin"})
-            time.sleep(int(node_input.get("sleep_ms", 0)) / 1000)
+    def returned(self, index: int, outcome: object) -> None:
         try:
-            if request.attempt <= int(node_input.get("fail_first", 0)):
-                return RetryableFailure(reason=f"seeded failure of attempt {request.attempt}")
-            upstream = [request.output_of(node)["v"] for node in sorted(request.dependencies)]
-            return Succeeded(output={"v": value(request.run_input, request.node_id, upstream)})
-        finally:
-            if effects is not None:
-                effects.write({**entry, "ev": "end"})
+            text = msgspec.json.encode(outcome).decode()
+        except TypeError:
+            text = repr(outcome)
+        self._write({"k": "returned", "i": index, "o": text})
 
-    return handlers
+    def acknowledged(self, run_id: str, records: Sequence[JournalRecord]) -> None:
+        successes = []
+        for record in records:
+            if record.event_type == "NodeOutcomeCommitted":
+                event = decode_event(record.event_type, record.schema_version, record.payload)
+                if isinstance(event, NodeOutcomeCommitted) and isinstance(event.outcome, Succeeded):
+                    successes.append(event.attempt_id)
+        acked = [[record.sequence, record.checksum] for record in records]
+        self._write({"k": "acked", "run": run_id, "r": acked, "s": successes})
 
 
-def fault_free(work: Workload) -> list[tuple[str, dict[str, Any]]]:
-    """Each run's result and succeeded outputs in a fault-free run of the workload on ``memory://``."""
-    runtime = WorkflowRuntime(f"memory://simnet-fault-free-{uuid.uuid4().hex}", registry(None))
-    expected = []
-    for run_input in work.inputs:
-        result = runtime.execute(work.spec, run_input)
-        expected.append((result.status.value, dict(result.outputs)))
-    return expected
+def read_effects(
+    path: Path, seen: dict[str, list[str]] | None = None
+) -> tuple[EffectLog, dict[str, list[str]]]:
+    """Every worker's effect lines as one :class:`EffectLog`, and each run's acknowledged checksums.
+
+    ``seen`` adds what the parent itself read from the store (committed:
+    acknowledged to a reader). A line cut short by a SIGKILL is ignored.
+    """
+    effects = EffectLog()
+    acked: dict[str, dict[int, str]] = {run: dict(enumerate(sums, 1)) for run, sums in (seen or {}).items()}
+    lines = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                lines.append(json.loads(line))
+    returned = {(r["w"], r["i"]): r["o"] for r in lines if r["k"] == "returned"}
+    for record in sorted(lines, key=lambda r: int(r["t"])):
+        if record["k"] == "invoked":
+            run_id, node_id, attempt_id, key, attempt = record["a"]
+            invocation = Invocation(
+                tick=int(record["t"]),
+                run_id=run_id,
+                node_id=node_id,
+                attempt_id=attempt_id,
+                idempotency_key=key,
+                attempt=attempt,
+                outcome=returned.get((record["w"], record["i"]), ""),
+            )
+            effects.invocations.append(invocation)
+        elif record["k"] == "acked":
+            stored = acked.setdefault(record["run"], {})
+            for sequence, checksum in record["r"]:
+                stored.setdefault(sequence, checksum)
+            for attempt_id in record["s"]:
+                effects.success_ticks.setdefault(attempt_id, int(record["t"]))
+    in_order = {}
+    for run, stored in acked.items():
+        sums: list[str] = []
+        while len(sums) + 1 in stored:
+            sums.append(stored[len(sums) + 1])
+        in_order[run] = sums
+    return effects, in_order
+
+
+# -- observing the journal ----------------------------------------------------------------------
+
+
+class Observer:
+    """The parent's view of the store: each run's records as last read, and the workers' claims."""
+
+    def __init__(self, url: str, runs: Sequence[str]) -> None:
+        self.runtime = WorkflowRuntime(url)
+        self.runs = list(runs)
+        self.seen: dict[str, list[str]] = {run: [] for run in runs}
+        self.terminal: set[str] = set()
+        self.violations: list[Violation] = []
+        self.checked = (0, 0)
+        """How many invocations and acknowledged records :func:`check` checked."""
+
+    def poll(self) -> int:
+        """Read every unfinished run again (keeping the longest history read); the number of records."""
+        total = 0
+        for run in self.runs:
+            if run not in self.terminal:
+                records = self.runtime.journal.read(run)
+                if len(records) >= len(self.seen[run]):
+                    self.seen[run] = [r.checksum for r in records]
+                if any(r.event_type == "RunCompleted" for r in records):
+                    self.terminal.add(run)
+            total += len(self.seen[run])
+        return total
+
+    def done(self) -> bool:
+        return len(self.terminal) == len(self.runs)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.runtime.journal.close()
+        with contextlib.suppress(Exception):
+            self.runtime.leases.close()
+
+
+def held(events: Sequence[dict[str, Any]]) -> set[str]:
+    """The runs a worker's log says it holds: claimed, and not yet ended, parked, lost, refused or failed."""
+    holding: set[str] = set()
+    for event in events:
+        run = event.get("run_id")
+        if not isinstance(run, str):
+            continue
+        if event.get("event") == "claimed":
+            holding.add(run)
+        elif event.get("event") in ("ended", "parked", "lost", "refused", "error"):
+            holding.discard(run)
+    return holding
+
+
+def check(
+    store: Store,
+    runs: Sequence[str],
+    expected: Sequence[ExpectedRun],
+    effects_path: Path,
+    observer: Observer,
+) -> list[Violation]:
+    """``mayfly.testing.check_invariants`` on the store, with every worker's effects and acknowledgements."""
+    effects, acknowledged = read_effects(effects_path, observer.seen)
+    observer.checked = (len(effects.invocations), sum(len(sums) for sums in acknowledged.values()))
+    return check_invariants(
+        observer.runtime.journal,
+        dict(zip(runs, expected, strict=True)),
+        acknowledged={**acknowledged, **{run: acknowledged.get(run, []) for run in runs}},
+        effects=effects,
+    )
 
 
 # -- stores ------------------------------------------------------------------------------------
@@ -306,9 +437,13 @@ def worker_main(argv: Sequence[str]) -> int:
     parser.add_argument("--ttl-ms", type=int, default=TTL_MS)
     parser.add_argument("--poll-ms", type=int, default=POLL_MS)
     arguments = parser.parse_args(argv)
+    effects = FileEffects(arguments.effects, arguments.number)
+    journal = plugins.open_journal(arguments.url)
     worker = Worker(
-        arguments.url,
-        registry(EffectLog(arguments.effects, arguments.number)),
+        # The fault journal injects nothing here: it reports every acknowledged append to the effect log.
+        FaultJournal(journal, FaultPlan(), effects),
+        sim_registry(effects),
+        leases=plugins.open_leases(arguments.url),
         owner=f"sim-worker-{arguments.number}",
         lease_ttl_ms=arguments.ttl_ms,
         poll_interval_ms=arguments.poll_ms,
@@ -319,171 +454,6 @@ def worker_main(argv: Sequence[str]) -> int:
     return worker.serve()
 
 
-# -- observing the journal ----------------------------------------------------------------------
-
-
-class Observer:
-    """The parent's view of the store: each run's records as last read, when each outcome was first seen."""
-
-    def __init__(self, url: str, runs: Sequence[str]) -> None:
-        self.runtime = WorkflowRuntime(url)
-        self.runs = list(runs)
-        self.seen: dict[str, list[tuple[int, str]]] = {run: [] for run in runs}
-        self.violations: list[str] = []
-        self.outcome_seen_before: dict[str, int] = {}  # attempt id -> highest worker number started before
-        self.terminal: set[str] = set()
-
-    def poll(self, started_workers: int) -> int:
-        """Read every run again; record violations of "nothing read is lost"; the number of records."""
-        total = 0
-        for run in self.runs:
-            records = self.runtime.journal.read(run)
-            now = [(r.sequence, r.event_id) for r in records]
-            before = self.seen[run]
-            if now[: len(before)] != before:
-                self.violations.append(
-                    f"run {run}: records read earlier are gone or changed (had {len(before)}, now {len(now)})"
-                )
-            self.seen[run] = now
-            total += len(now)
-            for record in records[len(before) :]:
-                event = decode_event(record.event_type, record.schema_version, record.payload)
-                if isinstance(event, NodeOutcomeCommitted) and event.attempt_id is not None:
-                    self.outcome_seen_before.setdefault(event.attempt_id, started_workers)
-                if isinstance(event, RunCompleted):
-                    self.terminal.add(run)
-        return total
-
-    def done(self) -> bool:
-        return len(self.terminal) == len(self.runs)
-
-    def histories(self) -> dict[str, list[Any]]:
-        return {
-            run: [
-                decode_event(r.event_type, r.schema_version, r.payload)
-                for r in self.runtime.journal.read(run)
-            ]
-            for run in self.runs
-        }
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.runtime.journal.close()
-
-
-def read_effects(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            found.append(json.loads(line))
-    return found
-
-
-# -- the invariants ----------------------------------------------------------------------------
-
-
-def check(
-    histories: dict[str, list[Any]],
-    expected: Sequence[tuple[str, dict[str, Any]]],
-    order: Sequence[str],
-    effects: Sequence[dict[str, Any]],
-    outcome_seen_before: dict[str, int],
-    *,
-    queue_limit: int | None = None,
-    kills: dict[int, float] | None = None,
-) -> list[str]:
-    """The invariants over final histories and the effect log; one line per violation."""
-    violations: list[str] = []
-    started_by_id: dict[str, NodeStarted] = {}
-    for position, run in enumerate(order):
-        events = histories[run]
-        completed = [e for e in events if isinstance(e, RunCompleted)]
-        if len(completed) != 1:
-            violations.append(f"run {run}: {len(completed)} RunCompleted events")
-            continue
-        outputs: dict[str, Any] = {}
-        per_node: dict[str, list[NodeStarted]] = collections.defaultdict(list)
-        outcomes: dict[str, list[NodeOutcome]] = collections.defaultdict(list)
-        for event in events:
-            if isinstance(event, NodeStarted):
-                per_node[event.node_id].append(event)
-                if event.attempt_id in started_by_id:
-                    violations.append(
-                        f"run {run} node {event.node_id}: attempt id {event.attempt_id} started twice"
-                    )
-                started_by_id[event.attempt_id] = event
-            elif isinstance(event, NodeOutcomeCommitted) and event.attempt_id is not None:
-                outcomes[event.attempt_id].append(event.outcome)
-                if isinstance(event.outcome, Succeeded):
-                    outputs[event.node_id] = event.outcome.output
-        for node, starts in per_node.items():
-            numbers = [s.attempt for s in starts]
-            if numbers != list(range(1, len(numbers) + 1)):
-                violations.append(
-                    f"run {run} node {node}: attempts numbered {numbers}, not 1..{len(numbers)}"
-                )
-        for attempt_id, committed in outcomes.items():
-            if len(committed) > 1:
-                violations.append(f"run {run}: attempt {attempt_id} has {len(committed)} terminal outcomes")
-            if attempt_id not in started_by_id:
-                violations.append(f"run {run}: outcome for attempt {attempt_id} that never started")
-        result = completed[0].result
-        status, want = expected[position]
-        got = str(result)
-        if got != status or outputs != want:
-            violations.append(
-                f"run {run}: ended {got} with {outputs}, the fault-free run ended {status} with {want}"
-            )
-    keys: dict[str, str] = {}
-    for effect in effects:
-        if effect.get("ev") != "begin":
-            continue
-        attempt_id, key = effect["attempt_id"], effect["key"]
-        start = started_by_id.get(attempt_id)
-        if start is None or start.node_id != effect["node"] or start.attempt != effect["attempt"]:
-            violations.append(
-                f"effect of attempt {attempt_id} (node {effect['node']}) matches no NodeStarted"
-            )
-        if keys.setdefault(attempt_id, key) != key:
-            violations.append(f"attempt {attempt_id} was re-invoked with another idempotency key")
-        seen_before = outcome_seen_before.get(attempt_id)
-        if seen_before is not None and effect["worker"] >= seen_before:
-            violations.append(
-                f"attempt {attempt_id} (run {effect['run']} node {effect['node']}) was invoked again by "
-                f"worker {effect['worker']}, started after its outcome was committed"
-            )
-    if queue_limit is not None:
-        violations.extend(_queue_limit(effects, queue_limit, kills or {}))
-    return violations
-
-
-def _queue_limit(effects: Sequence[dict[str, Any]], limit: int, kills: dict[int, float]) -> list[str]:
-    """At most ``limit`` handlers in flight at once (a killed worker's invocations end at the kill)."""
-    spans: dict[tuple[int, str], list[float]] = {}
-    moments: list[tuple[float, int, str]] = []
-    for effect in effects:
-        slot = (effect["worker"], effect["attempt_id"])
-        if effect["ev"] == "begin":
-            spans.setdefault(slot, [effect["t"], float("inf")])
-        elif slot in spans:
-            spans[slot][1] = effect["t"]
-    for (worker, _), (begin, finish) in spans.items():
-        moments.append((begin, 1, f"{worker}"))
-        moments.append((min(finish, kills.get(worker, float("inf"))), -1, f"{worker}"))
-    active = 0
-    peak = 0
-    for _, delta, _ in sorted(moments, key=lambda m: (m[0], m[1])):
-        active += delta
-        peak = max(peak, active)
-    return (
-        [f"{peak} runs of queue {QUEUE} ran at once, its concurrency limit is {limit}"]
-        if peak > limit
-        else []
-    )
-
-
 # -- families -----------------------------------------------------------------------------------
 
 
@@ -491,13 +461,14 @@ def _queue_limit(effects: Sequence[dict[str, Any]], limit: int, kills: dict[int,
 class FamilyResult:
     """One seed of a family: its violations (empty: it passed), a one-line account and its duration."""
 
-    violations: list[str]
+    violations: list[Violation]
     detail: str
     seconds: float
 
 
 @contextlib.contextmanager
 def seed_dir(workdir: Path | None, family: str, seed: int) -> Iterator[Path]:
+    """A fresh directory for one seed (under ``workdir``, default ``$TMPDIR/simnet``), removed afterwards."""
     parent = workdir or Path(tempfile.gettempdir()) / "simnet"
     parent.mkdir(parents=True, exist_ok=True)
     made = Path(tempfile.mkdtemp(prefix=f"{family}-{seed}-", dir=parent))
@@ -507,20 +478,22 @@ def seed_dir(workdir: Path | None, family: str, seed: int) -> Iterator[Path]:
         shutil.rmtree(made, ignore_errors=True)
 
 
-def submit(store: Store, work: Workload, *, queue_limit: int | None = None) -> list[str]:
-    """Create the workload's runs (nothing drives them yet); set the queue's limit when given."""
+def submit(store: Store, work: Sequence[GeneratedWorkflow], *, queue_limit: int | None = None) -> list[str]:
+    """Create the workload's runs on queue ``sim`` (nothing drives them yet), after setting its limit."""
     runtime = WorkflowRuntime(store.url)
     try:
         if queue_limit is not None:
             control = QUEUE_CONTROL.of(runtime.journal)
             assert control is not None, f"{store.url} has no queue control"
             control.queue_set(QueueSettings(name=QUEUE, concurrency=queue_limit))
-        return [runtime.start(work.spec, run_input, queue=QUEUE).run_id for run_input in work.inputs]
+        return [runtime.start(w.spec, w.input, queue=QUEUE).run_id for w in work]
     finally:
         runtime.journal.close()
+        runtime.leases.close()
 
 
 def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``condition`` every 20 ms; whether it held within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -529,74 +502,257 @@ def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-def _moment(observer: Observer, started: int, target: int, worker: WorkerProcess) -> Callable[[], bool]:
-    """When to SIGKILL: the store holds ``target`` records, or every run ended, or the worker died."""
-    return lambda: observer.poll(started) >= target or observer.done() or not worker.alive()
+class Fleet:
+    """The seed's worker processes, numbered in start order, and what the parent did to them."""
+
+    def __init__(self, store: Store, directory: Path, rng: random.Random) -> None:
+        self.store = store
+        self.directory = directory
+        self.rng = rng
+        self.workers: list[WorkerProcess] = []
+        self.killed: set[int] = set()
+        self.exits: list[str] = []
+
+    def start(self, url: str | None = None) -> WorkerProcess:
+        slots = self.rng.choice([1, 4, 8])
+        worker = WorkerProcess(url or self.store.url, self.directory, len(self.workers), concurrency=slots)
+        self.workers.append(worker)
+        return worker
+
+    def kill(self, worker: WorkerProcess) -> None:
+        worker.kill()
+        self.killed.add(worker.number)
+
+    def live(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.number not in self.killed and w.alive()]
+
+    def reap(self) -> list[WorkerProcess]:
+        """Workers that exited by themselves (recorded once each)."""
+        gone = [w for w in self.workers if w.number not in self.killed and not w.alive()]
+        for worker in gone:
+            self.killed.add(worker.number)
+            self.exits.append(f"worker {worker.number} exited {worker.process.returncode}: {worker.tail()}")
+        return gone
+
+    def stop(self) -> list[str]:
+        """SIGTERM every live worker; the ones that did not exit 0."""
+        bad = []
+        for worker in self.live():
+            # A worker SIGTERMed before it installed its handlers would die of the signal: let it start.
+            wait_until(functools.partial(_started, worker), 60)
+            status = worker.stop()
+            if status != 0:
+                bad.append(f"worker {worker.number} exited {status} on SIGTERM: {worker.tail()}")
+        return bad
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+
+
+def _started(worker: WorkerProcess) -> bool:
+    return not worker.alive() or any(event.get("event") == "started" for event in worker.events())
+
+
+def finish(observer: Observer, fleet: Fleet, restart: bool = True) -> bool:
+    """Wait until every run ended (starting a worker when none is alive); whether they did in time."""
+
+    def ended() -> bool:
+        observer.poll()
+        fleet.reap()
+        if restart and not fleet.live():
+            fleet.start()
+        return observer.done()
+
+    return wait_until(ended, FINISH_S)
+
+
+def verdict(
+    store: Store,
+    runs: Sequence[str],
+    *,
+    expected: Sequence[ExpectedRun],
+    observer: Observer,
+    fleet: Fleet,
+    finished: bool,
+) -> list[Violation]:
+    """The seed's violations: unfinished runs, then :func:`check` once the workers stopped."""
+    violations = list(observer.violations)
+    if not finished:
+        left = len(runs) - len(observer.terminal)
+        last = fleet.workers[-1].tail() if fleet.workers else "no worker"
+        violations.append(
+            Violation("not_terminal", "", f"{left} of {len(runs)} runs did not end; last: {last}")
+        )
+    violations += [Violation("worker_exit", "", message) for message in fleet.stop()]
+    violations += check(store, runs, expected, fleet.directory / "effects.jsonl", observer)
+    return violations
+
+
+def _moment(observer: Observer, target: int, worker: WorkerProcess) -> Callable[[], bool]:
+    """When to SIGKILL: the store holds ``target`` records, every run ended, or the worker died."""
+    return lambda: observer.poll() >= target or observer.done() or not worker.alive()
 
 
 def sigkill_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResult:
-    """One worker at a time drives the seed's runs; it is SIGKILLed 1-3 times after seeded event counts."""
+    """One worker at a time drives the seed's runs; it is SIGKILLed 1-3 times after seeded record counts."""
     began = time.monotonic()
     rng = random.Random(f"sigkill-{seed}-{backend}")
     work = workload(seed)
     expected = fault_free(work)
+    kills = rng.randint(1, 3)
     with seed_dir(workdir, "sigkill", seed) as directory:
         store = open_store(backend, directory)
+        fleet = Fleet(store, directory, rng)
         try:
             runs = submit(store, work)
             observer = Observer(store.url, runs)
-            workers: list[WorkerProcess] = []
-            kills = rng.randint(1, 3)
-            killed = 0
             try:
-                for _ in range(kills + 1):
-                    worker = WorkerProcess(
-                        store.url, directory, len(workers), concurrency=rng.choice([1, 4, 8])
-                    )
-                    workers.append(worker)
-                    if killed == kills:
+                for _ in range(kills):
+                    worker = fleet.start()
+                    target = observer.poll() + rng.randint(1, 12)
+                    wait_until(_moment(observer, target, worker), 60)
+                    if observer.done():
                         break
-                    target = observer.poll(len(workers)) + rng.randint(1, 12)
-                    reached = wait_until(_moment(observer, len(workers), target, worker), 60)
-                    if not worker.alive():
-                        observer.violations.append(
-                            f"worker {worker.number} exited on its own: {worker.tail()}"
-                        )
-                        break
-                    if observer.done() or not reached:
-                        break
-                    worker.kill()
-                    killed += 1
-                finished = wait_until(lambda: observer.poll(len(workers)) >= 0 and observer.done(), FINISH_S)
-                if not finished:
-                    observer.violations.append(
-                        f"{len(runs) - len(observer.terminal)} of {len(runs)} runs did not end within "
-                        f"{FINISH_S} s of the last SIGKILL; last worker: {workers[-1].tail()}"
-                    )
-                observer.poll(len(workers))
-                violations = list(observer.violations)
-                if finished:
-                    violations += check(
-                        observer.histories(),
-                        expected,
-                        runs,
-                        read_effects(directory / "effects.jsonl"),
-                        observer.outcome_seen_before,
-                    )
-                status = workers[-1].stop()
-                if status != 0 and not violations:
-                    violations.append(f"the last worker exited {status} on SIGTERM: {workers[-1].tail()}")
+                    if worker.alive():
+                        fleet.kill(worker)
+                    else:
+                        fleet.reap()
+                finished = finish(observer, fleet)
+                violations = verdict(
+                    store, runs, expected=expected, observer=observer, fleet=fleet, finished=finished
+                )
+                violations += [Violation("worker_exit", "", message) for message in fleet.exits]
             finally:
-                for worker in workers:
-                    worker.kill()
                 observer.close()
         finally:
+            fleet.close()
             store.cleanup()
-    detail = f"sigkill {backend}: {len(runs)} runs of {len(work.spec.nodes)} nodes, {killed} SIGKILLs"
+    nodes = sum(len(w.spec.nodes) for w in work)
+    detail = (
+        f"sigkill {backend}: {len(runs)} runs, {nodes} nodes, {len(fleet.killed)} SIGKILLs; checked "
+        f"{observer.checked[0]} invocations, {observer.checked[1]} acknowledged records"
+    )
+    return FamilyResult(violations, detail, time.monotonic() - began)
+
+
+def _partition(fleet: Fleet, victim: WorkerProcess, proxy: NetProxy, pause: float) -> list[Violation]:
+    """Cut ``victim`` off for ``pause`` seconds, heal; the runs others took meanwhile must be let go."""
+    before = held(victim.events())
+    others = {w.number: len(w.events()) for w in fleet.workers if w is not victim}
+    proxy.drop()
+    time.sleep(pause)
+    proxy.heal()
+    claimed = {
+        e.get("run_id")
+        for w in fleet.workers
+        if w is not victim
+        for e in w.events()[others.get(w.number, 0) :]
+        if e.get("event") == "claimed"
+    }
+    taken = before & claimed
+
+    def let_go() -> bool:
+        return not victim.alive() or not held(victim.events()) & taken
+
+    wait_until(let_go, 30)
+    if victim.alive() and held(victim.events()) & taken:
+        still = sorted(held(victim.events()) & taken)
+        return [
+            Violation("not_fenced", still[0], f"worker {victim.number} still holds runs others took: {still}")
+        ]
+    return []
+
+
+def workers_seed(seed: int, backend: str, workdir: Path | None = None, *, workers: int = 3) -> FamilyResult:
+    """``workers`` worker processes share the seed's runs under a queue limit; seeded SIGKILLs and partitions.
+
+    On PostgreSQL and Redis each worker reaches the store through a fault
+    proxy of its own; a partition drops everything on one worker's proxy for
+    2.5-4 lease TTLs, so the others take its runs over, then heals it: it must
+    be fenced, let those runs go and stay up. The queue's concurrency limit is
+    checked at every poll against the runs the live workers' logs say they hold.
+    """
+    began = time.monotonic()
+    rng = random.Random(f"workers-{seed}-{backend}-{workers}")
+    work = workload(seed, runs=rng.randint(4, 8))
+    expected = fault_free(work)
+    limit = rng.randint(1, workers + 1)
+    network = backend in ("postgres", "redis")
+    faults = [rng.choice(["kill", "partition"] if network else ["kill"]) for _ in range(rng.randint(1, 3))]
+    proxies: dict[int, NetProxy] = {}
+    done: collections.Counter[str] = collections.Counter()
+    with seed_dir(workdir, "workers", seed) as directory:
+        store = open_store(backend, directory)
+        fleet = Fleet(store, directory, rng)
+        try:
+            runs = submit(store, work, queue_limit=limit)
+            observer = Observer(store.url, runs)
+            partitioned: set[int] = set()
+
+            def start() -> WorkerProcess:
+                if not network:
+                    return fleet.start()
+                assert store.host is not None
+                proxy = NetProxy(store.host, seed=rng.randrange(1 << 30), workdir=directory)
+                proxies[len(fleet.workers)] = proxy
+                return fleet.start(via(store.url, proxy.port))
+
+            def within_limit() -> bool:
+                holding = sum(len(held(w.events())) for w in fleet.live() if w.number not in partitioned)
+                if holding > limit:
+                    observer.violations.append(
+                        Violation(
+                            "queue_limit", "", f"live workers hold {holding} runs of {QUEUE}, limit {limit}"
+                        )
+                    )
+                return True
+
+            def progressed(target: int) -> bool:
+                return within_limit() and (observer.poll() >= target or observer.done())
+
+            try:
+                for _ in range(workers):
+                    start()
+                for fault in faults:
+                    target = observer.poll() + rng.randint(2, 15)
+                    wait_until(functools.partial(progressed, target), 60)
+                    live = fleet.live()
+                    if observer.done() or not live:
+                        break
+                    victim = rng.choice(live)
+                    if fault == "kill":
+                        fleet.kill(victim)
+                        start()
+                    else:
+                        partitioned.add(victim.number)
+                        pause = rng.uniform(2.5, 4.0) * TTL_MS / 1000
+                        observer.violations += _partition(fleet, victim, proxies[victim.number], pause)
+                        partitioned.discard(victim.number)
+                    done[fault] += 1
+                finished = finish(observer, fleet)
+                within_limit()
+                violations = verdict(
+                    store, runs, expected=expected, observer=observer, fleet=fleet, finished=finished
+                )
+                violations += [Violation("worker_exit", "", message) for message in fleet.exits]
+            finally:
+                observer.close()
+        finally:
+            fleet.close()
+            for proxy in proxies.values():
+                proxy.close()
+            store.cleanup()
+    detail = (
+        f"workers {backend}: {len(runs)} runs over {workers} workers (queue limit {limit}), "
+        f"{done['kill']} SIGKILLs, {done['partition']} partitions; checked {observer.checked[0]} "
+        f"invocations, {observer.checked[1]} acknowledged records"
+    )
     return FamilyResult(violations, detail, time.monotonic() - began)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``worker ...`` (a worker process), or one seed: ``sigkill|workers --backend B --seed S``."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["worker"]:
         return worker_main(arguments[1:])
@@ -613,13 +769,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         result = workers_seed(parsed.seed, parsed.backend, workers=parsed.workers)
     lines = [f"{result.detail}: {len(result.violations)} violations in {result.seconds:.2f} s"]
-    lines += [f"  {violation}" for violation in result.violations]
+    lines += [f"  {v.kind} {v.run_id}: {v.message}" for v in result.violations]
     sys.stdout.write("\n".join(lines) + "\n")
     return 1 if result.violations else 0
-
-
-def workers_seed(seed: int, backend: str, workdir: Path | None = None, *, workers: int = 3) -> FamilyResult:
-    raise NotImplementedError
 
 
 if __name__ == "__main__":
