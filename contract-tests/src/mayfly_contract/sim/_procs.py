@@ -464,6 +464,8 @@ class FamilyResult:
     violations: list[Violation]
     detail: str
     seconds: float
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What the seed saw that is no violation (a worker that gave up with a typed error, say)."""
 
 
 @contextlib.contextmanager
@@ -512,10 +514,13 @@ class Fleet:
         self.workers: list[WorkerProcess] = []
         self.killed: set[int] = set()
         self.exits: list[str] = []
+        self.connect: Callable[[], str] | None = None
+        """The URL each new worker gets (a proxy of its own, say); the store's URL when ``None``."""
 
-    def start(self, url: str | None = None) -> WorkerProcess:
+    def start(self) -> WorkerProcess:
         slots = self.rng.choice([1, 4, 8])
-        worker = WorkerProcess(url or self.store.url, self.directory, len(self.workers), concurrency=slots)
+        url = self.store.url if self.connect is None else self.connect()
+        worker = WorkerProcess(url, self.directory, len(self.workers), concurrency=slots)
         self.workers.append(worker)
         return worker
 
@@ -690,13 +695,15 @@ def workers_seed(seed: int, backend: str, workdir: Path | None = None, *, worker
             observer = Observer(store.url, runs)
             partitioned: set[int] = set()
 
-            def start() -> WorkerProcess:
-                if not network:
-                    return fleet.start()
+            def connect() -> str:
                 assert store.host is not None
                 proxy = NetProxy(store.host, seed=rng.randrange(1 << 30), workdir=directory)
                 proxies[len(fleet.workers)] = proxy
-                return fleet.start(via(store.url, proxy.port))
+                return via(store.url, proxy.port)
+
+            if network:
+                fleet.connect = connect
+            start = fleet.start
 
             def within_limit() -> bool:
                 holding = sum(len(held(w.events())) for w in fleet.live() if w.number not in partitioned)
@@ -770,6 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = workers_seed(parsed.seed, parsed.backend, workers=parsed.workers)
     lines = [f"{result.detail}: {len(result.violations)} violations in {result.seconds:.2f} s"]
     lines += [f"  {v.kind} {v.run_id}: {v.message}" for v in result.violations]
+    lines += [f"  ({note})" for note in result.notes]
     sys.stdout.write("\n".join(lines) + "\n")
     return 1 if result.violations else 0
 
