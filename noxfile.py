@@ -4,8 +4,8 @@ Isolated per-distribution test envs live in tox.ini (``nox -s tests`` runs them)
 Every requirement installed here is a string literal, because the runtime-
 dependency audit reads this file: after changing one, run
 ``python3 policy/check_runtime_dependencies.py --refresh`` and commit the lock.
-There is no ``sim`` session yet: crash and fault simulation has no driver in the
-repository to run; add the session together with the first simulation script.
+``nox -s sim -- --backend B --seeds N`` runs the seeded simulator
+(``python -m mayfly_contract.sim``; docs/testing.md).
 """
 
 from __future__ import annotations
@@ -108,6 +108,29 @@ def bench(session: nox.Session) -> None:
     out.write_text(report, encoding="utf-8")
     print(report)  # noqa: T201  # the report is this session's product
     session.log(f"report written to {_rel(out)} ({len(scripts)} benchmark scripts)")
+
+
+SIM_BACKENDS = ("file", "lmdb", "postgres", "redis")
+
+
+@nox.session
+def sim(session: nox.Session) -> None:
+    """Seeded simulation: ``nox -s sim -- --backend B --seeds N [--seed S] [--workers K]`` (default 1,000).
+
+    Without ``--backend`` every durable backend runs in turn (PostgreSQL and
+    Redis on loopback). Each run prints its seeds per second and, last,
+    ``N seeds, V violations``; a failing seed prints its reproduce command.
+    """
+    for dist in _distributions():
+        session.install("-e", _rel(dist))
+    args = list(session.posargs)
+    if "--seeds" not in args and "--seed" not in args:
+        args += ["--seeds", "1000"]
+    if "--backend" in args:
+        session.run("python", "-m", "mayfly_contract.sim", *args)
+        return
+    for backend in SIM_BACKENDS:
+        session.run("python", "-m", "mayfly_contract.sim", "--backend", backend, *args)
 
 
 @nox.session

@@ -80,6 +80,14 @@ HEADER: Final = struct.Struct(">4sIII")
 HEADER_V1: Final = struct.Struct(">4sII")
 """Version-1 journal frame header (and the MWS1 snapshot header): magic, body length, body CRC-32."""
 _CRC_COVERED: Final = 12  # header bytes covered by a version-2 header CRC
+
+VERIFY_HEADER_CRC = True
+"""TEST-ONLY switch; never change it in production. ``False`` skips the version-2 header CRC check.
+
+It exists so the simulator's test can show it finds real bugs: with the
+check off, a damaged length field reads as a torn tail and acknowledged
+records are silently cut (the bug the header CRC fixed); with it on, the
+same seed fails closed. ``mayfly_contract.sim`` and its test flip it."""
 HINT_MAGIC: Final = b"MWX2"
 HINT_VERSION: Final = 2
 # magic, version, run file inode, committed end covered, frame count, CRC-32 of everything after it.
@@ -197,7 +205,7 @@ def read_header(
         if available < HEADER.size:
             return None
         _, length, crc, header_crc = HEADER.unpack_from(data, position)
-        if zlib.crc32(data[position : position + _CRC_COVERED]) != header_crc:
+        if VERIFY_HEADER_CRC and zlib.crc32(data[position : position + _CRC_COVERED]) != header_crc:
             raise ChecksumMismatch(
                 f"frame header CRC-32 mismatch at {_where(run_id, base + position, last_good)}; "
                 "the journal is damaged"
@@ -400,7 +408,7 @@ def _plausible(data: bytes, position: int, magic: bytes) -> bool:
         header_crc: int
         _, length, _, header_crc = HEADER.unpack_from(data, position)
         covered = data[position : position + _CRC_COVERED]
-        return length <= MAX_JOURNAL_BODY and zlib.crc32(covered) == header_crc
+        return length <= MAX_JOURNAL_BODY and (not VERIFY_HEADER_CRC or zlib.crc32(covered) == header_crc)
     if len(data) - position < HEADER_V1.size:
         return False
     crc: int

@@ -46,6 +46,7 @@ from mayfly.testing._sim import (
     generate_workflow,
     sim_registry,
 )
+from mayfly.testing._simulate import SeedFailure, SimulationReport, simulate
 
 __all__ = [
     "MEMORY_CAPABILITIES",
@@ -63,9 +64,11 @@ __all__ = [
     "MemoryStore",
     "ReducerHarness",
     "ScriptExhausted",
+    "SeedFailure",
     "SimDriver",
     "SimEvent",
     "SimulatedCrash",
+    "SimulationReport",
     "Violation",
     "WorkflowTestEnv",
     "assert_events",
@@ -75,4 +78,5 @@ __all__ = [
     "generate_workflow",
     "memory_store",
     "sim_registry",
+    "simulate",
 ]

@@ -29,6 +29,7 @@ built on them.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -132,7 +133,8 @@ class ExpectedRun(msgspec.Struct, frozen=True):
     """What a run must end as: its terminal status and its succeeded nodes' outputs (the fault-free run's)."""
 
     status: str
-    outputs: dict[str, JsonValue] = {}
+    outputs: dict[str, JsonValue] | None = None
+    """The succeeded nodes' outputs; ``None``: not compared (only the status is)."""
 
 
 def expected_of(result: RunResult) -> ExpectedRun:
@@ -242,6 +244,8 @@ class SimEvent(msgspec.Struct, frozen=True):
     kind: str  # "signal" | "cancel" | "advance"
     node_id: str = ""
     decision: JsonValue = None
+    token: str = ""
+    """The signal's token (default: the generated workflows' token for ``node_id``)."""
 
 
 class GeneratedWorkflow(msgspec.Struct, frozen=True):
@@ -274,11 +278,11 @@ def _behaviour(rng: random.Random, *, allow_signal: bool) -> dict[str, JsonValue
     return {"b": "ok", "v": value}
 
 
-def _retry(rng: random.Random, behaviour: Mapping[str, JsonValue]) -> RetryPolicy:
+def _retry(rng: random.Random, behaviour: Mapping[str, JsonValue], max_backoff_ms: int) -> RetryPolicy:
     backoffs: list[ImmediateBackoff | FixedBackoff | ExponentialBackoff] = [
         ImmediateBackoff(),
-        FixedBackoff(rng.choice([10, 1_000, HOUR])),
-        ExponentialBackoff(100, 2, 60_000),
+        FixedBackoff(min(rng.choice([10, 1_000, HOUR]), max_backoff_ms)),
+        ExponentialBackoff(min(100, max_backoff_ms), 2, min(60_000, max_backoff_ms)),
     ]
     backoff = rng.choice(backoffs)
     fails = behaviour.get("fails", 0)
@@ -305,7 +309,7 @@ CHILD: Final = ChildDefinition(
 
 
 def generate_workflow(
-    rng: random.Random, *, signals: bool = True, children: bool = True
+    rng: random.Random, *, signals: bool = True, children: bool = True, max_backoff_ms: int = HOUR
 ) -> GeneratedWorkflow:
     """Draw one workflow from ``rng``: a layered DAG of 2-7 nodes, each with a drawn behaviour.
 
@@ -316,7 +320,9 @@ def generate_workflow(
     self-edge correction loop), wait for a signal with a deadline (delivered
     within hours, or left to expire), fail permanently, or call a child
     workflow. A run waiting on a signal may be cancelled instead. The same
-    ``rng`` state gives the same workflow.
+    ``rng`` state gives the same workflow. ``signals`` and ``children``
+    allow signal waits and child calls; ``max_backoff_ms`` caps every retry
+    delay.
     """
     nodes: list[Node] = []
     edges: list[Edge] = []
@@ -355,7 +361,7 @@ def generate_workflow(
                         handler=SIM_HANDLER,
                         input=behaviour,
                         depends_on=deps,
-                        retry=_retry(rng, behaviour),
+                        retry=_retry(rng, behaviour, max_backoff_ms),
                         outputs=("v",),
                     )
                 )
@@ -451,7 +457,10 @@ class FaultPlan:
     ``crash_before`` / ``crash_after``: operation numbers (0-based, over
     every mutating call: appends, snapshot writes, index writes) at which the
     process dies before the operation reaches the store, or right after the
-    store took it but before the caller hears back. ``io_errors``: operation
+    store took it but before the caller hears back. ``crash_unacknowledged``:
+    operations the store took but never made durable nor acknowledged (the
+    process died inside the write, so its bytes may be torn; the caller
+    damages them between the death and the restart). ``io_errors``: operation
     numbers that fail with a typed :class:`~mayfly.errors.JournalUnavailable`
     (an EIO or ENOSPC at write or fsync time) without reaching the store.
     ``during``: operation number -> a callable run inside the operation,
@@ -463,24 +472,34 @@ class FaultPlan:
         *,
         crash_before: Sequence[int] = (),
         crash_after: Sequence[int] = (),
+        crash_unacknowledged: Sequence[int] = (),
         io_errors: Mapping[int, str] | None = None,
         during: Mapping[int, Callable[[], None]] | None = None,
     ) -> None:
         self.crash_before = set(crash_before)
         self.crash_after = set(crash_after)
+        self.crash_unacknowledged = set(crash_unacknowledged)
+        self.last: tuple[str, str] | None = None
+        """The last operation tried: its name and run id (where a death left its bytes)."""
         self.io_errors = dict(io_errors or {})
         self.during = dict(during or {})
+        self._description = self._describe()
         self.operations = 0
         self.deaths = 0
         self.io_failures = 0
 
     def describe(self) -> str:
-        """A short description of the plan, for reports."""
+        """A short description of the plan as it was made (for reports)."""
+        return self._description
+
+    def _describe(self) -> str:
         parts = []
         if self.crash_before:
             parts.append(f"die before ops {sorted(self.crash_before)}")
         if self.crash_after:
             parts.append(f"die after ops {sorted(self.crash_after)}")
+        if self.crash_unacknowledged:
+            parts.append(f"die inside ops {sorted(self.crash_unacknowledged)}")
         if self.io_errors:
             parts.append(f"io errors at {sorted(self.io_errors.items())}")
         return ", ".join(parts) or "no journal faults"
@@ -527,6 +546,7 @@ class FaultJournal:
                 raise SimulatedCrash("the process is dead")
             op = plan.operations
             plan.operations += 1
+            plan.last = (name, str(args[0]) if args and isinstance(args[0], str) else "")
             if op in plan.during:
                 plan.during.pop(op)()
             if op in plan.crash_before:
@@ -539,6 +559,9 @@ class FaultJournal:
                     "nothing was written; retry once the storage is healthy"
                 )
             result = fn(*args, **kwargs)
+            if op in plan.crash_unacknowledged:
+                plan.crash_unacknowledged.discard(op)
+                self._die(f"inside {name} (operation {op}), before it was durable")
             if name in ("append", "append_indexed") and isinstance(result, AppendResult):
                 self.effects.acknowledged(args[0], args[2])
             if op in plan.crash_after:
@@ -611,6 +634,63 @@ class FaultJournal:
         self.close()
 
 
+class _TrackedLeases:
+    """A lease store that remembers the guards it handed out, so a simulated death can drop them.
+
+    A killed process loses its leases with its file descriptors and
+    connections (an flock is released, a TTL lease expires during the
+    downtime); an abandoned runtime in this process would hold them forever,
+    so the driver releases them when it restarts.
+    """
+
+    def __init__(self, inner: RecoveryLeaseStore) -> None:
+        self.inner = inner
+        self.guards: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def url(self) -> str:
+        """The inner store's URL."""
+        return self.inner.url
+
+    def acquire(self, run_id: str, owner: str, ttl_ms: int) -> Any:
+        """Acquire through the inner store, remembering the guard."""
+        guard = self.inner.acquire(run_id, owner, ttl_ms)
+        self.guards.append(guard)
+        return guard
+
+    def current_fence(self, run_id: str) -> int:
+        """The inner store's current fence."""
+        return self.inner.current_fence(run_id)
+
+    def drop_all(self, survivor: RecoveryLeaseStore) -> None:
+        """Release every lease the dead process took, through ``survivor`` (the restarted process's store).
+
+        The dead store's own connections may be stuck in the middle of an
+        abandoned call, so each grant is released on the new store's
+        connection (what its TTL expiring during the downtime would do; a
+        grant taken over since is left alone, as ``release`` always does).
+        """
+        for guard in self.guards:
+            with contextlib.suppress(Exception):  # a guard of another kind, or its grant is gone
+                guard._store = survivor  # re-homed onto the live store
+                guard._released = False
+                guard.release()
+        self.guards.clear()
+
+    def close(self) -> None:
+        """Close the inner store."""
+        self.inner.close()
+
+    def __enter__(self) -> _TrackedLeases:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # -- the driver ------------------------------------------------------------------------------------
 
 Opener = Callable[[], tuple[WorkflowJournal, RecoveryLeaseStore]]
@@ -625,6 +705,10 @@ class SimDriver:
     number to a wall-clock jump in ms (positive: forward, negative: backward)
     applied to the restarted process's clock; ``downtime_ms`` is virtual time
     that passes at every death before the restart (a long outage).
+    ``on_death`` is called once a dead process's backend is closed and
+    before the restart opens it again (to damage storage as a crash or a disk
+    would); ``on_restart`` after every restart (to check invariants between
+    steps).
     """
 
     def __init__(
@@ -638,6 +722,10 @@ class SimDriver:
         wall_jumps: Mapping[int, int] | None = None,
         downtime_ms: int = 0,
         max_restarts: int = 64,
+        snapshot_every: int = 1_000,
+        lease_ttl_ms: int = 86_400_000,
+        on_restart: Callable[[SimDriver], None] | None = None,
+        on_death: Callable[[SimDriver], None] | None = None,
     ) -> None:
         self._open = open
         self.registry = registry
@@ -648,6 +736,10 @@ class SimDriver:
         self.wall_jumps = dict(wall_jumps or {})
         self.downtime_ms = downtime_ms
         self.max_restarts = max_restarts
+        self.snapshot_every = snapshot_every
+        self.lease_ttl_ms = lease_ttl_ms
+        self.on_restart = on_restart
+        self.on_death = on_death
         self.restarts = 0
         self.errors: list[MayflyError] = []
         """Typed errors the runtime surfaced (and the driver retried past), in order."""
@@ -661,20 +753,22 @@ class SimDriver:
         self._generation += 1
         inner, leases = self._open()
         self.journal = FaultJournal(inner, self.plan, self.effects)
-        self.leases = leases
+        self.leases = _TrackedLeases(leases)
         self.runtime = WorkflowRuntime(
             self.journal,
             self.registry,
-            leases=leases,
+            leases=self.leases,
             ids=self.ids,
             clock=lambda: self.clock,
             owner=f"sim-owner-{self._generation}",
-            lease_ttl_ms=86_400_000,
+            lease_ttl_ms=self.lease_ttl_ms,
+            snapshot_every=self.snapshot_every,
         )
 
     def _restart(self) -> None:
         """The process died: drop everything it held, let the downtime pass, and boot a new one."""
         self.restarts += 1
+        dead = self.leases
         if self.restarts > self.max_restarts:
             raise MayflyError(f"the run needed more than {self.max_restarts} restarts: it makes no progress")
         for closing in (self.journal, self.leases):
@@ -683,10 +777,16 @@ class SimDriver:
                     closing.close()
             except Exception:
                 pass
+        if self.on_death is not None:
+            self.on_death(self)  # the process is gone and the backend closed: damage storage here
         now = self.clock.now_ms() + self.downtime_ms
         wall = self.clock.wall_ms() + self.downtime_ms + self.wall_jumps.get(self.restarts, 0)
         self.clock = VirtualClock(now, wall_origin_ms=max(0, wall - now))
         self._boot()
+        if isinstance(dead, _TrackedLeases) and isinstance(self.leases, _TrackedLeases):
+            dead.drop_all(self.leases.inner)
+        if self.on_restart is not None:
+            self.on_restart(self)
 
     def close(self) -> None:
         """Close the current journal and lease store."""
@@ -759,7 +859,7 @@ class SimDriver:
                 signal_id = signal_ids.setdefault(id(event), self.ids.new_id())
 
                 def send(rt: WorkflowRuntime, event: SimEvent = event, signal_id: str = signal_id) -> None:
-                    token = SignalToken(SIM_TOKEN_PREFIX + event.node_id)
+                    token = SignalToken(event.token or SIM_TOKEN_PREFIX + event.node_id)
                     rt.signal(run_id, event.node_id, token, event.decision, signal_id=signal_id)
 
                 if self._attempt(send):
@@ -887,6 +987,8 @@ def check_invariants(
             continue
         if expected is not None:
             got = expected_of(RunResult.of(state))
+            if expected.outputs is None:
+                got = ExpectedRun(status=got.status)
             if got != expected:
                 violations.append(
                     Violation(
