@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import collections
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Final
 
 from mayfly.errors import MayflyError
 from mayfly.testing import Violation
+from mayfly_contract.sim._context import SeedContext, SeedResult
 from mayfly_contract.sim._netproxy import NetProxy
 from mayfly_contract.sim._procs import (
     FamilyResult,
@@ -53,8 +53,9 @@ from mayfly_contract.sim._procs import (
     workload,
 )
 
-__all__ = ["FAULTS", "net_seed"]
+__all__ = ["FAULTS", "NET_BACKENDS", "net_family", "net_seed"]
 
+NET_BACKENDS: Final = frozenset({"postgres", "redis"})
 FAULTS: Final = ("delay", "drop", "cut", "ambiguous", "refuse", "restart")
 
 
@@ -133,7 +134,8 @@ def net_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResu
     )
     detail = (
         f"net {backend}: {len(runs)} runs, faults: {shown}; {len(fleet.workers)} workers started, "
-        f"{gave_up} gave up; checked {observer.checked[0]} invocations, {observer.checked[1]} acknowledged records"
+        f"{gave_up} gave up; checked {observer.checked[0]} invocations, "
+        f"{observer.checked[1]} acknowledged records"
     )
     return FamilyResult(violations, detail, time.monotonic() - began, notes=list(fleet.exits))
 
@@ -167,21 +169,9 @@ def _apply(fault: str, rng: random.Random, proxies: list[NetProxy], server: obje
         proxy.heal()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m mayfly_contract.sim._net --backend postgres|redis --seed S``: one seed of the family."""
-    import argparse  # noqa: PLC0415 - only for the command line
-
-    parser = argparse.ArgumentParser(prog="python -m mayfly_contract.sim._net")
-    parser.add_argument("--backend", required=True, choices=["postgres", "redis"])
-    parser.add_argument("--seed", type=int, default=0)
-    arguments = parser.parse_args(argv)
-    result = net_seed(arguments.seed, arguments.backend)
-    lines = [f"{result.detail}: {len(result.violations)} violations in {result.seconds:.2f} s"]
-    lines += [f"  {v.kind} {v.run_id}: {v.message}" for v in result.violations]
-    lines += [f"  ({note})" for note in result.notes]
-    sys.stdout.write("\n".join(lines) + "\n")
-    return 1 if result.violations else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def net_family(ctx: SeedContext) -> SeedResult:
+    """The ``net`` family for the campaign driver (``--family net``; postgres and redis)."""
+    found = net_seed(ctx.seed, ctx.backend.name, ctx.backend.directory)
+    return SeedResult(
+        "net", found.violations, notes=[f"{found.detail} in {found.seconds:.1f} s", *found.notes]
+    )

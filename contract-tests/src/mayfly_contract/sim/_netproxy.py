@@ -50,6 +50,7 @@ from typing import Final, final
 from urllib.parse import urlsplit
 
 _CHUNK: Final = 1 << 16
+_MAIN: Final = "import sys; from mayfly_contract.sim._netproxy import main; sys.exit(main())"
 _UNANSWERED_S: Final = 5.0  # a doomed connection whose server stays silent this long is cut anyway
 
 
@@ -369,7 +370,8 @@ class NetProxy:
         self.target = target
         self._dir = Path(tempfile.mkdtemp(prefix="mfproxy-", dir=workdir))
         self.control_path = str(self._dir / "control")
-        command = [sys.executable, "-m", __spec__.name if __spec__ else "mayfly_contract.sim._netproxy"]
+        # Not ``-m``: the simulator package imports this module, and running it as __main__ too would warn.
+        command = [sys.executable, "-c", _MAIN]
         self.process = subprocess.Popen(
             [*command, "--target", target, "--control", self.control_path, "--seed", str(seed)],
             stdout=subprocess.PIPE,

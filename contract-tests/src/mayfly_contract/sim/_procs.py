@@ -72,9 +72,12 @@ from mayfly.testing import (
     sim_registry,
 )
 from mayfly.worker import Worker, json_log
+from mayfly_contract.sim._context import SeedContext, SeedResult
 from mayfly_contract.sim._netproxy import NetProxy
 from mayfly_contract.sim._servers import private_server
 
+PROCESS_BACKENDS: Final = frozenset({"file", "lmdb", "postgres", "redis"})
+"""The backends the process families run on (every backend several worker processes may share)."""
 TTL_MS: Final = 1_000
 """Lease TTL of the simulator's workers: a SIGKILLed worker's runs are free again after a second."""
 POLL_MS: Final = 100
@@ -372,8 +375,13 @@ def via(url: str, port: int) -> str:
 # -- worker processes --------------------------------------------------------------------------
 
 
+_WORKER_MAIN: Final = (
+    "import sys; from mayfly_contract.sim._procs import worker_main; sys.exit(worker_main(sys.argv[1:]))"
+)
+
+
 class WorkerProcess:
-    """One ``python -m mayfly_contract.sim._procs worker`` process and its JSON log."""
+    """One worker process (:func:`worker_main`) and its JSON log."""
 
     def __init__(
         self, url: str, workdir: Path, number: int, *, concurrency: int, extra: Sequence[str] = ()
@@ -383,9 +391,8 @@ class WorkerProcess:
         self.owner = f"sim-worker-{number}"
         argv = [
             sys.executable,
-            "-m",
-            "mayfly_contract.sim._procs",
-            "worker",
+            "-c",
+            _WORKER_MAIN,
             url,
             str(workdir / "effects.jsonl"),
             str(number),
@@ -428,8 +435,13 @@ class WorkerProcess:
 
 
 def worker_main(argv: Sequence[str]) -> int:
-    """``worker URL EFFECTS NUMBER [--concurrency C] [--ttl-ms T] [--poll-ms P]``: serve until SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m mayfly_contract.sim._procs worker")
+    """A simulator worker process: ``URL EFFECTS NUMBER [--concurrency C] [--ttl-ms T] [--poll-ms P]``.
+
+    A real :class:`mayfly.worker.Worker` with :func:`mayfly.testing.sim_registry`'s
+    handlers, serving until SIGTERM; its journal reports every acknowledged
+    append, and its handlers every invocation, to the shared effect log.
+    """
+    parser = argparse.ArgumentParser(prog="simulator worker")
     parser.add_argument("url")
     parser.add_argument("effects", type=Path)
     parser.add_argument("number", type=int)
@@ -758,29 +770,18 @@ def workers_seed(seed: int, backend: str, workdir: Path | None = None, *, worker
     return FamilyResult(violations, detail, time.monotonic() - began)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``worker ...`` (a worker process), or one seed: ``sigkill|workers --backend B --seed S``."""
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["worker"]:
-        return worker_main(arguments[1:])
-    parser = argparse.ArgumentParser(
-        prog="python -m mayfly_contract.sim._procs", description="Run one seed of a process family."
+def sigkill_family(ctx: SeedContext) -> SeedResult:
+    """The ``sigkill`` family for the campaign driver (``--family sigkill``)."""
+    return _seed_result("sigkill", sigkill_seed(ctx.seed, ctx.backend.name, ctx.backend.directory))
+
+
+def workers_family(ctx: SeedContext) -> SeedResult:
+    """The ``workers`` family for the campaign driver (``--workers K`` with K >= 2)."""
+    found = workers_seed(ctx.seed, ctx.backend.name, ctx.backend.directory, workers=ctx.workers)
+    return _seed_result("workers", found)
+
+
+def _seed_result(family: str, found: FamilyResult) -> SeedResult:
+    return SeedResult(
+        family, found.violations, notes=[f"{found.detail} in {found.seconds:.1f} s", *found.notes]
     )
-    parser.add_argument("family", choices=["sigkill", "workers"])
-    parser.add_argument("--backend", default="file", choices=["file", "lmdb", "postgres", "redis"])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=3)
-    parsed = parser.parse_args(arguments)
-    if parsed.family == "sigkill":
-        result = sigkill_seed(parsed.seed, parsed.backend)
-    else:
-        result = workers_seed(parsed.seed, parsed.backend, workers=parsed.workers)
-    lines = [f"{result.detail}: {len(result.violations)} violations in {result.seconds:.2f} s"]
-    lines += [f"  {v.kind} {v.run_id}: {v.message}" for v in result.violations]
-    lines += [f"  ({note})" for note in result.notes]
-    sys.stdout.write("\n".join(lines) + "\n")
-    return 1 if result.violations else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
