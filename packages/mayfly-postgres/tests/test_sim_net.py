@@ -4,21 +4,25 @@ psycopg talks to the server through the proxy while the test delays, drops,
 cuts and refuses its connections, and cuts one mid-commit: the server commits
 the INSERT, the client gets a connection error, and a direct connection finds
 the row. The private cluster of :mod:`mayfly_contract.sim._servers` is crashed
-and restarted under the proxy.
+and restarted under the proxy. Last, one seed of each of the simulator's
+process families (``sigkill``, ``net``, ``workers``) runs on PostgreSQL.
 """
 
 from __future__ import annotations
 
+import io
 import select
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from mayfly_contract.sim import run_campaign
 from mayfly_contract.sim._netproxy import NetProxy
 from mayfly_contract.sim._servers import PG_PORTS, PrivateCluster
 
@@ -127,3 +131,21 @@ def test_a_crashed_private_cluster_comes_back_through_the_proxy(cluster_binaries
                 assert connection.execute("SELECT k FROM kept").fetchall() == [(1,)]
     finally:
         cluster.destroy()
+
+
+CAMPAIGN_SCHEMA = "simnet_campaign"
+
+
+@pytest.mark.parametrize(("family", "workers"), [("sigkill", 1), ("net", 1), ("workers", 2)])
+def test_one_seed_of_each_process_family(
+    family: str, workers: int, server: str, cluster_binaries: None, tmp_path: Path
+) -> None:
+    """One seed of ``sigkill``, ``net`` (a private cluster behind proxies) and ``workers`` through the driver."""
+    out = io.StringIO()
+    url = f"{server}{'&' if '?' in server else '?'}schema={CAMPAIGN_SCHEMA}"
+    campaign = run_campaign(
+        "postgres", [1], family=family, workers=workers, url=url, directory=tmp_path, out=out
+    )
+    assert campaign.results[1].family == family
+    assert campaign.violations == 0, out.getvalue()
+    assert out.getvalue().endswith("1 seeds, 0 violations\n")

@@ -4,17 +4,22 @@ redis-py talks to a private AOF ``always`` server through the proxy while the
 test delays, drops, cuts and refuses its connections, and cuts one
 mid-commit: the server applies the SET, the client gets a connection error,
 and a direct client reads the value. The server is SIGKILLed and restarted
-under the proxy (``mayfly_contract.sim._servers.PrivateRedis``).
+under the proxy (``mayfly_contract.sim._servers.PrivateRedis``). Last, one
+seed of each of the simulator's process families (``sigkill``, ``net``,
+``workers``) runs on Redis.
 """
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
+from mayfly_contract.sim import run_campaign
 from mayfly_contract.sim._netproxy import NetProxy
 from mayfly_contract.sim._servers import PrivateRedis
 from mayfly_redis.testing import RedisServer
@@ -111,3 +116,19 @@ def test_a_killed_private_redis_comes_back_through_the_proxy_with_its_aof() -> N
             assert _client(proxy.port).get(PREFIX + "kept") == b"1"
     finally:
         server.destroy()
+
+
+# The driver clears its Redis namespace; this one is the tests' own (the families use private servers).
+CAMPAIGN_URL = "redis://127.0.0.1:6379/0?durability=memory&prefix=simnet.campaign"
+
+
+@pytest.mark.parametrize(("family", "workers"), [("sigkill", 1), ("net", 1), ("workers", 2)])
+def test_one_seed_of_each_process_family(family: str, workers: int, tmp_path: Path) -> None:
+    """One seed of ``sigkill``, ``net`` (a private AOF server behind proxies) and ``workers`` through the driver."""
+    out = io.StringIO()
+    campaign = run_campaign(
+        "redis", [1], family=family, workers=workers, url=CAMPAIGN_URL, directory=tmp_path, out=out
+    )
+    assert campaign.results[1].family == family
+    assert campaign.violations == 0, out.getvalue()
+    assert out.getvalue().endswith("1 seeds, 0 violations\n")

@@ -137,7 +137,9 @@ def net_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResu
         f"{gave_up} gave up; checked {observer.checked[0]} invocations, "
         f"{observer.checked[1]} acknowledged records"
     )
-    return FamilyResult(violations, detail, time.monotonic() - began, notes=list(fleet.exits))
+    return FamilyResult(
+        violations, detail, time.monotonic() - began, notes=list(fleet.exits), faults=dict(applied)
+    )
 
 
 def _apply(fault: str, rng: random.Random, proxies: list[NetProxy], server: object) -> None:

@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 
 _CHUNK: Final = 1 << 16
 _MAIN: Final = "import sys; from mayfly_contract.sim._netproxy import main; sys.exit(main())"
+_UNIX_PATH_MAX: Final = 100
 _UNANSWERED_S: Final = 5.0  # a doomed connection whose server stays silent this long is cut anyway
 
 
@@ -369,6 +370,9 @@ class NetProxy:
     def __init__(self, target: str, *, seed: int = 0, workdir: str | Path | None = None) -> None:
         self.target = target
         self._dir = Path(tempfile.mkdtemp(prefix="mfproxy-", dir=workdir))
+        if len(str(self._dir / "control")) > _UNIX_PATH_MAX:
+            self._dir.rmdir()  # a Unix socket's path is short (108 bytes): fall back to /tmp
+            self._dir = Path(tempfile.mkdtemp(prefix="mfproxy-", dir="/tmp"))
         self.control_path = str(self._dir / "control")
         # Not ``-m``: the simulator package imports this module, and running it as __main__ too would warn.
         command = [sys.executable, "-c", _MAIN]

@@ -478,6 +478,8 @@ class FamilyResult:
     seconds: float
     notes: list[str] = dataclasses.field(default_factory=list)
     """What the seed saw that is no violation (a worker that gave up with a typed error, say)."""
+    faults: dict[str, int] = dataclasses.field(default_factory=dict)
+    """How many faults of each kind the seed applied."""
 
 
 @contextlib.contextmanager
@@ -650,7 +652,7 @@ def sigkill_seed(seed: int, backend: str, workdir: Path | None = None) -> Family
         f"sigkill {backend}: {len(runs)} runs, {nodes} nodes, {len(fleet.killed)} SIGKILLs; checked "
         f"{observer.checked[0]} invocations, {observer.checked[1]} acknowledged records"
     )
-    return FamilyResult(violations, detail, time.monotonic() - began)
+    return FamilyResult(violations, detail, time.monotonic() - began, faults={"sigkill": len(fleet.killed)})
 
 
 def _partition(fleet: Fleet, victim: WorkerProcess, proxy: NetProxy, pause: float) -> list[Violation]:
@@ -767,7 +769,7 @@ def workers_seed(seed: int, backend: str, workdir: Path | None = None, *, worker
         f"{done['kill']} SIGKILLs, {done['partition']} partitions; checked {observer.checked[0]} "
         f"invocations, {observer.checked[1]} acknowledged records"
     )
-    return FamilyResult(violations, detail, time.monotonic() - began)
+    return FamilyResult(violations, detail, time.monotonic() - began, faults=dict(done))
 
 
 def sigkill_family(ctx: SeedContext) -> SeedResult:
