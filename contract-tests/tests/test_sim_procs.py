@@ -51,7 +51,7 @@ def test_the_effect_log_of_worker_processes_reaches_the_checker(tmp_path: Path) 
     effects = FileEffects(log, worker=0)
     spec = WorkflowSpec("sim.effects", 1, (Node("a", handler="sim.step@1", input={"b": "ok", "v": 5}),))
     journal = FaultJournal(open_journal(url), FaultPlan(), effects)
-    runtime = WorkflowRuntime(journal, sim_registry(effects), leases=open_leases(url))  # type: ignore[arg-type]
+    runtime = WorkflowRuntime(journal, sim_registry(effects), leases=open_leases(url))
     result = runtime.execute(spec, {"seed": 1})
     assert result.status.value == "succeeded"
     run = result.run_id
