@@ -62,7 +62,7 @@ class Backend:
                 base if "schema=" in base else f"{base}{'&' if '?' in base else '?'}schema={SIM_SCHEMA}"
             )
         elif name == "redis":
-            base = url or os.environ.get("MAYFLY_SIM_REDIS_URL") or DEFAULT_REDIS
+            base = url or os.environ.get("MAYFLY_REDIS_MEMORY_URL") or DEFAULT_REDIS
             self.shared_url = (
                 base if "prefix=" in base else f"{base}{'&' if '?' in base else '?'}prefix={SIM_PREFIX}"
             )

@@ -81,7 +81,6 @@ def run_campaign(
     url: str | None = None,
     directory: Path | None = None,
     out: TextIO | None = None,
-    explicit_seed: bool = False,
 ) -> Campaign:
     """Run ``seeds`` on ``backend``; print each failing seed with its reproduce command (to ``out``)."""
     stream = out if out is not None else sys.stdout
@@ -100,8 +99,7 @@ def run_campaign(
                     )
                 for note in result.notes:
                     stream.write(f"  ({note})\n")
-                shown = family if (family is not None and not explicit_seed) else None
-                stream.write(f"  reproduce: {reproduce_command(backend, seed, workers, shown)}\n")
+                stream.write(f"  reproduce: {reproduce_command(backend, seed, workers, family)}\n")
                 stream.flush()
     finally:
         campaign.seconds = time.perf_counter() - started
@@ -177,6 +175,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         family=args.family,
         url=args.url,
         directory=args.dir,
-        explicit_seed=explicit,
     )
     return 1 if campaign.violations else 0
