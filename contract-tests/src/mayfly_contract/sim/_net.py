@@ -31,12 +31,11 @@ import collections
 import random
 import time
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from mayfly.errors import MayflyError
 from mayfly.testing import Violation
 from mayfly_contract.sim._context import SeedContext, SeedResult
-from mayfly_contract.sim._netproxy import NetProxy
 from mayfly_contract.sim._procs import (
     FamilyResult,
     Fleet,
@@ -52,6 +51,11 @@ from mayfly_contract.sim._procs import (
     wait_until,
     workload,
 )
+
+if TYPE_CHECKING:
+    # Imported where used: ``python -m mayfly_contract.sim._netproxy`` imports this package first, and a
+    # module the package already imported would run twice (runpy warns).
+    from mayfly_contract.sim._netproxy import NetProxy
 
 __all__ = ["FAULTS", "NET_BACKENDS", "net_family", "net_seed"]
 
@@ -93,6 +97,8 @@ def net_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResu
         host = store.host
 
         def connect() -> str:
+            from mayfly_contract.sim._netproxy import NetProxy  # noqa: PLC0415 - see TYPE_CHECKING above
+
             proxy = NetProxy(host, seed=rng.randrange(1 << 30), workdir=directory)
             proxies.append(proxy)
             return via(store.url, proxy.port)

@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -73,8 +73,12 @@ from mayfly.testing import (
 )
 from mayfly.worker import Worker, json_log
 from mayfly_contract.sim._context import SeedContext, SeedResult
-from mayfly_contract.sim._netproxy import NetProxy
 from mayfly_contract.sim._servers import private_server
+
+if TYPE_CHECKING:
+    # Imported where used: ``python -m mayfly_contract.sim._netproxy`` imports this package first, and a
+    # module the package already imported would run twice (runpy warns).
+    from mayfly_contract.sim._netproxy import NetProxy
 
 PROCESS_BACKENDS: Final = frozenset({"file", "lmdb", "postgres", "redis"})
 """The backends the process families run on (every backend several worker processes may share)."""
@@ -711,6 +715,8 @@ def workers_seed(seed: int, backend: str, workdir: Path | None = None, *, worker
 
             def connect() -> str:
                 assert store.host is not None
+                from mayfly_contract.sim._netproxy import NetProxy  # noqa: PLC0415 - see TYPE_CHECKING above
+
                 proxy = NetProxy(store.host, seed=rng.randrange(1 << 30), workdir=directory)
                 proxies[len(fleet.workers)] = proxy
                 return via(store.url, proxy.port)
