@@ -28,7 +28,9 @@ exits with anything but a Mayfly error is an ``untyped_error`` violation.
 from __future__ import annotations
 
 import collections
+import importlib
 import random
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -74,8 +76,14 @@ def _poll(observer: Observer) -> int:
 def _typed(worker: WorkerProcess) -> bool:
     """Whether a worker that exited by itself ended on a Mayfly error (the last line of its traceback)."""
     lines = [line for line in worker.log.read_text(errors="replace").splitlines() if line.strip()]
-    last = lines[-1] if lines else ""
-    return (last.startswith("mayfly") and "Error" in last.split(":", 1)[0]) or "Unavailable" in last
+    found = re.match(r"(mayfly[\w.]*)\.(\w+): ", lines[-1] if lines else "")
+    if found is None:
+        return False
+    try:
+        error = getattr(importlib.import_module(found.group(1)), found.group(2))
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(error, type) and issubclass(error, MayflyError)
 
 
 def net_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResult:
