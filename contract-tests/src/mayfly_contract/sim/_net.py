@@ -28,6 +28,7 @@ exits with anything but a Mayfly error is an ``untyped_error`` violation.
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import random
 import re
@@ -45,6 +46,7 @@ from mayfly_contract.sim._procs import (
     WorkerProcess,
     fault_free,
     finish,
+    interim,
     open_store,
     seed_dir,
     submit,
@@ -125,6 +127,9 @@ def net_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResu
                         break
                     _apply(fault, rng, proxies, store.server)
                     applied[fault] += 1
+                    if _poll(observer) >= 0:  # the server is up: check between faults too
+                        with contextlib.suppress(MayflyError):  # it went down again: the final check will do
+                            interim(observer, store, runs, directory)
                     fleet.reap()
                 finished = wait_until(lambda: _poll(observer) >= 0, 60) and finish(observer, fleet)
                 violations = verdict(

@@ -289,19 +289,33 @@ def held(events: Sequence[dict[str, Any]]) -> set[str]:
 def check(
     store: Store,
     runs: Sequence[str],
-    expected: Sequence[ExpectedRun],
+    expected: Sequence[ExpectedRun] | None,
     effects_path: Path,
     observer: Observer,
 ) -> list[Violation]:
-    """``mayfly.testing.check_invariants`` on the store, with every worker's effects and acknowledgements."""
+    """``mayfly.testing.check_invariants`` on the store, with every worker's effects and acknowledgements.
+
+    ``expected`` ``None`` is a check between faults, while runs are in progress: everything but the
+    terminal results (the effect log is read before the store, so every invocation's start and every
+    acknowledged record it names were committed before the store is read).
+    """
     effects, acknowledged = read_effects(effects_path, observer.seen)
     observer.checked = (len(effects.invocations), sum(len(sums) for sums in acknowledged.values()))
+    wanted = dict.fromkeys(runs) if expected is None else dict(zip(runs, expected, strict=True))
     return check_invariants(
         observer.runtime.journal,
-        dict(zip(runs, expected, strict=True)),
+        wanted,
         acknowledged={**acknowledged, **{run: acknowledged.get(run, []) for run in runs}},
         effects=effects,
+        require_terminal=expected is not None,
     )
+
+
+def interim(observer: Observer, store: Store, runs: Sequence[str], directory: Path) -> None:
+    """Check the invariants between faults; keep each violation once (the final check may see it again)."""
+    for violation in check(store, runs, None, directory / "effects.jsonl", observer):
+        if violation not in observer.violations:
+            observer.violations.append(violation)
 
 
 # -- stores ------------------------------------------------------------------------------------
@@ -608,7 +622,8 @@ def verdict(
             Violation("not_terminal", "", f"{left} of {len(runs)} runs did not end; last: {last}")
         )
     violations += [Violation("worker_exit", "", message) for message in fleet.stop()]
-    violations += check(store, runs, expected, fleet.directory / "effects.jsonl", observer)
+    final = check(store, runs, expected, fleet.directory / "effects.jsonl", observer)
+    violations += [violation for violation in final if violation not in violations]
     return violations
 
 
@@ -639,6 +654,7 @@ def sigkill_seed(seed: int, backend: str, workdir: Path | None = None) -> Family
                         break
                     if worker.alive():
                         fleet.kill(worker)
+                        interim(observer, store, runs, directory)
                     else:
                         fleet.reap()
                 finished = finish(observer, fleet)
@@ -763,6 +779,7 @@ def workers_seed(seed: int, backend: str, workdir: Path | None = None, *, worker
                         pause = rng.uniform(2.5, 4.0) * TTL_MS / 1000
                         observer.violations += _partition(fleet, victim, proxies[victim.number], pause)
                     done[fault] += 1
+                    interim(observer, store, runs, directory)
                 finished = finish(observer, fleet)
                 within_limit()
                 violations = verdict(
