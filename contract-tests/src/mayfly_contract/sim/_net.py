@@ -99,6 +99,7 @@ def net_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResu
     faults = [rng.choice(FAULTS) for _ in range(rng.randint(1, 4))]
     applied: collections.Counter[str] = collections.Counter()
     proxies: list[NetProxy] = []
+    seen: collections.Counter[str] = collections.Counter()  # what the proxies did, summed
     violations: list[Violation] = []
     with seed_dir(workdir, "net", seed) as directory:
         store = open_store(backend, directory, restartable=True)
@@ -145,6 +146,8 @@ def net_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResu
         finally:
             fleet.close()
             for proxy in proxies:
+                with contextlib.suppress(RuntimeError, OSError):
+                    seen.update(proxy.stats())
                 proxy.close()
             store.cleanup()
     gave_up = len(fleet.exits)
@@ -153,7 +156,8 @@ def net_seed(seed: int, backend: str, workdir: Path | None = None) -> FamilyResu
     )
     detail = (
         f"net {backend}: {len(runs)} runs, faults: {shown}; {len(fleet.workers)} workers started, "
-        f"{gave_up} gave up; checked {observer.checked[0]} invocations, "
+        f"{gave_up} gave up; proxies: {seen['ambiguous']} ambiguous commits, {seen['cuts']} cut and "
+        f"{seen['refused']} refused connections; checked {observer.checked[0]} invocations, "
         f"{observer.checked[1]} acknowledged records"
     )
     return FamilyResult(
