@@ -5,7 +5,8 @@ counts, then replaced) and one of ``workers`` (two worker processes under a
 queue limit, one SIGKILLed) run through the campaign driver on real files.
 The effect log test shows that what workers write to it reaches
 ``check_invariants``: a forged late re-invocation and a forged acknowledged
-record the store does not hold are both reported.
+record the store does not hold are both reported. The attempt numbering check
+passes retries and catches a history with a hole.
 """
 
 from __future__ import annotations
@@ -14,13 +15,28 @@ import io
 import json
 import time
 from pathlib import Path
+from typing import Any
 
-from mayfly import Node, WorkflowSpec
+from mayfly import Node, RetryPolicy, WorkflowSpec
 from mayfly.plugins import open_journal, open_leases
 from mayfly.runtime import WorkflowRuntime
-from mayfly.testing import FaultJournal, FaultPlan, check_invariants, sim_registry
+from mayfly.testing import (
+    EffectLog,
+    FaultJournal,
+    FaultPlan,
+    MemoryStore,
+    SimDriver,
+    check_invariants,
+    sim_registry,
+)
 from mayfly_contract.sim import run_campaign
-from mayfly_contract.sim._procs import FileEffects, read_effects, sigkill_seed, workers_seed
+from mayfly_contract.sim._procs import (
+    FileEffects,
+    attempt_numbering,
+    read_effects,
+    sigkill_seed,
+    workers_seed,
+)
 
 
 def test_a_sigkill_seed_through_the_campaign_driver(tmp_path: Path) -> None:
@@ -69,3 +85,33 @@ def test_the_effect_log_of_worker_processes_reaches_the_checker(tmp_path: Path) 
     assert kinds == {"reinvoked_after_success", "lost_ack"}
     journal.close()
     runtime.leases.close()
+
+
+class _Without:
+    """A journal's reads with one record left out (a history with a hole, for the checker)."""
+
+    def __init__(self, journal: Any, drop: int) -> None:
+        self.journal, self.drop = journal, drop
+
+    def read(self, run_id: str) -> list[Any]:
+        return [r for r in self.journal.read(run_id) if r.sequence != self.drop]
+
+
+def test_attempt_numbering_passes_retries_and_catches_a_gap() -> None:
+    spec = WorkflowSpec(
+        "sim.numbering",
+        1,
+        (Node("a", handler="sim.step@1", input={"b": "flaky", "v": 1, "fails": 2}, retry=RetryPolicy(3)),),
+    )
+    store = MemoryStore()
+    driver = SimDriver(lambda: (store.journal(), store.leases()), sim_registry(EffectLog()))
+    run = "00000000-0000-0000-0000-0000000000aa"
+    assert driver.run(spec, {"seed": 1}, run).status.value == "succeeded"
+    journal = store.journal()
+    assert attempt_numbering(journal, [run]) == []
+    second = next(
+        r.sequence for r in journal.read(run) if r.event_type == "NodeStarted" and b'"attempt":2' in r.payload
+    )
+    found = attempt_numbering(_Without(journal, second), [run])  # type: ignore[arg-type]
+    assert [v.message for v in found] == ["a started attempt 3 after attempt 1"]
+    driver.close()

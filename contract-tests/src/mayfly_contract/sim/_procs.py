@@ -1,28 +1,30 @@
 """Simulator seed families with real processes: workers SIGKILLed mid-run, and K workers sharing runs.
 
-A seed submits generated runs to a store (file, lmdb, postgres, redis) and
-lets real :class:`mayfly.worker.Worker` processes (``python -m
-mayfly_contract.sim._procs worker ...``) drive them. The parent never drives
-a run: it only reads the journal, SIGKILLs workers at seeded moments (after
-the store holds a seeded number of events, found by polling) and starts new
-ones. Handlers append one fsynced line per invocation to an effect log
-(run, node, attempt, attempt id, idempotency key, which worker process).
+A seed submits runs of ``mayfly.testing.generate_workflow``'s workflows to a
+store (file, lmdb, postgres, redis) and lets real
+:class:`mayfly.worker.Worker` processes (:func:`worker_main`, with
+``sim_registry``'s handlers) drive them. The parent never drives a run: it
+reads the store, SIGKILLs workers at seeded moments (once the store holds a
+seeded number of records more) and starts new ones. Every worker's handlers
+and journal append each invocation and each acknowledged append to one
+fsynced effect log (:class:`FileEffects`).
 
-At the end every run must have succeeded with the same outputs as a
-fault-free run of the same workload on ``memory://``, and the journal and the
-effect log must satisfy the simulator's invariants (see :func:`check`):
-nothing the parent once read is gone, attempts are numbered 1..n without gap
-or repeat, one outcome per attempt, re-invocations keep the attempt id and
-idempotency key, an attempt whose outcome was seen committed is never invoked
-again by a later worker, and a queue's concurrency limit is never exceeded.
+Between faults and at the end, ``mayfly.testing.check_invariants`` checks
+the store against that log and what the parent read: nothing acknowledged
+lost, one outcome per attempt, re-invocations under the started attempt id
+and its idempotency key, none after the attempt's success was acknowledged,
+and at the end every run's result equal to its fault-free run's
+(``SimDriver`` on ``memory://``). :func:`attempt_numbering` adds that
+attempts are numbered 1..n in each activation, without gap or repeat, and
+the workers family that a queue's concurrency limit is never exceeded.
 
-Families (each ``(seed, backend, workdir) -> FamilyResult``):
+Families (the campaign driver's ``--family sigkill|workers``):
 
 * :func:`sigkill_seed`: one worker at a time, SIGKILLed 1-3 times;
 * :func:`workers_seed`: K workers at once, seeded SIGKILLs; on PostgreSQL
   and Redis each worker reaches the store through its own fault proxy, and a
   seeded worker is partitioned (its proxy drops everything) past its lease,
-  then healed: it must be fenced and let its runs go.
+  then healed: it must let go of the runs the others took.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import msgspec
 from mayfly import FixedBackoff, HandlerRequest, Succeeded, WorkflowSpec, plugins
 from mayfly.journal import JournalRecord, WorkflowJournal
 from mayfly.lease import RecoveryLeaseStore
-from mayfly.model.events import NodeOutcomeCommitted
+from mayfly.model.events import ChildStarted, EdgeActivated, NodeOutcomeCommitted, NodeReady, NodeStarted
 from mayfly.queues import QUEUE_CONTROL, QueueSettings
 from mayfly.reducer import decode_event
 from mayfly.runtime import WorkflowRuntime
@@ -309,6 +311,42 @@ def check(
         effects=effects,
         require_terminal=expected is not None,
     )
+
+
+def attempt_numbering(journal: WorkflowJournal, runs: Sequence[str]) -> list[Violation]:
+    """Each node's attempts are numbered 1, 2, ... per activation (ready again, or an edge into it: 1).
+
+    Child runs are checked with their parents. A gap (1, 3), a repeat (1, 1 with no new activation) or a
+    start that is neither is a violation.
+    """
+    violations: list[Violation] = []
+    pending = list(runs)
+    while pending:
+        run = pending.pop()
+        last: dict[str, int] = {}
+        ready: set[str] = set()
+        for record in journal.read(run):
+            event = decode_event(record.event_type, record.schema_version, record.payload)
+            if isinstance(event, NodeReady):
+                ready.add(event.node_id)
+            elif isinstance(event, EdgeActivated):
+                ready.add(event.target)  # a correction loop: a new activation
+            elif isinstance(event, NodeStarted | ChildStarted):
+                if isinstance(event, ChildStarted):
+                    pending.append(event.child_run_id)
+                before = last.get(event.node_id)
+                due = 1 if before is None or event.node_id in ready else before + 1
+                if event.attempt != due:
+                    violations.append(
+                        Violation(
+                            "attempt_numbering",
+                            run,
+                            f"{event.node_id} started attempt {event.attempt} after attempt {before}",
+                        )
+                    )
+                last[event.node_id] = event.attempt
+                ready.discard(event.node_id)
+    return violations
 
 
 def interim(observer: Observer, store: Store, runs: Sequence[str], directory: Path) -> None:
@@ -623,6 +661,7 @@ def verdict(
         )
     violations += [Violation("worker_exit", "", message) for message in fleet.stop()]
     final = check(store, runs, expected, fleet.directory / "effects.jsonl", observer)
+    final += attempt_numbering(observer.runtime.journal, runs)
     violations += [violation for violation in final if violation not in violations]
     return violations
 
