@@ -112,6 +112,6 @@ def test_attempt_numbering_passes_retries_and_catches_a_gap() -> None:
     second = next(
         r.sequence for r in journal.read(run) if r.event_type == "NodeStarted" and b'"attempt":2' in r.payload
     )
-    found = attempt_numbering(_Without(journal, second), [run])  # type: ignore[arg-type]
+    found = attempt_numbering(_Without(journal, second), [run])
     assert [v.message for v in found] == ["a started attempt 3 after attempt 1"]
     driver.close()

@@ -47,7 +47,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 
@@ -313,7 +313,11 @@ def check(
     )
 
 
-def attempt_numbering(journal: WorkflowJournal, runs: Sequence[str]) -> list[Violation]:
+class _Reads(Protocol):
+    def read(self, run_id: str) -> Sequence[JournalRecord]: ...
+
+
+def attempt_numbering(journal: _Reads, runs: Sequence[str]) -> list[Violation]:
     """Each node's attempts are numbered 1, 2, ... per activation (ready again, or an edge into it: 1).
 
     Child runs are checked with their parents. A gap (1, 3), a repeat (1, 1 with no new activation) or a
