@@ -34,6 +34,20 @@ def test_the_header_checksum_is_what_catches_a_damaged_length_field(monkeypatch:
         backend.close()
 
 
+def test_a_disk_failing_inside_a_snapshot_write_is_a_typed_error() -> None:
+    # Seed 2's storage family fails the disk (EIO after part of a write) inside a snapshot write: the
+    # simulator found that the file journal let the raw OSError out there instead of JournalUnavailable.
+    assert random.Random(2).choice(FILE_DAMAGE) == "eio"
+    backend = open_backend("file")
+    try:
+        result = run_seed(SeedContext(2, backend), "storage")
+        assert result.notes[0].startswith("eio: EIO after ") and "bytes of a write" in result.notes[0]
+        assert result.violations == []
+        assert result.failed_closed == 1  # the JournalUnavailable, after which a restart finished the run
+    finally:
+        backend.close()
+
+
 def test_a_campaign_prints_throughput_then_the_closing_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--backend", "file", "--seeds", "6"]) == 0
     lines = capsys.readouterr().out.splitlines()

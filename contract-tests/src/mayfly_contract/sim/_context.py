@@ -34,8 +34,10 @@ __all__ = ["BACKENDS", "Backend", "Reference", "SeedContext", "SeedResult", "ope
 BACKENDS: Final = ("memory", "file", "lmdb", "postgres", "redis")
 DEFAULT_POSTGRES: Final = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS: Final = "redis://127.0.0.1:6379/0?durability=memory"
-SIM_SCHEMA: Final = "sim_campaign"
-SIM_PREFIX: Final = "sim.campaign"
+SIM_SCHEMA: Final = f"sim_campaign_{os.getpid()}"
+"""The PostgreSQL schema of this process's campaign (one per process, so campaigns never share one)."""
+SIM_PREFIX: Final = f"sim.campaign.{os.getpid()}"
+"""The Redis key prefix of this process's campaign."""
 
 
 class Backend:
@@ -43,8 +45,9 @@ class Backend:
 
     ``memory``, ``file`` and ``lmdb`` give every seed its own store;
     ``postgres`` and ``redis`` share one schema / key prefix for the whole
-    campaign (cleared when it starts and ends), and seeds stay apart through
-    their run ids (each seed's ids have their own namespace).
+    campaign (``sim_campaign_<pid>`` / ``sim.campaign.<pid>`` unless the URL
+    names one; cleared when it starts, dropped when it ends), and seeds stay
+    apart through their run ids (each seed's ids have their own namespace).
     """
 
     def __init__(self, name: str, *, url: str | None = None, directory: Path | None = None) -> None:
@@ -111,14 +114,22 @@ class Backend:
         """A callable opening ``url`` afresh each time (a :class:`~mayfly.testing.SimDriver` opener)."""
         return lambda: self.open(url)
 
-    def expire_leases(self, owner: str) -> None:
-        """Let every lease ``owner`` holds expire now, as its TTL would during a long downtime.
+    def bury(self, owner: str) -> None:
+        """Finish a simulated death on PostgreSQL as a real one ends: its sessions gone, its leases expired.
 
-        A simulated death can leave a grant nobody holds a guard for (an
-        acquire in flight on another task when the process died); a real dead
-        owner's TTL lease runs out, so the restarted process could claim it.
-        Only PostgreSQL needs this: elsewhere the driver releases every grant.
+        A killed process's sockets close, so the server aborts what its
+        sessions were in the middle of and frees their row locks; a process
+        abandoned in this one keeps its sockets open, so its sessions (every
+        session of the campaign's schema: at a death no other process uses
+        it) are terminated here. A grant the death left with no guard (an
+        acquire in flight on another task) expires, as the TTL of a dead
+        owner's lease runs out during the downtime. On Redis (whose commands
+        are atomic, so no session holds anything) only such grants expire.
+        Elsewhere the driver releases every grant it saw.
         """
+        if self.name == "redis":
+            self._expire_redis_leases(owner)
+            return
         if self.name != "postgres":
             return
         import psycopg  # noqa: PLC0415 - only with the backend
@@ -129,11 +140,32 @@ class Backend:
         settings = parse_url(self.shared_url)
         with psycopg.Connection.connect(settings.conninfo, autocommit=True) as connection:
             connection.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND datname = current_database() AND position(%s in query) > 0",
+                (f'"{settings.schema}".',),
+            )
+            connection.execute(
                 sql.SQL("UPDATE {} SET expires_at = '-infinity' WHERE owner = %s").format(
                     sql.Identifier(settings.schema, "leases")
                 ),
                 (owner,),
             )
+
+    def _expire_redis_leases(self, owner: str) -> None:
+        import redis  # noqa: PLC0415 - only with the backend
+
+        from mayfly_redis._url import parse_url  # noqa: PLC0415
+
+        target = parse_url(self.shared_url)
+        client = redis.Redis(host=target.host, port=target.port, db=target.db)
+        try:
+            for key in client.scan_iter(match=f"{target.prefix}:*:lease", count=1000):
+                value = client.get(key)  # "<token> <nonce> <owner>"
+                text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+                if value is not None and text.split(" ", 2)[-1] == owner:
+                    client.delete(key)
+        finally:
+            client.close()
 
     def release(self, seed: int) -> None:
         """Forget a finished seed's private stores."""

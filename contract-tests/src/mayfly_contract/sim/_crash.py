@@ -67,7 +67,7 @@ def crash_family(ctx: SeedContext) -> SeedResult:
         wall_jumps=jumps,
         downtime_ms=downtime,
         on_restart=between,
-        on_death=lambda dead: ctx.backend.expire_leases(dead.runtime.owner if dead.runtime else ""),
+        on_death=lambda dead: ctx.backend.bury(dead.runtime.owner if dead.runtime else ""),
     )
     try:
         run_id = driver.ids.new_id()

@@ -17,7 +17,12 @@ The damage, drawn per seed:
   record unchanged;
 - ``foreign_snapshot`` (file: another run's snapshot file copied over this
   run's; LMDB: the run's snapshot damaged): recovery must not use it (it
-  rebuilds from the journal) or fail closed.
+  rebuilds from the journal) or fail closed;
+- ``enospc`` / ``eio`` (file): the disk itself fails inside an append: the
+  file journal's ``os.write`` writes part of the batch and then raises
+  ``ENOSPC`` or ``EIO``. The append must raise a typed
+  :class:`~mayfly.errors.JournalUnavailable` having acknowledged nothing
+  (and cut its partial batch), and a restarted process finishes the run.
 
 A typed refusal is a pass (``failed_closed``); any other error, and any
 recovery that silently lost or changed an acknowledged record or produced
@@ -26,11 +31,14 @@ another result, is a violation.
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import struct
 from pathlib import Path
 
-from mayfly.errors import CorruptionError, MayflyError
+import mayfly.local._journal as _local_journal
+from mayfly.errors import CorruptionError, JournalUnavailable, MayflyError
 from mayfly.journal import FAULT_INJECTION
 from mayfly.plugins import open_journal
 from mayfly.testing import (
@@ -46,7 +54,7 @@ from mayfly_contract.sim._context import SeedContext, SeedResult
 
 __all__ = ["FILE_DAMAGE", "LMDB_DAMAGE", "frame_offsets", "storage_family"]
 
-FILE_DAMAGE = ("torn_tail", "short_write", "bit_flip", "length_field", "foreign_snapshot")
+FILE_DAMAGE = ("torn_tail", "short_write", "bit_flip", "length_field", "foreign_snapshot", "enospc", "eio")
 LMDB_DAMAGE = ("bit_flip", "foreign_snapshot")
 _HEADER = struct.Struct(">4sIII")  # MWJ2: magic, body length, body CRC-32, header CRC-32
 
@@ -88,12 +96,20 @@ def storage_family(ctx: SeedContext) -> SeedResult:
     operations = max(reference.operations, 2)
     death = rng.randrange(1, operations)
     unacked = kind in ("torn_tail", "short_write")
-    plan = FaultPlan(crash_unacknowledged=[death] if unacked else [], crash_after=[] if unacked else [death])
+    disk = (
+        _FailingDisk(errno.ENOSPC if kind == "enospc" else errno.EIO) if kind in ("enospc", "eio") else None
+    )
+    if disk is not None:
+        plan = FaultPlan(during={death: disk.arm})
+    else:
+        plan = FaultPlan(
+            crash_unacknowledged=[death] if unacked else [], crash_after=[] if unacked else [death]
+        )
     effects = EffectLog()
     damaged: list[str] = []
 
     def damage(driver: SimDriver) -> None:
-        if damaged or plan.last is None:
+        if damaged or plan.last is None or disk is not None:
             return
         operation, run_id = plan.last
         if not run_id:
@@ -134,9 +150,17 @@ def storage_family(ctx: SeedContext) -> SeedResult:
         final = [Violation("driver_error", run_id, f"{type(exc).__name__}: {exc}")]
     finally:
         driver.close()
+        if disk is not None:
+            disk.disarm()
+    if disk is not None:
+        what = disk.describe()
+        if disk.fired and not any(isinstance(e, JournalUnavailable) for e in driver.errors):
+            final.append(Violation("untyped_error", run_id, f"{what}, but no JournalUnavailable was raised"))
+        result.failed_closed += len(driver.errors)
+        damaged.append(what)
     what = damaged[0] if damaged else "no damage (the death came too late)"
     result.notes.append(f"{kind}: {what}; {plan.describe()}")
-    recoverable = kind in ("torn_tail", "short_write")
+    recoverable = kind in ("torn_tail", "short_write", "enospc", "eio")
     if refused is not None:
         if recoverable:
             result.violations.append(
@@ -227,6 +251,47 @@ def _damage_lmdb(ctx: SeedContext, kind: str, url: str, run_id: str, effects: Ef
         return f"flipped bytes of acknowledged record {sequence} of run {run_id}"
     finally:
         journal.close()
+
+
+class _FailingDisk:
+    """Replaces the file journal's ``os`` for one append: half of the write lands, then the disk fails."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+        self.fired = False
+        self.partial = 0
+        self._armed = False
+
+    def arm(self) -> None:
+        """Make the next ``os.write`` of the file journal fail (called inside the chosen operation)."""
+        self._armed = True
+        setattr(_local_journal, "os", self)  # noqa: B010 - the module's own name for os, swapped
+
+    def disarm(self) -> None:
+        """Give the file journal its real ``os`` back."""
+        self._armed = False
+        setattr(_local_journal, "os", os)  # noqa: B010
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def write(self, fd: int, data: bytes) -> int:
+        """Write half of the first batch, then fail with the errno (once)."""
+        if not self._armed:
+            return os.write(fd, data)
+        if not self.partial and len(data) > 1:
+            self.partial = os.write(fd, data[: len(data) // 2])
+            return self.partial
+        self.fired = True
+        self.disarm()
+        raise OSError(self.code, os.strerror(self.code))
+
+    def describe(self) -> str:
+        """What the disk did."""
+        name = errno.errorcode[self.code]
+        if not self.fired:
+            return f"{name} armed, but the operation wrote nothing to a run file"
+        return f"{name} after {self.partial} bytes of a write"
 
 
 def _truncate(path: Path, size: int) -> None:

@@ -189,3 +189,17 @@ def test_the_checker_reports_lost_and_changed_acknowledged_records() -> None:
         ]
     finally:
         drop_store(store.name)
+
+
+def test_a_wait_that_expires_late_or_a_signal_accepted_after_its_deadline_is_reported() -> None:
+    from mayfly.model.events import SignalAccepted, SignalExpired, SignalWaitOpened, VirtualTimeAdvanced
+    from mayfly.testing._sim import _check_deadlines
+
+    attempt = "00000000-0000-7000-8000-000000000002"
+    opened = SignalWaitOpened("n0", attempt, "go", "0" * 64, at=0, deadline=10)
+    on_time = [opened, VirtualTimeAdvanced(10), SignalExpired("n0", attempt, "go", 10)]
+    assert _check_deadlines("r", on_time) == []
+    late = [opened, VirtualTimeAdvanced(12), SignalExpired("n0", attempt, "go", 10)]
+    assert [v.kind for v in _check_deadlines("r", late)] == ["deadline_missed"]
+    answered_late = [opened, SignalAccepted("s", "n0", attempt, "go", at=11)]
+    assert "past its deadline 10" in _check_deadlines("r", answered_late)[0].message

@@ -614,6 +614,15 @@ class LocalWorkflowJournal(JournalBase):
             self._store_snapshot(run_id, snapshot)
 
     def _store_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
+        try:
+            self._replace_snapshot(run_id, snapshot)
+        except OSError as error:  # a full or failing disk: typed, and the old snapshot is still in place
+            raise JournalUnavailable(
+                f"writing the snapshot of run {run_id} failed: {error}; the previous snapshot and the "
+                "journal are unchanged, retry when the disk is writable"
+            ) from None
+
+    def _replace_snapshot(self, run_id: str, snapshot: SnapshotRecord) -> None:
         run = run_id
         frame = _frames.encode_snapshot(snapshot)
         durable = self._durability is Durability.DURABLE

@@ -45,6 +45,10 @@ from mayfly.model.events import (
     Event,
     NodeOutcomeCommitted,
     NodeStarted,
+    SignalAccepted,
+    SignalExpired,
+    SignalWaitOpened,
+    VirtualTimeAdvanced,
 )
 from mayfly.model.ids import DeterministicIdSource, IdSource, idempotency_key
 from mayfly.model.json import JsonValue
@@ -117,6 +121,8 @@ class Violation(msgspec.Struct, frozen=True):
     ``attempt_changed`` (a re-invocation under an attempt id the journal never
     started, or with another idempotency key), ``reinvoked_after_success``,
     ``result_differs`` (the terminal result is not the fault-free run's),
+    ``deadline_missed`` (a signal wait expired at another time than its
+    deadline, or a signal was accepted after it),
     ``not_terminal``, ``non_idempotent`` (one idempotency key, different
     outcomes), ``corruption_undetected`` / ``untyped_error`` (damage accepted
     silently, or surfaced as something other than a typed Mayfly error),
@@ -963,6 +969,7 @@ def check_invariants(
             violations.append(Violation("unreadable", root, f"{type(exc).__name__}: {exc}"))
             continue
         for run_id, events in tree:
+            violations.extend(_check_deadlines(run_id, events))
             outcomes: dict[str, int] = {}
             for event in events:
                 if isinstance(event, NodeStarted | ChildStarted):
@@ -1000,6 +1007,40 @@ def check_invariants(
                 )
     if effects is not None:
         violations.extend(_check_effects(effects, started, runs))
+    return violations
+
+
+def _check_deadlines(run_id: str, events: Sequence[Event]) -> list[Violation]:
+    """Signal waits end on time: expired at their own deadline, never answered after it."""
+    violations: list[Violation] = []
+    now = 0
+    deadlines: dict[str, int | None] = {}
+    for event in events:
+        if isinstance(event, VirtualTimeAdvanced):
+            now = event.to
+        elif isinstance(event, SignalWaitOpened):
+            deadlines[event.attempt_id] = event.deadline
+        elif isinstance(event, SignalExpired):
+            opened = deadlines.get(event.attempt_id)
+            if opened != event.deadline or now != event.deadline:
+                violations.append(
+                    Violation(
+                        "deadline_missed",
+                        run_id,
+                        f"the wait of {event.node_id} (deadline {opened}) expired at run time {now} "
+                        f"recording deadline {event.deadline}",
+                    )
+                )
+        elif isinstance(event, SignalAccepted):
+            opened = deadlines.get(event.attempt_id)
+            if opened is not None and event.at >= opened:
+                violations.append(
+                    Violation(
+                        "deadline_missed",
+                        run_id,
+                        f"a signal to {event.node_id} was accepted at {event.at}, past its deadline {opened}",
+                    )
+                )
     return violations
 
 
