@@ -10,14 +10,8 @@ refuses root). In CI (``CI`` set) an unreachable server is a failure.
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -26,6 +20,9 @@ import psycopg
 
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import JournalRecord
+from mayfly_contract.sim._servers import PrivateCluster, binaries  # the cluster lives in the contract kit
+
+__all__ = ["PrivateCluster", "binaries"]
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -42,17 +39,6 @@ def reachable(url: str) -> str | None:
             connection.execute("SELECT 1")
     except psycopg.Error as error:
         return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return None
-
-
-def binaries() -> tuple[str, str] | None:
-    """Paths of initdb and pg_ctl, or None when PostgreSQL server binaries are not installed."""
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if initdb and pg_ctl:
-        return initdb, pg_ctl
-    for directory in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (directory / "initdb").exists() and (directory / "pg_ctl").exists():
-            return str(directory / "initdb"), str(directory / "pg_ctl")
     return None
 
 
@@ -73,76 +59,6 @@ def drop_schema(url: str, schema: str) -> None:
         connection.execute(
             psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(psycopg.sql.Identifier(schema))
         )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-class PrivateCluster:
-    """A throwaway PostgreSQL cluster on a free loopback port; restartable, crashable."""
-
-    def __init__(self, *settings: str) -> None:
-        found = binaries()
-        if found is None:
-            raise RuntimeError("initdb/pg_ctl not found; install the PostgreSQL server binaries")
-        self._initdb, self._pg_ctl = found
-        self.root = Path(tempfile.mkdtemp(prefix="mayfly-pg-"))
-        self.data = self.root / "data"
-        self.log = self.root / "server.log"
-        self.port = _free_port()
-        self._settings = settings
-        self._as_user: list[str] = []
-        if os.geteuid() == 0:
-            user = pwd.getpwnam("postgres")
-            os.chown(self.root, user.pw_uid, user.pw_gid)
-            self._as_user = ["runuser", "-u", "postgres", "--"]
-        self._run(
-            self._initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
-        )
-        self.start()
-
-    @property
-    def url(self) -> str:
-        """The URL of the cluster's ``postgres`` database."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *command: str) -> None:
-        subprocess.run([*self._as_user, *command], check=True, capture_output=True, timeout=120)
-
-    def start(self) -> None:
-        """Start the server and wait until it accepts connections."""
-        options = " ".join(
-            [f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-c unix_socket_directories={self.root}"]
-            + [f"-c {setting}" for setting in self._settings]
-        )
-        self._run(
-            self._pg_ctl, "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start"
-        )
-
-    def stop(self, mode: str = "fast") -> None:
-        """Stop the server; ``immediate`` is a crash (no checkpoint, recovery on start)."""
-        self._run(self._pg_ctl, "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
-
-    def crash_restart(self) -> None:
-        """Crash the server (immediate shutdown) and start it again."""
-        self.stop("immediate")
-        self.start()
-
-    def destroy(self) -> None:
-        """Stop the server if running and delete its files."""
-        pid_file = self.data / "postmaster.pid"
-        if pid_file.exists():
-            try:
-                self.stop("immediate")
-            except subprocess.CalledProcessError:
-                pid = int(pid_file.read_text().splitlines()[0])
-                os.kill(pid, signal.SIGKILL)
-                time.sleep(0.5)
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 PROXY = Path(__file__).with_name("dropproxy.py")

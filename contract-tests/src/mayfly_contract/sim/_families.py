@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from mayfly_contract.sim._context import SeedContext, SeedResult
 from mayfly_contract.sim._crash import crash_family
 from mayfly_contract.sim._lease import lease_family
+from mayfly_contract.sim._net import NET_BACKENDS, net_family
+from mayfly_contract.sim._procs import PROCESS_BACKENDS, sigkill_family, workers_family
 from mayfly_contract.sim._queue import queue_family
 from mayfly_contract.sim._storage import storage_family
 
@@ -46,6 +48,10 @@ FAMILIES: list[Family] = [
     Family(
         "queue", queue_family, weight=1, backends=frozenset({"memory", "file", "lmdb", "postgres", "redis"})
     ),
+    # Real processes, seconds a seed: about 1 seed in 10; the workers family half the seeds of --workers K.
+    Family("sigkill", sigkill_family, weight=1, backends=PROCESS_BACKENDS),
+    Family("net", net_family, weight=1, backends=NET_BACKENDS),
+    Family("workers", workers_family, weight=10, backends=PROCESS_BACKENDS, min_workers=2),
 ]
 
 
