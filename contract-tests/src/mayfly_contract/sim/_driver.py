@@ -5,13 +5,19 @@ fresh namespace of the backend, and reports its violations. A failing seed
 prints its violations and the one command that reproduces it. The last two
 lines are the throughput (seeds per second, per family counts) and the
 closing line ``N seeds, V violations``. Exit status: 0 when no seed found a
-violation, 1 otherwise, 2 for a usage error.
+violation, 1 otherwise, 2 for a usage error, 3 when a seed is stuck (still
+running after ``--seed-timeout`` seconds: it prints the seed, its reproduce
+command and every thread's stack).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import logging
+import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -22,7 +28,10 @@ from typing import TextIO
 from mayfly_contract.sim._context import BACKENDS, SeedContext, SeedResult, open_backend
 from mayfly_contract.sim._families import families_for, pick_family
 
-__all__ = ["Campaign", "main", "reproduce_command", "run_campaign", "run_seed"]
+__all__ = ["SEED_TIMEOUT_S", "Campaign", "main", "reproduce_command", "run_campaign", "run_seed"]
+
+SEED_TIMEOUT_S = 600
+"""A seed still running after this long is stuck: the campaign prints it, its stacks, and exits 3."""
 
 
 def reproduce_command(backend: str, seed: int, workers: int = 1, family: str | None = None) -> str:
@@ -81,6 +90,7 @@ def run_campaign(
     url: str | None = None,
     directory: Path | None = None,
     out: TextIO | None = None,
+    seed_timeout_s: int = SEED_TIMEOUT_S,
 ) -> Campaign:
     """Run ``seeds`` on ``backend``; print each failing seed with its reproduce command (to ``out``)."""
     stream = out if out is not None else sys.stdout
@@ -89,7 +99,9 @@ def run_campaign(
     started = time.perf_counter()
     try:
         for seed in seeds:
+            _watch(seed, stream, reproduce_command(backend, seed, workers, family), seed_timeout_s)
             result = run_seed(SeedContext(seed, store, workers=workers), family)
+            _watch(seed, stream, "", 0)
             campaign.results[seed] = result
             if result.violations:
                 stream.write(f"seed {seed} ({result.family}) found {len(result.violations)} violation(s):\n")
@@ -115,6 +127,40 @@ def run_campaign(
     stream.write(campaign.closing_line() + "\n")
     stream.flush()
     return campaign
+
+
+def _kill_children() -> None:
+    """SIGKILL this process's children (a stuck seed's workers, proxies and private servers)."""
+    me = str(os.getpid())
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        if parent == me:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _watch(seed: int, stream: TextIO, command: str, seconds: int) -> None:
+    """Arm (``seconds`` > 0) or disarm the stuck-seed watchdog: a hang is a finding, never a silent stall."""
+    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
+        if hasattr(signal, "SIGALRM"):
+            signal.alarm(0)
+        return
+
+    def stuck(signum: int, frame: object) -> None:
+        stream.write(f"seed {seed} is stuck: still running after {seconds} s; its stacks follow\n")
+        stream.write(f"  reproduce: {command}\n")
+        stream.flush()
+        faulthandler.dump_traceback(all_threads=True)
+        _kill_children()
+        os._exit(3)
+
+    signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(seconds)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,6 +189,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--dir", type=Path, default=None, help="where file and LMDB stores go (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--seed-timeout",
+        type=int,
+        default=SEED_TIMEOUT_S,
+        help=f"seconds after which a seed counts as stuck: exit 3 (default {SEED_TIMEOUT_S}; 0: never)",
     )
     return parser
 
@@ -175,5 +227,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         family=args.family,
         url=args.url,
         directory=args.dir,
+        seed_timeout_s=args.seed_timeout,
     )
     return 1 if campaign.violations else 0
