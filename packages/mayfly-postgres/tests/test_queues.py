@@ -97,7 +97,7 @@ def test_a_store_at_migration_2_is_upgraded_in_place_with_its_rows(queue_url: st
         assert applied_version(admin, schema) == 2
     with PostgresJournal(queue_url) as journal:
         with psycopg.connect(server, autocommit=True) as admin:
-            assert applied_version(admin, schema) == LATEST_VERSION == 3
+            assert applied_version(admin, schema) == LATEST_VERSION >= 3
         assert journal.index_get(new) == IndexEntry(
             run_id=new, queue=queue, status=IndexStatus.NEW, ready_at_ms=2, sequence=3
         )

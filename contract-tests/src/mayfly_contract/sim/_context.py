@@ -132,10 +132,10 @@ class Backend:
             return
         if self.name != "postgres":
             return
-        import psycopg  # noqa: PLC0415 - only with the backend
+        import psycopg  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415 - only with the backend
         from psycopg import sql  # noqa: PLC0415
 
-        from mayfly_postgres._url import parse_url  # noqa: PLC0415
+        from mayfly_postgres._url import parse_url  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
         settings = parse_url(self.shared_url)
         with psycopg.Connection.connect(settings.conninfo, autocommit=True) as connection:
@@ -152,9 +152,9 @@ class Backend:
             )
 
     def _expire_redis_leases(self, owner: str) -> None:
-        import redis  # noqa: PLC0415 - only with the backend
+        import redis  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415 - only with the backend
 
-        from mayfly_redis._url import parse_url  # noqa: PLC0415
+        from mayfly_redis._url import parse_url  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
         target = parse_url(self.shared_url)
         client = redis.Redis(host=target.host, port=target.port, db=target.db)
@@ -179,13 +179,13 @@ class Backend:
     def clear(self) -> None:
         """Empty the shared PostgreSQL schema or Redis prefix (file, LMDB and memory stores are per seed)."""
         if self.name == "postgres":
-            from mayfly_postgres.__main__ import _run  # noqa: PLC0415 - only with the backend
+            from mayfly_postgres.__main__ import _run  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415 - only with the backend
 
             _run("drop", self.shared_url)  # `python -m mayfly_postgres drop --yes URL`, without its output
         elif self.name == "redis":
-            import redis  # noqa: PLC0415 - only with the backend
+            import redis  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415 - only with the backend
 
-            from mayfly_redis._url import parse_url  # noqa: PLC0415
+            from mayfly_redis._url import parse_url  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
             target = parse_url(self.shared_url)
             client = redis.Redis(host=target.host, port=target.port, db=target.db)
