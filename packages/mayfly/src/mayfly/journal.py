@@ -49,6 +49,7 @@ import datetime
 import enum
 import hashlib
 import re
+import struct
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
@@ -117,7 +118,12 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _PRINTABLE_ASCII = re.compile(r"[\x21-\x7e]+")
 _RECORD_DOMAIN = b"mayfly.journal.record/1\x00"
 _SNAPSHOT_DOMAIN = b"mayfly.journal.snapshot/1\x00"
+_U64 = struct.Struct(">Q").pack
 
+
+# Well-formed event type names met so far (bounded: a store could hold any number of names).
+_EVENT_TYPES_SEEN: set[str] = set()
+_EVENT_TYPES_REMEMBERED = 256
 
 # Records sealed in this process, by identity: appending them needs no second validation.
 _SEALED: weakref.WeakValueDictionary[int, JournalRecord] = weakref.WeakValueDictionary()
@@ -130,6 +136,34 @@ def _digest(domain: bytes, fields: Iterable[bytes]) -> str:
         parts.append(field)
     # One hash call over the joined bytes is much cheaper than many small updates.
     return hashlib.sha256(b"".join(parts)).hexdigest()
+
+
+def _record_digest(
+    run_id: str, sequence: int, event_id: str, event_type: str, schema_version: int, payload: bytes
+) -> str:
+    """A record's checksum: :func:`_digest` over its six fields, unrolled (every append seals records)."""
+    run = run_id.encode()
+    seq = b"%d" % sequence
+    event = event_id.encode()
+    kind = event_type.encode()
+    version = b"%d" % schema_version
+    return hashlib.sha256(
+        b"".join((
+            _RECORD_DOMAIN,
+            _U64(len(run)),
+            run,
+            _U64(len(seq)),
+            seq,
+            _U64(len(event)),
+            event,
+            _U64(len(kind)),
+            kind,
+            _U64(len(version)),
+            version,
+            _U64(len(payload)),
+            payload,
+        ))
+    ).hexdigest()
 
 
 def _is_int(value: object) -> bool:
@@ -199,32 +233,33 @@ class JournalRecord(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
         payload: bytes,
     ) -> JournalRecord:
         """Validate the fields and return the record with its checksum computed."""
-        unsealed = cls(
+        if not _fields_well_formed(run_id, sequence, event_id, event_type, schema_version, payload):
+            # The slow path names the broken field with its precise typed error.
+            cls(
+                run_id=run_id,
+                sequence=sequence,
+                event_id=event_id,
+                event_type=event_type,
+                schema_version=schema_version,
+                payload=payload,
+                checksum="",
+            ).validate()
+        sealed = cls(
             run_id=run_id,
             sequence=sequence,
             event_id=event_id,
             event_type=event_type,
             schema_version=schema_version,
             payload=payload,
-            checksum="",
+            checksum=_record_digest(run_id, sequence, event_id, event_type, schema_version, payload),
         )
-        unsealed.validate()
-        sealed = msgspec.structs.replace(unsealed, checksum=unsealed.expected_checksum())
         _SEALED[id(sealed)] = sealed
         return sealed
 
     def expected_checksum(self) -> str:
         """Return the checksum this record's fields should carry (fields must be well-typed)."""
-        return _digest(
-            _RECORD_DOMAIN,
-            (
-                self.run_id.encode(),
-                str(self.sequence).encode(),
-                self.event_id.encode(),
-                self.event_type.encode(),
-                str(self.schema_version).encode(),
-                self.payload,
-            ),
+        return _record_digest(
+            self.run_id, self.sequence, self.event_id, self.event_type, self.schema_version, self.payload
         )
 
     def validate(self) -> None:
@@ -767,24 +802,55 @@ def validate_batch(
 
 def _well_formed(record: JournalRecord, run: str) -> bool:
     """Fast path of :meth:`JournalRecord.validate` for the common, valid case (appends are hot)."""
-    event_type = record.event_type
-    payload = record.payload
     return (
-        type(record.sequence) is int
-        and 1 <= record.sequence <= MAX_SEQUENCE
-        and type(record.schema_version) is int
-        and 1 <= record.schema_version <= MAX_SEQUENCE
+        record.run_id == run
         and type(record.checksum) is str
-        and record.run_id == run
-        and type(record.event_id) is str
-        and _UUID.fullmatch(record.event_id) is not None
+        and _fields_well_formed(
+            run,
+            record.sequence,
+            record.event_id,
+            record.event_type,
+            record.schema_version,
+            record.payload,
+            run_checked=True,
+        )
+    )
+
+
+def _fields_well_formed(  # noqa: PLR0913, PLR0917 - a record's six fields, checked where they are hot
+    run_id: object,
+    sequence: object,
+    event_id: object,
+    event_type: object,
+    schema_version: object,
+    payload: object,
+    *,
+    run_checked: bool = False,
+) -> bool:
+    """Whether a record's fields keep every input rule (False: :meth:`JournalRecord.validate` says which)."""
+    return (
+        (run_checked or (type(run_id) is str and _UUID.fullmatch(run_id) is not None))
+        and type(sequence) is int
+        and 1 <= sequence <= MAX_SEQUENCE
+        and type(schema_version) is int
+        and 1 <= schema_version <= MAX_SEQUENCE
+        and type(event_id) is str
+        and _UUID.fullmatch(event_id) is not None
         and type(event_type) is str
-        and len(event_type) <= MAX_EVENT_TYPE_LENGTH
-        and _EVENT_TYPE.fullmatch(event_type) is not None
+        and (event_type in _EVENT_TYPES_SEEN or _new_event_type(event_type))
         and type(payload) is bytes
         and len(payload) <= MAX_RECORD_PAYLOAD
         and (payload.isascii() or _is_utf8(payload))
     )
+
+
+def _new_event_type(event_type: str) -> bool:
+    """Check an event type name not seen yet; remember a well-formed one (a handful exist)."""
+    if len(event_type) > MAX_EVENT_TYPE_LENGTH or _EVENT_TYPE.fullmatch(event_type) is None:
+        return False
+    if len(_EVENT_TYPES_SEEN) < _EVENT_TYPES_REMEMBERED:
+        _EVENT_TYPES_SEEN.add(event_type)
+    return True
 
 
 def _is_utf8(data: bytes) -> bool:
