@@ -60,7 +60,7 @@ from mayfly.reducer._consequences import (
 from mayfly.reducer._draft import Draft
 from mayfly.reducer.children import child_input, child_outcome, nesting_depth, project_fields
 from mayfly.reducer.signals import deliver_signal, open_signal_wait
-from mayfly.reducer.validate import check_input, validate
+from mayfly.reducer.validate import check_input, validate_and_hash
 
 # Enum members as module constants: on Python 3.11 ``NodeStatus.READY`` goes through
 # EnumType's __getattr__ hook (several times a global load), and these are read on every event.
@@ -124,7 +124,7 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
             RejectionCode.INVALID_INPUT,
             f"invalid run id {command.run_id!r}: expected a canonical UUID",
         )
-    issues = validate(command.spec)
+    issues, spec_hash = validate_and_hash(command.spec)
     if issues:
         shown = "; ".join(str(issue) for issue in issues[:3])
         more = f" (and {len(issues) - 3} more)" if len(issues) > 3 else ""
@@ -161,6 +161,7 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
             RejectionCode.INVALID_INPUT,
             f"run {command.run_id}: dedup id {command.dedup_id!r:.80} must match {DEDUP_ID.pattern}",
         )
+    assert spec_hash is not None  # a spec without a JSON form has issues
     parent = command.parent
     if parent is not None:
         problem = _parent_problem(command)
@@ -169,7 +170,7 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
     created = RunCreated(
         run_id=command.run_id,
         spec=command.spec,
-        spec_hash=command.spec.content_hash(),
+        spec_hash=spec_hash,
         input=command.input,
         parent=parent,
         epoch_ms=command.epoch_ms,

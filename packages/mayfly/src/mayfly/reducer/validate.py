@@ -13,6 +13,7 @@ problem in the JSON or the Python that produced it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -46,7 +47,7 @@ from mayfly.model.spec import (
 from mayfly.reducer.children import call_graph_issues
 from mayfly.reducer.transitions import describe_predicate, first_overlaps, overlap_reason
 
-__all__ = ["check_input", "ensure_valid", "validate"]
+__all__ = ["check_input", "ensure_valid", "validate", "validate_and_hash"]
 
 _Add = Callable[[ValidationIssue], None]
 
@@ -90,6 +91,19 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
     them: an unknown reference, recursion or nesting deeper than eight
     levels is reported before any run exists.
     """
+    return validate_and_hash(spec)[0]
+
+
+def validate_and_hash(spec: WorkflowSpec) -> tuple[list[ValidationIssue], str | None]:
+    """:func:`validate`, and the spec's content hash (``None`` if it has no JSON form to hash).
+
+    The hash is :meth:`WorkflowSpec.content_hash`, computed over the same
+    canonical JSON the validation writes, so creating a run hashes its spec
+    once. A spec whose canonical JSON was validated before (a runtime
+    validates before it creates the run, and creating validates again) has
+    its graph checks answered from a small memo: they depend only on that
+    JSON, since every spec checked here reads back unchanged from it.
+    """
     # Python-built structs skip msgspec's type checks; a JSON round trip applies them
     # with located messages ("Expected `int`, got `str` - at `$.nodes[0].retry`"). The
     # run's history holds exactly that JSON, so a spec must also read back from it with
@@ -103,7 +117,7 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
         # unless a value changed on the way.
         difference = None if canonical_json(decoded) == written else spec_difference(spec, decoded)
     except (msgspec.ValidationError, msgspec.EncodeError, TypeError, ValueError) as exc:
-        return [ValidationIssue("", f"malformed specification: {exc}")]
+        return [ValidationIssue("", f"malformed specification: {exc}")], None
     except RecursionError:
         return [
             ValidationIssue(
@@ -111,7 +125,7 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
                 "malformed specification: nested too deeply to encode as JSON "
                 f"(node inputs may nest at most {MAX_JSON_DEPTH} levels)",
             )
-        ]
+        ], None
     if difference is not None:
         return [
             ValidationIssue(
@@ -119,7 +133,26 @@ def validate(spec: WorkflowSpec) -> list[ValidationIssue]:
                 "does not read back unchanged from its own JSON: it holds a value JSON cannot "
                 "represent (a NaN or infinity, an object that is not a JSON value)",
             )
-        ]
+        ], None
+    digest = hashlib.sha256(written)
+    spec_hash = "sha256:" + digest.hexdigest()
+    key = digest.digest()
+    known = _CHECKED.get(key)
+    if known is None:
+        known = _CHECKED[key] = tuple(_check_graph(spec))
+        if len(_CHECKED) > _CHECKED_LIMIT:
+            del _CHECKED[next(iter(_CHECKED))]  # the oldest
+    return list(known), spec_hash
+
+
+# The issues of specs checked lately, by the SHA-256 of their canonical JSON. Bounded; a cache of
+# a pure function of that JSON, so what it returns never depends on what was checked before.
+_CHECKED: dict[bytes, tuple[ValidationIssue, ...]] = {}
+_CHECKED_LIMIT = 64
+
+
+def _check_graph(spec: WorkflowSpec) -> list[ValidationIssue]:
+    """Every problem of a spec that reads back unchanged from its JSON (see :func:`validate`)."""
     issues: list[ValidationIssue] = []
     add = issues.append
     if spec.schema_version not in SUPPORTED_SPEC_SCHEMA_VERSIONS:
