@@ -138,7 +138,7 @@ def _digest(domain: bytes, fields: Iterable[bytes]) -> str:
     return hashlib.sha256(b"".join(parts)).hexdigest()
 
 
-def _record_digest(
+def _record_digest(  # noqa: PLR0917 - the six record fields, positional on the hot path
     run_id: str, sequence: int, event_id: str, event_type: str, schema_version: int, payload: bytes
 ) -> str:
     """A record's checksum: :func:`_digest` over its six fields, unrolled (every append seals records)."""
@@ -148,21 +148,23 @@ def _record_digest(
     kind = event_type.encode()
     version = b"%d" % schema_version
     return hashlib.sha256(
-        b"".join((
-            _RECORD_DOMAIN,
-            _U64(len(run)),
-            run,
-            _U64(len(seq)),
-            seq,
-            _U64(len(event)),
-            event,
-            _U64(len(kind)),
-            kind,
-            _U64(len(version)),
-            version,
-            _U64(len(payload)),
-            payload,
-        ))
+        b"".join(
+            (
+                _RECORD_DOMAIN,
+                _U64(len(run)),
+                run,
+                _U64(len(seq)),
+                seq,
+                _U64(len(event)),
+                event,
+                _U64(len(kind)),
+                kind,
+                _U64(len(version)),
+                version,
+                _U64(len(payload)),
+                payload,
+            )
+        )
     ).hexdigest()
 
 
@@ -817,7 +819,7 @@ def _well_formed(record: JournalRecord, run: str) -> bool:
     )
 
 
-def _fields_well_formed(  # noqa: PLR0913, PLR0917 - a record's six fields, checked where they are hot
+def _fields_well_formed(  # noqa: PLR0917 - a record's six fields, checked where they are hot
     run_id: object,
     sequence: object,
     event_id: object,

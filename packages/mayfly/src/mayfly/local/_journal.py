@@ -62,6 +62,7 @@ import functools
 import os
 import threading
 import time
+import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -81,13 +82,14 @@ from mayfly.local._index import LocalRunIndex
 from mayfly.local._lease import LocalLeaseStore
 from mayfly.local._schedules import LocalSchedules
 from mayfly.local._store import (
+    MAX_FENCE_TEXT,
     Layout,
     check_durability,
     locked,
     off_hub,
     open_run_file,
+    parse_fence,
     parse_url,
-    read_fence,
     sync_data,
     sync_directory,
 )
@@ -107,6 +109,8 @@ from mayfly.substrate import GroupCommit
 __all__ = ["LocalWorkflowJournal"]
 
 _INDEX_CACHE_LIMIT: Final = 1024
+# Run files and fencing counters kept open, each (about twice this many descriptors at most).
+_OPEN_FILES_LIMIT: Final = 128
 _SCAN_WINDOW: Final = 4 << 20
 # Leases never expire here: a local lease lasts until release or process death.
 _FEATURES: Final = (
@@ -147,6 +151,9 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         # a worker serving millions of runs keeps only the locks in use.
         self._run_locks: dict[str, list[Any]] = {}
         self._indexes: dict[str, _frames.RunIndex] = {}
+        # Run files and fencing counters kept open across appends (see _run_file and _fence).
+        self._files: dict[str, int] = {}
+        self._fences: dict[str, int] = {}
         self._listing: tuple[tuple[int, int], list[str]] | None = None
         self._index_db: LocalRunIndex | None = None
         self._leases: LocalLeaseStore | None = None
@@ -156,6 +163,7 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         super().__init__(
             url=target.url, capabilities=JournalCapabilities.declare(target.durability, _FEATURES)
         )
+        _OPEN_JOURNALS.add(self)
 
     @property
     def root(self) -> str:
@@ -182,6 +190,79 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
             if entry[1] == 0:
                 del self._run_locks[run_id]
 
+    def _run_file(self, run_id: str) -> tuple[int, bool]:
+        """The run's journal file, open for appending, and whether this call created it.
+
+        The caller holds the run's thread lock (:meth:`_run_lock`). The
+        descriptor stays open for the next append (two system calls fewer per
+        append): run files are never unlinked or replaced here (a purge
+        empties one in place). One removed from outside while kept open is
+        found by :meth:`_index` (no links left), which fails closed; the
+        caller then drops the descriptor. A new file's directory entry is
+        fsynced by the caller (once per group).
+        """
+        fd = self._files.get(run_id)
+        if fd is not None:
+            return fd, False
+        fd = open_run_file(self._layout, run_id, create=False)
+        created = fd is None
+        if fd is None:
+            fd = open_run_file(self._layout, run_id, create=True, durable=False)
+            assert fd is not None  # created when absent
+        self._keep(self._files, run_id, fd)
+        return fd, created
+
+    def _fence(self, run_id: str) -> int:
+        """The run's current fencing token (0 if it was never leased); the caller holds its thread lock.
+
+        A counter file, once created, is only ever rewritten in place
+        (:func:`~mayfly.local._store.write_fence`), so its descriptor is kept
+        open and each append reads the token with one ``pread``.
+        """
+        fd = self._fences.get(run_id)
+        if fd is None:
+            try:
+                fd = os.open(self._layout.fence_path(run_id), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return 0
+            self._keep(self._fences, run_id, fd)
+        return parse_fence(run_id, os.pread(fd, MAX_FENCE_TEXT, 0))
+
+    def _keep(self, table: dict[str, int], run_id: str, fd: int) -> None:
+        """Keep ``fd`` open in ``table``; close the oldest kept descriptors of runs no thread is using."""
+        with self._guard:
+            table[run_id] = fd
+            if len(table) <= _OPEN_FILES_LIMIT:
+                return
+            # A run no thread holds or waits for has no lock entry: nobody is using its descriptor.
+            idle = [run for run in table if run not in self._run_locks][: len(table) - _OPEN_FILES_LIMIT]
+            for run in idle:
+                os.close(table.pop(run))
+
+    def _drop_files(self, run_id: str | None = None) -> None:
+        """Close the kept descriptors (of ``run_id``, or all); the caller holds the run's lock or closes."""
+        with self._guard:
+            for table in (self._files, self._fences):
+                for run in [run_id] if run_id is not None else list(table):
+                    fd = table.pop(run, None)
+                    if fd is not None:
+                        os.close(fd)
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's descriptors without using them.
+
+        A descriptor shared across a fork shares its ``flock``: the child
+        locking it would not exclude the parent. Closing the child's copies
+        leaves the parent's locks and files as they were.
+        """
+        for table in (self._files, self._fences):
+            for fd in table.values():
+                with suppress(OSError):
+                    os.close(fd)
+            table.clear()
+        self._guard = threading.Lock()  # a lock held in the parent at the fork stays held in the child
+        self._run_locks = {}
+
     @contextmanager
     def _run(self, run_id: str) -> Iterator[None]:
         lock = self._run_lock(run_id)
@@ -201,6 +282,14 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         each frame they return.
         """
         stat = os.fstat(fd)
+        if not stat.st_nlink:
+            # Only a kept descriptor (see _run_file) can outlive its file's name.
+            self._forget(run_id)
+            raise HistoryLost(
+                run_id,
+                "its journal file was removed while this process had it open",
+                remedy=f"restore {self._layout.run_file(run_id)} from a backup",
+            )
         with self._guard:
             index = self._indexes.get(run_id)
         if index is not None and index.inode == stat.st_ino and stat.st_size < index.end:
@@ -448,12 +537,8 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
                     lock = self._run_lock(run_id)
                     lock.acquire()
                     try:
-                        fd = open_run_file(self._layout, run_id, create=False)
-                        created = fd is None
-                        if fd is None:
-                            # Its directory entry is fsynced once for the whole group (_sync_group).
-                            fd = open_run_file(self._layout, run_id, create=True, durable=False)
-                            assert fd is not None  # created when absent
+                        # A new file's directory entry is fsynced once for the whole group (_sync_group).
+                        fd, created = self._run_file(run_id)
                     except BaseException:
                         lock.release()
                         self._run_unlock(run_id)
@@ -461,7 +546,7 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
                     opened.append((run_id, lock, fd, created))
                     fcntl.flock(fd, fcntl.LOCK_EX)
                     index = self._index(run_id, fd, exclusive=True)
-                    self.check_fence(run_id, fence, read_fence(self._layout, run_id))
+                    self.check_fence(run_id, fence, self._fence(run_id))
                     if expected_next != index.next_sequence:
                         outcomes[i] = self.refused(
                             run_id,
@@ -524,11 +609,13 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
                         continue
                 outcomes[i] = self.acknowledged(run_id, batch)
         finally:
+            lost = {items[i][0] for i in range(count) if isinstance(outcomes[i], HistoryLost)}
             for run_id, lock, fd, _ in opened:
                 try:
-                    # Unlock explicitly: a child forked meanwhile may share the descriptor.
+                    # Unlock explicitly: the descriptor stays open, and a child forked meanwhile shares it.
                     fcntl.flock(fd, fcntl.LOCK_UN)
-                    os.close(fd)
+                    if run_id in lost:
+                        self._drop_files(run_id)  # the next append opens the path again
                 finally:
                     lock.release()
                     self._run_unlock(run_id)
@@ -1197,6 +1284,7 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
 
     def _close(self) -> None:
         """Drop the in-process index and close the run index; the base refuses further operations."""
+        self._drop_files()
         with self._guard:
             self._indexes.clear()
             if self._index_db is not None:
@@ -1205,6 +1293,17 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
             if self._leases is not None:
                 self._leases.close()
                 self._leases = None
+
+
+_OPEN_JOURNALS: Final[weakref.WeakSet[LocalWorkflowJournal]] = weakref.WeakSet()
+
+
+def _forget_descriptors_in_child() -> None:
+    for journal in list(_OPEN_JOURNALS):
+        journal._after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_descriptors_in_child)
 
 
 def _run_of(item: _Item) -> str:

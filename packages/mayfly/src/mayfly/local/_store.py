@@ -39,6 +39,7 @@ from mayfly.model.errors import (
 from mayfly.substrate import current_hub, offload
 
 __all__ = [
+    "MAX_FENCE_TEXT",
     "VOLATILE_FILESYSTEMS",
     "Layout",
     "LocalTarget",
@@ -46,6 +47,7 @@ __all__ = [
     "filesystem_type",
     "locked",
     "open_run_file",
+    "parse_fence",
     "parse_url",
     "read_fence",
     "sync_data",
@@ -68,7 +70,8 @@ _DURABILITY_NAMES: Final = {
     "flush": Durability.FLUSH,
     "write": Durability.WRITE,
 }
-_MAX_FENCE_TEXT = 32
+MAX_FENCE_TEXT: Final = 32
+"""Longest fencing counter text read (the counter is 21 bytes: a right-aligned token and a newline)."""
 _SHAPE: Final = "file:///DIR?durability=fsync|flush|write, or a bare directory path"
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 
@@ -274,9 +277,14 @@ def read_fence(layout: Layout, run_id: str) -> int:
     except FileNotFoundError:
         return 0
     try:
-        text = os.read(fd, _MAX_FENCE_TEXT)
+        text = os.read(fd, MAX_FENCE_TEXT)
     finally:
         os.close(fd)
+    return parse_fence(run_id, text)
+
+
+def parse_fence(run_id: str, text: bytes) -> int:
+    """The fencing token a counter file holds; unreadable text fails closed."""
     try:
         return int(text.decode("ascii"))
     except ValueError:
