@@ -103,19 +103,22 @@ def commit_command(
         # compare and fencing checks passed), so a refused append leaves the state untouched.
         reduced: list[RunState] = []
 
-        def entry() -> IndexEntry:
+        def advanced() -> RunState:
             if not reduced:
                 after = state
                 for offset, event in enumerate(decision):
                     after = reduce(after, event, first + offset)
                 assert after is not None
                 reduced.append(after)
-            return index_entry(reduced[0])
+            return reduced[0]
+
+        def entry() -> IndexEntry:
+            return index_entry(advanced())
 
         result = journal.append_indexed(run_id, first, records, fence, entry)
         _check_ack(journal.url, run_id, first, records, result)
-        entry()  # an exact re-append stores nothing new, but the state still moves on
-        return Commit(reduced[0], tuple(decision), tuple(records))
+        # An exact re-append asked for no entry (it stores nothing new), but the state still moves on.
+        return Commit(advanced(), tuple(decision), tuple(records))
     result = journal.append(run_id, first, records, fence)
     _check_ack(journal.url, run_id, first, records, result)
     for offset, event in enumerate(decision):

@@ -60,7 +60,7 @@ def test_a_forked_child_does_not_share_the_parents_file_lock(tmp_path: Path) -> 
     journal.append(run, 1, [sealed(run, 1)])
     done = tmp_path / "child-appended"
     # Hold the run's exclusive lock through the very descriptor the journal kept.
-    kept = journal._files[run]  # noqa: SLF001 - the descriptor under test
+    kept = journal._files[run]
     fcntl.flock(kept, fcntl.LOCK_EX)
     pid = os.fork()
     if pid == 0:  # the child: append through the journal object it inherited

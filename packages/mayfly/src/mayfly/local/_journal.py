@@ -529,7 +529,8 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         staged: list[tuple[int, int, _frames.RunIndex]] = []  # (item, fd, index) to write
         # Locks are taken in run-id order, so two groups (flushers here or in another process)
         # that share runs wait for each other instead of deadlocking.
-        order = sorted(range(count), key=lambda i: items[i][0])
+        order = sorted(range(count), key=lambda i: items[i][0]) if count > 1 else range(count)
+        entries: dict[int, IndexEntry] = {}
         try:
             for i in order:
                 run_id, expected_next, batch, fence, _ = items[i]
@@ -557,46 +558,48 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
                             sequence_of=index.event_ids.get,
                         )
                         continue
+                    used = index.event_ids
                     for record in batch:
-                        used = index.event_ids.get(record.event_id)
-                        if used is not None:
-                            raise self.event_id_taken(run_id, record.event_id, used)
+                        if record.event_id in used:
+                            raise self.event_id_taken(run_id, record.event_id, used[record.event_id])
                     staged.append((i, fd, index))
                 except Exception as error:  # it is this batch's outcome
                     outcomes[i] = error
-            entries: dict[int, IndexEntry] = {}
-            if any(items[i][4] is not None for i, _, _ in staged):
-                db = self._run_index()
-                wanted: list[int] = []
-                for i, _, _ in staged:
-                    make = items[i][4]
-                    if make is None:
-                        continue
-                    try:
-                        entries[i] = make()
-                    except Exception as error:  # it is this batch's outcome
-                        outcomes[i] = error
-                        continue
-                    wanted.append(i)
+            wanted: list[int] = []
+            for i, _, _ in staged:
+                make = items[i][4]
+                if make is None:
+                    continue
                 try:
-                    refusals = db.before_append_many([entries[i] for i in wanted])
+                    entries[i] = make()
+                except Exception as error:  # it is this batch's outcome
+                    outcomes[i] = error
+                    continue
+                wanted.append(i)
+            if wanted:
+                try:
+                    refusals = self._run_index().before_append_many([entries[i] for i in wanted])
                 except Exception as error:  # nothing written: every indexed batch fails
                     refusals = [error] * len(wanted)  # type: ignore[list-item]
                 for i, refusal in zip(wanted, refusals, strict=True):
                     if refusal is not None:
                         outcomes[i] = refusal
-                staged = [(i, fd, index) for i, fd, index in staged if outcomes[i] is None]
             bases: dict[int, int] = {}
-            for i, fd, index in staged:
+            written: list[tuple[int, int, _frames.RunIndex]] = []
+            for staging in staged:
+                i, fd, index = staging
+                if outcomes[i] is not None:
+                    continue
                 bases[i] = index.end
                 try:
                     self._write(items[i][0], fd, index, items[i][2], sync=False)
                 except Exception as error:  # _write cut the file back
                     outcomes[i] = error
-            staged = [(i, fd, index) for i, fd, index in staged if outcomes[i] is None]
-            if self._durability is Durability.DURABLE and staged:
-                self._sync_group(items, staged, bases, opened, outcomes)
-            for i, _, _ in staged:
+                    continue
+                written.append(staging)
+            if self._durable_files and written:
+                self._sync_group(items, written, bases, opened, outcomes)
+            for i, _, _ in written:
                 if outcomes[i] is not None:
                     continue
                 run_id, _, batch, _, _ = items[i]
@@ -609,7 +612,7 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
                         continue
                 outcomes[i] = self.acknowledged(run_id, batch)
         finally:
-            lost = {items[i][0] for i in range(count) if isinstance(outcomes[i], HistoryLost)}
+            lost = [items[i][0] for i in range(count) if isinstance(outcomes[i], HistoryLost)]
             for run_id, lock, fd, _ in opened:
                 try:
                     # Unlock explicitly: the descriptor stays open, and a child forked meanwhile shares it.
@@ -619,8 +622,10 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
                 finally:
                     lock.release()
                     self._run_unlock(run_id)
-        missing = JournalUnavailable("append not attempted")
-        return [missing if outcome is None else outcome for outcome in outcomes]
+        if None in outcomes:
+            missing = JournalUnavailable("append not attempted")
+            return [missing if outcome is None else outcome for outcome in outcomes]
+        return outcomes  # type: ignore[return-value]  # no None left
 
     def _sync_group(
         self,
