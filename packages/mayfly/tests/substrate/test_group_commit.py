@@ -125,3 +125,39 @@ def test_a_key_being_flushed_is_not_taken_by_a_second_flusher() -> None:
     assert Hub().run(main) == [0, 20, 20]
     assert sorted(recorder.groups) == [[("a", 0)], [("a", 2)], [("b", 2)]]
     assert recorder.overlaps == []  # ("a", 2) was flushed only once the flush holding "a" ended
+
+
+def test_a_lone_append_is_flushed_from_its_callers_task() -> None:
+    """With nothing queued or being flushed, the caller flushes its own item: no flusher task starts."""
+    recorder = Recorder()
+    group: GroupCommit[tuple[str, int], int] = GroupCommit(recorder.flush, name="t")
+
+    def main() -> list[int]:
+        return [group.submit(("a", n)) for n in (0, 2, 4)]
+
+    hub = Hub()
+    assert hub.run(main) == [0, 20, 40]
+    assert recorder.groups == [[("a", 0)], [("a", 2)], [("a", 4)]]
+    assert all(name.startswith("mayfly-offload") for name in recorder.threads)  # still off the hub
+    assert hub.stats().tasks_spawned == 1  # main alone
+
+
+def test_a_lone_caller_cancelled_mid_flush_leaves_what_queued_behind_it_to_a_flusher() -> None:
+    """Cancelling the caller of a lone flush neither fails nor strands the appends queued meanwhile."""
+    recorder = Recorder()
+    group: GroupCommit[tuple[str, int], int] = GroupCommit(recorder.flush, name="t", flushers=1)
+
+    def main() -> int:
+        recorder.release.clear()
+        lone = spawn(group.submit, ("a", 0))
+        sleep(0.05)  # its flush is on its thread, held
+        queued = spawn(group.submit, ("b", 2))
+        sleep(0.05)
+        lone.cancel("test")
+        with pytest.raises((TaskCancelled, TaskFailed)):
+            lone.join()
+        recorder.release.set()
+        return queued.join()
+
+    assert Hub().run(main) == 20
+    assert sorted(recorder.groups) == [[("a", 0)], [("b", 2)]]

@@ -100,8 +100,12 @@ def handler_request(
     # Upstream outcomes: the depends_on prerequisites, then the sources of incoming
     # conditional edges (a correction loop's implement sees its reviewer's verdict).
     dependencies = {}
-    upstream = list(node.spec.depends_on)
-    upstream += [e.source for e in state.spec.edges if e.target == node.node_id and e.source not in upstream]
+    upstream = node.spec.depends_on
+    if node.in_edges:  # only then is there an edge to look for (most nodes have none)
+        upstream = (
+            *upstream,
+            *(e.source for e in state.spec.edges if e.target == node.node_id and e.source not in upstream),
+        )
     for source in upstream:
         other = state.node_by_id(source)
         if other is not None and other.last_outcome is not None:

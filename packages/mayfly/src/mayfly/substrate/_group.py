@@ -9,7 +9,8 @@ every queued append at once and calls the backend's ``flush`` with all of
 them on one offload thread (one write transaction, one ``fdatasync`` per
 file, one round trip), then wakes each caller with its own outcome. Appends
 that arrive while a flush is running wait for the next one, so the group
-grows with the load and a lone append pays only one hop to the flusher.
+grows with the load; a lone append (nothing queued, nothing being flushed)
+is flushed from its caller's own task, with no hop to a flusher.
 
 The rules a backend's ``flush`` keeps (the kit cannot check them):
 
@@ -136,6 +137,8 @@ class GroupCommit(Generic[I, R]):
         except HubNotRunning:
             return self._one(item)
         queue = self._queue(hub)
+        if not queue.flushers and self._offload:
+            return self._alone(queue, item)
         waiter: _Waiter[I, R] = _Waiter(item)
         queue.pending.append(waiter)
         if queue.flushers < self._flushers:
@@ -152,6 +155,39 @@ class GroupCommit(Generic[I, R]):
         if waiter.error is not None:
             raise waiter.error
         return waiter.result  # type: ignore[return-value]
+
+    def _alone(self, queue: _Queue, item: I) -> R:
+        """Flush ``item`` from the submitting task itself: nothing is queued or being flushed.
+
+        A lone append (a serial chain's) pays no hop to a flusher task. It
+        counts as a flusher while it runs, so appends submitted meanwhile
+        queue up (and start flushers of their own while the bound allows);
+        whatever is still queued when it returns gets a flusher. Cancelled
+        while its flush runs, the caller leaves its outcome unknown, as a
+        queued caller would, and nothing else was in its group. Only for an
+        offloaded flush: a cancelled caller cannot interrupt one (it runs on
+        its thread to the end), while a flush that parks on the hub would be
+        cut off midway.
+        """
+        assert self._offload
+        key = None if self._key is None else self._key(item)
+        queue.flushers += 1
+        if key is not None:
+            queue.busy.add(key)
+        try:
+            outcomes: Sequence[Any] = offload(self._flush, (item,))
+        finally:
+            queue.busy.discard(key)
+            queue.flushers -= 1
+            if queue.pending and queue.flushers < self._flushers:
+                queue.flushers += 1
+                spawn(self._run_flusher, queue, name=f"{self._name}-group-commit")
+        if len(outcomes) != 1:
+            raise RuntimeError(f"{self._name} flush returned {len(outcomes)} outcomes for 1 item")
+        (outcome,) = outcomes
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome  # type: ignore[no-any-return]  # the flush's result for this item
 
     def _one(self, item: I) -> R:
         (outcome,) = self._flush((item,))
