@@ -153,8 +153,11 @@ def journal_at(root: Path) -> LocalWorkflowJournal:
     return LocalWorkflowJournal(f"file://{root}/journal?durability=write")
 
 
-def run_review(tmp_path: Path, namespace: int = 3) -> Completed:
-    """The review workflow run to success by WorkflowRuntime on virtual time (ids from ``namespace``)."""
+def run_review(tmp_path: Path, namespace: int = 3, *, snapshot_every: int = 1_000) -> Completed:
+    """The review workflow run to success by WorkflowRuntime on virtual time (ids from ``namespace``).
+
+    Its history is short, so it ends without a snapshot unless ``snapshot_every`` asks for one.
+    """
     journal = journal_at(tmp_path)
     leases = LocalLeaseStore(journal.url)
     runtime = WorkflowRuntime(
@@ -163,6 +166,7 @@ def run_review(tmp_path: Path, namespace: int = 3) -> Completed:
         leases=leases,
         clock=VirtualClock,
         ids=DeterministicIdSource(namespace=namespace),
+        snapshot_every=snapshot_every,
     )
     spec = review_spec()
     result = runtime.execute(spec, input={"ticket": RUN_INPUT_CANARY})

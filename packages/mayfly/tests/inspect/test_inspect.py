@@ -441,7 +441,7 @@ def test_the_journal_url_is_redacted(tmp_path: Path) -> None:
 
 def test_a_discarded_snapshot_is_reported_with_its_diagnostic(tmp_path: Path) -> None:
     """Source and snapshot diagnostics from recovery are carried into the inspection and the table."""
-    run = run_review(tmp_path)
+    run = run_review(tmp_path, snapshot_every=1)  # a snapshot after every commit, the last one included
     assert build_inspection(run.recovered()).source == "snapshot"
     run.journal.corrupt_snapshot(run.run_id)
     inspection = build_inspection(run.recovered())

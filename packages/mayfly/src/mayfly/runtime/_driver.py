@@ -67,6 +67,12 @@ __all__ = ["RunDriver", "SignalRequest", "cancel_run_cascade"]
 
 _Work = HandlerResult | ChildReport
 
+FINAL_SNAPSHOT_RECORDS = 100
+"""A run that ends writes a last snapshot only if at least this many records (or ``snapshot_every``,
+if fewer) followed its previous one: a short tail replays in well under a millisecond, while a
+snapshot costs a file or row write of its own (two disk flushes on a durable file store), which
+for short runs was a large share of everything they wrote."""
+
 
 class RunDriver:
     """Drives one run to its terminal result inside the current hub task.
@@ -167,7 +173,10 @@ class RunDriver:
             context.observe(self.state, result.events)
         if result.records:
             self._since_snapshot += len(result.records)
-            if self._since_snapshot >= context.snapshot_every or self.state.status.is_terminal:
+            since = self._since_snapshot
+            if since >= context.snapshot_every or (
+                self.state.status.is_terminal and since >= min(context.snapshot_every, FINAL_SNAPSHOT_RECORDS)
+            ):
                 context.journal.write_snapshot(
                     self.state.run_id, make_snapshot(self.state, result.records[-1])
                 )
