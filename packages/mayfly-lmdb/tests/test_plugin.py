@@ -54,7 +54,8 @@ def test_a_workflow_runs_end_to_end_on_an_lmdb_url(url: str) -> None:
     registry = HandlerRegistry()
     registry.register("step", 1, step, cooperative=True)
     nodes = (Node("a", handler="step@1"), Node("b", handler="step@1", depends_on=("a",)))
-    result = WorkflowRuntime(url, registry).execute(
+    # snapshot_every=1: a snapshot after every commit (a run this short ends without one otherwise).
+    result = WorkflowRuntime(url, registry, snapshot_every=1).execute(
         WorkflowSpec(workflow_id="lmdb.e2e", version=1, nodes=nodes)
     )
     assert result.succeeded
