@@ -90,6 +90,7 @@ from mayfly.local._store import (
     open_run_file,
     parse_fence,
     parse_url,
+    read_whole,
     sync_data,
     sync_directory,
 )
@@ -201,16 +202,27 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         caller then drops the descriptor. A new file's directory entry is
         fsynced by the caller (once per group).
         """
-        fd = self._files.get(run_id)
+        fd = self._existing_file(run_id)
         if fd is not None:
             return fd, False
-        fd = open_run_file(self._layout, run_id, create=False)
-        created = fd is None
-        if fd is None:
-            fd = open_run_file(self._layout, run_id, create=True, durable=False)
-            assert fd is not None  # created when absent
+        fd = open_run_file(self._layout, run_id, create=True, durable=False)
+        assert fd is not None  # created when absent
         self._keep(self._files, run_id, fd)
-        return fd, created
+        return fd, True
+
+    def _existing_file(self, run_id: str) -> int | None:
+        """The run's journal file (kept open, see :meth:`_run_file`), or ``None`` if it has none.
+
+        The caller holds the run's thread lock. Readers share the descriptor
+        with appends: one journal's readers and writers of a run are serialised
+        by that lock, so a shared and an exclusive ``flock`` on it never overlap.
+        """
+        fd = self._files.get(run_id)
+        if fd is None:
+            fd = open_run_file(self._layout, run_id, create=False)
+            if fd is not None:
+                self._keep(self._files, run_id, fd)
+        return fd
 
     def _fence(self, run_id: str) -> int:
         """The run's current fencing token (0 if it was never leased); the caller holds its thread lock.
@@ -404,8 +416,10 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         end. That fails closed with :class:`HistoryLost`.
         """
         try:
-            data = self._layout.hint_file(run_id).read_bytes()
+            data = read_whole(self._layout.hint_path(run_id))
         except OSError:
+            return None
+        if data is None:
             return None
         decoded = _frames.decode_hint(data)
         if decoded is None:
@@ -722,7 +736,7 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
 
     def _read_frames(self, run: str, start: int, count: int | None, *, hint: bool) -> list[JournalRecord]:
         with self._run(run):
-            fd = open_run_file(self._layout, run, create=False)
+            fd = self._existing_file(run)
             if fd is None:
                 return []
             try:
@@ -742,8 +756,9 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
                             f"run {run}: frame offsets out of order at sequence {start + 1}"
                         )
                     data = os.pread(fd, end - begin, begin)
-            finally:
-                os.close(fd)
+            except HistoryLost:
+                self._drop_files(run)  # the next read or append opens the path again
+                raise
         try:
             return _frames.decode_frames(data, run, start + 1, begin)
         except BaseException:
@@ -778,14 +793,15 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
     def _next_sequence(self, run_id: str) -> int:
         run = run_id
         with self._run(run):
-            fd = open_run_file(self._layout, run, create=False)
+            fd = self._existing_file(run)
             if fd is None:
                 return 1
             try:
                 with locked(fd, fcntl.LOCK_SH):
                     return self._index(run, fd, exclusive=False).next_sequence
-            finally:
-                os.close(fd)
+            except HistoryLost:
+                self._drop_files(run)  # the next read or append opens the path again
+                raise
 
     def _list_runs(self, after: str | None, limit: int) -> list[str]:
         names = self._run_names()
@@ -896,9 +912,8 @@ class LocalWorkflowJournal(LocalSchedules, JournalBase):
         index.hint_end = end
 
     def _read_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        try:
-            data = self._layout.snapshot_file(run_id).read_bytes()
-        except FileNotFoundError:
+        data = read_whole(self._layout.snapshot_path(run_id))
+        if data is None:
             return None
         return _frames.decode_snapshot(data, run_id, verify=False)  # the base verifies it
 

@@ -50,6 +50,7 @@ __all__ = [
     "parse_fence",
     "parse_url",
     "read_fence",
+    "read_whole",
     "sync_data",
     "sync_directory",
     "write_fence",
@@ -148,13 +149,14 @@ def sync_data(fd: int) -> None:
 class Layout:
     """The directories of one store, created on first open."""
 
-    __slots__ = ("_fences_text", "_runs_text", "root")
+    __slots__ = ("_fences_text", "_runs_text", "_snapshots_text", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = root
         # Hot paths build file names as plain strings; Path arithmetic costs more than a write.
         self._runs_text = os.fspath(root / "runs")
         self._fences_text = os.fspath(root / "fences")
+        self._snapshots_text = os.fspath(root / "snapshots")
 
     @property
     def runs(self) -> Path:
@@ -183,6 +185,14 @@ class Layout:
     def fence_path(self, run_id: str) -> str:
         """The fencing counter of a run, as a string."""
         return f"{self._fences_text}/{run_id}"
+
+    def snapshot_path(self, run_id: str) -> str:
+        """The snapshot file of a run, as a string."""
+        return f"{self._snapshots_text}/{run_id}.mws"
+
+    def hint_path(self, run_id: str) -> str:
+        """The frame-offset hint of a run, as a string."""
+        return f"{self._snapshots_text}/{run_id}.idx"
 
     def run_file(self, run_id: str) -> Path:
         """The journal file of a run."""
@@ -258,6 +268,21 @@ def open_run_file(layout: Layout, run_id: str, *, create: bool, durable: bool = 
     if durable:
         sync_directory(layout.runs)
     return fd
+
+
+def read_whole(path: str) -> bytes | None:
+    """A file's bytes, or ``None`` if it does not exist (the hot path's plain-string read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        chunks: list[bytes] = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -133,6 +133,8 @@ class RunDriver:
         self._timed_nodes = [
             i for i, node in enumerate(state.spec.nodes) if node.retry.attempt_deadline_ms is not None
         ]
+        self._deadline_key: tuple[int, bool] | None = None
+        self._deadline: int | None = None
 
     def nested(self, state: RunState, lease: RecoveryLeaseGuard | None, *, wall_ms: int | None) -> RunDriver:
         """A driver for a child run of this run: the same context, mode and table of live drivers."""
@@ -334,9 +336,15 @@ class RunDriver:
         """The earliest virtual time something is due (see :func:`mayfly.runtime._time.next_deadline`).
 
         ``waits=False`` leaves out deadlines that must not keep a detaching
-        driver from returning; resume restores them from the history.
+        driver from returning; resume restores them from the history. The
+        answer is a function of the state, which changes only by committed
+        records: it is kept until the run's sequence moves.
         """
-        return next_deadline(self.state, waits=waits, timed=self._timed_nodes)
+        key = (self.state.sequence, waits)
+        if self._deadline_key != key:
+            self._deadline = next_deadline(self.state, waits=waits, timed=self._timed_nodes)
+            self._deadline_key = key
+        return self._deadline
 
     def _start(self, ready: list[str]) -> None:
         # Every handler these nodes need was checked before this driver began: by execute for the
