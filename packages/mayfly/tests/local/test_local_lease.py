@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from mayfly.backend import parse_held_flocks
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import JournalRecord
 from mayfly.lease import LEASE_LISTING, LeaseInfo
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
-from mayfly.local._lease import held_flocks
 from mayfly.model.errors import FencingRejected, LeaseHeld, LeaseLost
 
 IDS = Uuid7IdSource()
@@ -169,7 +169,7 @@ def test_held_flocks_reads_exclusive_flocks_from_proc_locks_text() -> None:
         "4: FLOCK  ADVISORY  WRITE 4646 08:01:100 0 EOF\n"
         "garbage\n"
     )
-    assert held_flocks(text) == {1474578: {4242}, 100: {4646}}
+    assert parse_held_flocks(text) == {1474578: {4242}, 100: {4646}}
 
 
 def test_the_live_leases_are_listed_in_run_id_order_and_released_ones_are_not(tmp_path: Path) -> None:

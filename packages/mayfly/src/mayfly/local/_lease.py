@@ -30,7 +30,7 @@ import os
 import re
 from typing import Final, final
 
-from mayfly.backend import LeaseGuardBase, LeaseStoreBase
+from mayfly.backend import PROC_LOCKS, LeaseGuardBase, LeaseStoreBase, held_flocks
 from mayfly.journal import Durability
 from mayfly.lease import LeaseCapabilities, LeaseInfo
 from mayfly.local._store import (
@@ -44,36 +44,11 @@ from mayfly.local._store import (
 )
 from mayfly.model.errors import CorruptionError, JournalUnavailable, LeaseHeld
 
-__all__ = ["LocalLeaseGuard", "LocalLeaseStore", "held_flocks"]
-
-PROC_LOCKS: Final = "/proc/locks"
-"""Where Linux lists every file lock held on the host (those of processes this one can see)."""
+__all__ = ["LocalLeaseGuard", "LocalLeaseStore"]
 
 _RUN_ID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # The holder note _take writes into the lock file, owner first: the pid and token end it.
 _NOTE: Final = re.compile(r"(?s)(.+) \(pid (\d+), token (\d+)\)")
-
-
-def held_flocks(text: str) -> dict[int, set[int]]:
-    """Inode -> pids holding an exclusive ``flock`` on it, from ``/proc/locks`` text (waiters left out).
-
-    A line reads ``1: FLOCK  ADVISORY  WRITE 4242 fd:00:1474578 0 EOF`` (the
-    device's major and minor in hex, then the inode); a waiter's line has
-    ``->`` after the number. The device is not compared: a btrfs subvolume or
-    an overlay reports another device to ``stat`` than to ``/proc/locks``.
-    """
-    held: dict[int, set[int]] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 6 or fields[1] != "FLOCK" or fields[3] != "WRITE":
-            continue
-        try:
-            pid = int(fields[4])
-            inode = int(fields[5].rsplit(":", 1)[1])
-        except (ValueError, IndexError):
-            continue
-        held.setdefault(inode, set()).add(pid)
-    return held
 
 
 @final
@@ -160,11 +135,9 @@ class LocalLeaseStore(LeaseStoreBase[LocalLeaseGuard]):
         return off_hub(self._listed, after, limit)
 
     def _listed(self, after: str | None, limit: int) -> list[LeaseInfo]:
-        try:
-            with open(PROC_LOCKS, encoding="ascii", errors="replace") as locks:
-                held = held_flocks(locks.read())
-        except OSError as error:
-            raise JournalUnavailable(f"leases of {self.url}: cannot read {PROC_LOCKS}: {error}") from None
+        held = held_flocks()
+        if held is None:
+            raise JournalUnavailable(f"listing leases of {self.url} needs {PROC_LOCKS}, which is unreadable")
         if not held:
             return []
         candidates: list[tuple[str, set[int]]] = []
