@@ -19,6 +19,7 @@ from typing import Final
 
 from mayfly.inspect import WAITING, ChildStates, journal_children, narrate, run_status
 from mayfly.journal import RUN_SUMMARIES, WorkflowJournal
+from mayfly.lease import LEASE_LISTING, LeaseInfo, RecoveryLeaseStore
 from mayfly.model.errors import CompatibilityError, CorruptionError, JournalError, RunNotFound
 from mayfly.model.state import RunStatus
 from mayfly.queues import QUEUE_CONTROL, QueueSettings, QueueUsage
@@ -27,14 +28,17 @@ from mayfly.reducer import Upcaster, decode_event
 from mayfly.runindex import RUN_INDEX, IndexEntry
 
 __all__ = [
+    "LEASE_PAGE",
     "MAX_SCAN",
     "HistoryLine",
     "HistoryPage",
+    "LeasePage",
     "QueueRow",
     "RunPage",
     "RunRow",
     "WorkersView",
     "history_page",
+    "lease_page",
     "list_page",
     "workers_view",
 ]
@@ -47,6 +51,9 @@ HISTORY_PAGE: Final = 100
 
 WORKERS_SCAN: Final = 5_000
 """The most runs the workers and queues page reads the index entries of."""
+
+LEASE_PAGE: Final = 100
+"""Live leases on one page of the workers page."""
 
 
 class BadCursor(ValueError):
@@ -335,3 +342,32 @@ def workers_view(journal: WorkflowJournal) -> WorkersView:
         queue_control=control is not None,
         now_ms=now,
     )
+
+
+@dataclass(frozen=True)
+class LeasePage:
+    """One page of the live leases (run id order) after ``after``, and the ``after`` of the next page.
+
+    ``listed`` is false when the lease store does not declare ``lease_listing``
+    (then ``leases`` is empty: who holds what cannot be told).
+    """
+
+    leases: list[LeaseInfo]
+    after: str | None
+    next_after: str | None
+    listed: bool
+
+
+def lease_page(leases: RecoveryLeaseStore, *, after: str | None = None, limit: int = LEASE_PAGE) -> LeasePage:
+    """The live leases after ``after``, through the store's ``lease_listing`` feature (one bounded read).
+
+    Owners are what the holders passed to ``acquire`` (worker ids), never
+    anything of a run's input or output.
+    """
+    listing = LEASE_LISTING.of(leases)
+    if listing is None:
+        return LeasePage([], after, None, listed=False)
+    found = listing.list_leases(after=after, limit=limit + 1)
+    more = len(found) > limit
+    shown = found[:limit]
+    return LeasePage(shown, after, shown[-1].run_id if more else None, listed=True)
