@@ -61,6 +61,7 @@ _FLAGS = (
     "snapshots",
     "lease_expiry",
     "run_summaries",
+    "run_tails",
     "run_verification",
     "run_purge",
     "network",

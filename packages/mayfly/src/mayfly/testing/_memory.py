@@ -73,8 +73,12 @@ __all__ = [
 MEMORY_CAPABILITIES: Final = JournalCapabilities.declare(
     Durability.MEMORY,
     "fencing fault_injection snapshots lease_expiry run_purge run_index queue_control schedule_store",
+    "run_tails",
 )
-"""What ``memory://`` declares: no durability, no second process; fencing, expiring leases, the run index."""
+"""What ``memory://`` declares: no durability, no second process; fencing, expiring leases, the run index.
+
+``run_tails`` is the backend kit's run-by-run default, certified here as the reference.
+"""
 
 _NAME: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _SHAPE: Final = "memory://NAME (NAME: [a-z0-9][a-z0-9._-]{0,62})"
