@@ -623,10 +623,17 @@ class Console:
         }
         return _Response(msgspec.json.encode(doc), content_type="application/json")
 
-    def _lease_store(self) -> RecoveryLeaseStore:
-        """The journal's lease store, opened on first use (it only reads: the console holds no lease)."""
+    def _lease_store(self) -> RecoveryLeaseStore | str:
+        """The journal's lease store, opened on first use (it only reads: the console holds no lease).
+
+        Where it cannot be opened (an LMDB environment opened ``readonly=true``
+        serves no leases), why, which the workers page says instead.
+        """
         if self._leases is None:
-            self._leases = self._plugins.open_leases(self._url)
+            try:
+                self._leases = self._plugins.open_leases(self._url)
+            except MayflyError as exc:
+                return f"{type(exc).__name__}: {exc}"
         return self._leases
 
     def _workers(self, query: Mapping[str, list[str]]) -> _Response:
@@ -637,8 +644,15 @@ class Console:
             except InvalidIdentifier:
                 raise _HttpError(HTTPStatus.BAD_REQUEST, "after must be a run id") from None
         view: WorkersView = workers_view(self._journal)
-        held: LeasePage = lease_page(self._lease_store(), after=after)
-        body = ["<h1>Workers and queues</h1>", self._leases_section(held)]
+        leases = self._lease_store()
+        if isinstance(leases, str):
+            leases_html = (
+                '<h2 id="leases">Leases</h2><p class="error">The lease store could not be opened, so who '
+                f"owns which run cannot be shown: {escape(leases)}</p>"
+            )
+        else:
+            leases_html = self._leases_section(lease_page(leases, after=after))
+        body = ["<h1>Workers and queues</h1>", leases_html]
         if not view.index:
             body.append(
                 '<p class="error">This journal keeps no run index, so no worker claims from it: '
