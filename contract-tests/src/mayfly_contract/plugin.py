@@ -14,7 +14,9 @@ cross-process clauses can reopen them in child processes.
 Markers: ``@pytest.mark.clause("journal.append.cas-conflict")`` gives a test
 its stable clause id; ``@pytest.mark.capability("crash_durable")`` skips it
 only when the backend declares that capability absent, with a reason naming
-the backend and the capability.
+the backend and the capability. A capability is a flag of the journal's
+``JournalCapabilities``, or of the lease store's own ``LeaseCapabilities``
+(``lease_listing``).
 
 Probe runs: every run id the suite creates is recorded, and when the session
 ends the runs are purged from the store through the backend's ``run_purge``
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from mayfly.journal import RUN_PURGE, JournalCapabilities, WorkflowJournal
-from mayfly.lease import RecoveryLeaseStore
+from mayfly.lease import LeaseCapabilities, RecoveryLeaseStore
 from mayfly.model.errors import MayflyError
 from mayfly.plugins import open_journal, open_leases, url_scheme
 from mayfly_contract.support import Records
@@ -49,6 +51,7 @@ _ABSENT = {
     "queue_control": " (feature mayfly.queues.QUEUE_CONTROL): it enforces no queue limits or dedup ids",
     "schedule_store": " (feature mayfly.schedules.SCHEDULE_STORE): it stores no schedules; workers serve "
     "only the schedules given in code",
+    "lease_listing": " (feature mayfly.lease.LEASE_LISTING): it cannot say who holds which lease",
 }
 _FLAGS = (
     "cross_process",
@@ -58,6 +61,7 @@ _FLAGS = (
     "snapshots",
     "lease_expiry",
     "run_summaries",
+    "run_tails",
     "run_verification",
     "run_purge",
     "network",
@@ -75,6 +79,7 @@ class _Certification:
     journal_url: str | None = None
     journal_type: str = ""
     capabilities: JournalCapabilities | None = None
+    lease_capabilities: LeaseCapabilities | None = None
     outcomes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     probes: str = ""
 
@@ -227,9 +232,10 @@ def _purge_probes(journal: WorkflowJournal, runs: set[str], keep: bool) -> str:
 
 
 @pytest.fixture(scope="session")
-def mayfly_leases(mayfly_leases_url: str) -> Iterator[RecoveryLeaseStore]:
+def mayfly_leases(pytestconfig: pytest.Config, mayfly_leases_url: str) -> Iterator[RecoveryLeaseStore]:
     """The recovery-lease store under test, opened once per session by URL."""
     store = open_leases(mayfly_leases_url)
+    pytestconfig.stash[_CERTIFICATION].lease_capabilities = store.capabilities
     yield store
     store.close()
 
@@ -260,12 +266,18 @@ def _mayfly_capability_gate(request: pytest.FixtureRequest) -> None:
     required = [mark.args[0] for mark in request.node.iter_markers("capability")]
     if not required:
         return
-    capabilities: JournalCapabilities = request.getfixturevalue("mayfly_capabilities")
-    url: str = request.getfixturevalue("mayfly_journal_url")
     for name in required:
-        if not getattr(capabilities, name):
+        if name in LeaseCapabilities.__struct_fields__:
+            leases: RecoveryLeaseStore = request.getfixturevalue("mayfly_leases")
+            declared, url = getattr(leases.capabilities, name), request.getfixturevalue("mayfly_leases_url")
+            who = "lease store"
+        else:
+            capabilities: JournalCapabilities = request.getfixturevalue("mayfly_capabilities")
+            declared, url = getattr(capabilities, name), request.getfixturevalue("mayfly_journal_url")
+            who = "backend"
+        if not declared:
             why = _ABSENT.get(name, "")
-            pytest.skip(f"backend {url_scheme(url)}:// declares capability {name} absent{why}")
+            pytest.skip(f"{who} {url_scheme(url)}:// declares capability {name} absent{why}")
 
 
 def _clause(item: pytest.Item) -> str | None:
@@ -333,6 +345,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         write(f"durability: {capabilities.durability}")
         flags = ", ".join(f"{name}={'yes' if getattr(capabilities, name) else 'no'}" for name in _FLAGS)
         write(f"capabilities: {flags}")
+    leases = certification.lease_capabilities
+    if leases is not None:
+        names = LeaseCapabilities.__struct_fields__
+        flags = ", ".join(f"{name}={'yes' if getattr(leases, name) else 'no'}" for name in names)
+        write(f"lease store capabilities: {flags}")
     verdicts: dict[str, tuple[str, str]] = {}
     for clause, results in sorted(certification.outcomes.items()):
         failed = [reason for outcome, reason in results if outcome == "failed"]

@@ -1,4 +1,4 @@
-"""Contract clauses of the optional features a backend declares: summaries, verification and purging.
+"""Contract clauses of the optional features a backend declares: summaries, tails, verification, purging.
 
 A feature is a ``JournalCapabilities`` flag and a Protocol (``mayfly.journal.Feature``).
 Declaring the flag is the promise: the journal must implement the Protocol,
@@ -8,24 +8,30 @@ reason; nothing ever probes a backend's attributes.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 
 from mayfly.errors import CorruptionError, FencingRejected, InvalidIdentifier, InvalidRecord, LeaseHeld
 from mayfly.journal import (
+    MAX_TAILS,
     OPTIONAL_FEATURES,
     RUN_PURGE,
     RUN_SUMMARIES,
+    RUN_TAILS,
     RUN_VERIFICATION,
     JournalFaults,
+    RunTails,
     WorkflowJournal,
 )
 from mayfly.lease import RecoveryLeaseStore
+from mayfly.model.errors import RunNotFound
 from mayfly.model.outcomes import Succeeded
 from mayfly.model.spec import Node, WorkflowSpec
+from mayfly.recovery import RecoveredRun, inspect_run, inspect_runs
 from mayfly.runtime import HandlerRegistry, WorkflowRuntime
-from mayfly_contract.support import Records, sequences, snapshot_of
+from mayfly_contract.support import Records, ScriptedRun, sequences, snapshot_of
 
 
 def _just_below(run_id: str) -> str:
@@ -106,6 +112,134 @@ def test_summaries_refuse_bad_arguments(mayfly_journal: WorkflowJournal) -> None
         summaries.run_summaries(status=5)  # type: ignore[arg-type]  # bad input on purpose
     with pytest.raises(InvalidRecord):
         summaries.run_summaries(workflow_id=b"w")  # type: ignore[arg-type]  # bad input on purpose
+
+
+# -- run tails -----------------------------------------------------------------------------------
+
+
+def _tails(journal: WorkflowJournal) -> RunTails:
+    tails = RUN_TAILS.of(journal)
+    assert tails is not None, "run_tails is declared, so RUN_TAILS.of must serve the journal"
+    return tails
+
+
+@pytest.mark.clause("journal.tails.match-reads")
+@pytest.mark.capability("run_tails")
+def test_tails_hold_what_snapshot_and_record_reads_return(
+    mayfly_journal: WorkflowJournal, records: Records
+) -> None:
+    """Each run's tail, in the order asked: its snapshot and the records from the snapshot's last sequence
+    on (read_snapshot and read would return the same), or the whole history without one; an unknown run
+    has neither."""
+    tails = _tails(mayfly_journal)
+    snapped, plain, unknown = records.new_id(), records.new_id(), records.new_id()
+    for run in (snapped, plain):
+        mayfly_journal.append(run, 1, records.batch(run, 1, 4))
+    if mayfly_journal.capabilities.snapshots:
+        mayfly_journal.write_snapshot(snapped, snapshot_of(mayfly_journal.read(snapped)[2]))
+    found = tails.read_tails([unknown, snapped, plain])
+    assert [tail.run_id for tail in found] == [unknown, snapped, plain]
+    assert (found[0].snapshot, found[0].records, found[0].discarded) == (None, (), None)
+    for tail in found[1:]:
+        snapshot = mayfly_journal.read_snapshot(tail.run_id)
+        assert tail.snapshot == snapshot and tail.discarded is None
+        after = 0 if snapshot is None else snapshot.last_sequence - 1
+        assert list(tail.records) == mayfly_journal.read(tail.run_id, after=after)
+    if mayfly_journal.capabilities.snapshots:
+        assert sequences(list(found[1].records)) == [3, 4]
+    assert sequences(list(found[2].records)) == [1, 2, 3, 4]
+    assert tails.read_tails([]) == []
+
+
+@pytest.mark.clause("journal.tails.inspect-equal")
+@pytest.mark.capability("run_tails")
+def test_inspecting_runs_together_equals_inspecting_each(
+    mayfly_journal: WorkflowJournal, mayfly_leases: RecoveryLeaseStore, records: Records
+) -> None:
+    """inspect_runs over the tails rebuilds, for real runs at every index status (and finished ones,
+    snapshotted or not), exactly what inspect_run rebuilds one by one; an unknown run is RunNotFound."""
+    queue = f"contract-tails-{records.new_id()[-12:]}"
+    epoch = time.time_ns() // 1_000_000
+    runs = []
+    for step in range(1, ScriptedRun.STEPS + 1):
+        scripted = ScriptedRun(records.new_id(), queue=queue, epoch_ms=epoch)
+        scripted.advance_to(step, mayfly_journal, indexed=False)
+        runs.append(scripted.run_id)
+    spec = WorkflowSpec(
+        workflow_id=f"contract.tails.w{records.new_id()[-12:]}",
+        version=1,
+        nodes=(Node("a", handler="contract-ok@1"), Node("b", handler="contract-ok@1", depends_on=("a",))),
+    )
+    registry = HandlerRegistry()
+    registry.register("contract-ok", 1, lambda request: Succeeded(output={"n": 1}), cooperative=True)
+    runtime = WorkflowRuntime(
+        mayfly_journal, registry, leases=mayfly_leases, owner="contract-tails", snapshot_every=2
+    )
+    runs += [runtime.execute(spec, run_id=records.new_id()).run_id for _ in range(2)]
+    unknown = records.new_id()
+    together = inspect_runs(mayfly_journal, [*runs, unknown])
+    assert isinstance(together[-1], RunNotFound)
+    for run, inspected in zip(runs, together, strict=False):
+        alone = inspect_run(mayfly_journal, run)
+        assert isinstance(inspected, RecoveredRun), inspected
+        assert inspected.state.to_record() == alone.state.to_record()
+        assert (inspected.source, inspected.records_reduced, inspected.last_record) == (
+            alone.source,
+            alone.records_reduced,
+            alone.last_record,
+        )
+
+
+@pytest.mark.clause("journal.tails.corrupt-snapshot")
+@pytest.mark.capability("run_tails")
+@pytest.mark.capability("snapshots")
+@pytest.mark.capability("fault_injection")
+def test_a_corrupt_snapshot_is_discarded_and_the_whole_history_read(
+    mayfly_journal: WorkflowJournal, run_id: str, records: Records
+) -> None:
+    """A damaged snapshot is not handed out: the tail has none, says why, and holds the whole history."""
+    tails = _tails(mayfly_journal)
+    assert isinstance(mayfly_journal, JournalFaults)
+    mayfly_journal.append(run_id, 1, records.batch(run_id, 1, 3))
+    mayfly_journal.write_snapshot(run_id, snapshot_of(mayfly_journal.read(run_id)[1]))
+    mayfly_journal.corrupt_snapshot(run_id)
+    (tail,) = tails.read_tails([run_id])
+    assert tail.snapshot is None and tail.discarded
+    assert sequences(list(tail.records)) == [1, 2, 3]
+
+
+@pytest.mark.clause("journal.tails.fails-closed")
+@pytest.mark.capability("run_tails")
+@pytest.mark.capability("fault_injection")
+def test_a_damaged_history_fails_the_tails_closed(mayfly_journal: WorkflowJournal, records: Records) -> None:
+    """A damaged or missing record of any run named raises a CorruptionError; inspect_runs then reads the
+    runs one by one, so only the damaged one is unreadable."""
+    tails = _tails(mayfly_journal)
+    assert isinstance(mayfly_journal, JournalFaults)
+    sound, damaged, gapped = records.new_id(), records.new_id(), records.new_id()
+    for run in (sound, damaged, gapped):
+        mayfly_journal.append(run, 1, records.batch(run, 1, 4))
+    mayfly_journal.corrupt_record(damaged, 2)
+    mayfly_journal.remove_record(gapped, 4)
+    for bad in (damaged, gapped):
+        with pytest.raises(CorruptionError):
+            tails.read_tails([sound, bad])
+    assert [tail.run_id for tail in tails.read_tails([sound])] == [sound]
+
+
+@pytest.mark.clause("journal.tails.inputs")
+@pytest.mark.capability("run_tails")
+def test_tails_refuse_bad_arguments(mayfly_journal: WorkflowJournal, records: Records) -> None:
+    """A run_ids that is not a sequence of distinct canonical run ids, or names more than MAX_TAILS, is
+    refused with InvalidRecord or InvalidIdentifier."""
+    tails = _tails(mayfly_journal)
+    run = records.new_id()
+    for bad in ("abc", b"abc", 7, None, [run, run], [records.new_id() for _ in range(MAX_TAILS + 1)]):
+        with pytest.raises(InvalidRecord):
+            tails.read_tails(bad)  # type: ignore[arg-type]  # bad input on purpose
+    for malformed in (["run-1"], [run.upper()], [7]):
+        with pytest.raises(InvalidIdentifier):
+            tails.read_tails(malformed)  # type: ignore[arg-type]  # bad input on purpose
 
 
 # -- run verification ----------------------------------------------------------------------------

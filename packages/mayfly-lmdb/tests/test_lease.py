@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from lmdb_support import Worker, batch, new_id
 
+from mayfly.lease import LEASE_LISTING
 from mayfly.model.errors import FencingRejected, InvalidBackendURL, InvalidRecord, LeaseHeld, LeaseLost
 from mayfly.substrate import Hub, spawn
 from mayfly_lmdb import LmdbJournal, LmdbLeaseStore
@@ -305,3 +306,21 @@ def test_a_guard_released_by_one_hub_task_while_another_renews_it_never_stalls_t
     thread.join(timeout=30)
     assert not thread.is_alive(), "the hub stalled: a lock was held across a parked renewal"
     assert sorted(outcome) in (["released", "renewed"], ["lost", "released"])
+
+
+def test_the_listing_drops_a_killed_holder_s_lease_before_its_ttl(url: str, workers: list[Worker]) -> None:
+    """A live holder's grant is listed with its owner, token and expiry; once it is SIGKILLed (its file
+    lock dropped) the grant is not listed, although its ttl has a minute to run."""
+    run = new_id()
+    holder = Worker("hold", url=url, run_id=run, ttl_ms=LONG)
+    workers.append(holder)
+    held, token = holder.readline().split()
+    assert held == "held"
+    with LmdbLeaseStore(url) as leases:
+        listing = LEASE_LISTING.of(leases)
+        assert listing is not None
+        (lease,) = [lease for lease in listing.list_leases() if lease.run_id == run]
+        assert lease.fencing_token == int(token) and "worker" in lease.owner
+        assert lease.expires_in_ms is not None and 0 < lease.expires_in_ms <= LONG
+        holder.kill()
+        assert [lease for lease in listing.list_leases() if lease.run_id == run] == []

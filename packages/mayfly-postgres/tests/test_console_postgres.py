@@ -24,11 +24,14 @@ from console_runs import (  # after the path above
     dump_dom,
     fetch,
     graph_nodes,
+    hold_a_run,
+    lease_rows,
     make_runs,
     png_pixels,
     rgb,
     screenshot,
     start_ui,
+    wait_for_lease,
     walk_list,
 )
 
@@ -108,3 +111,36 @@ def test_no_payload_reaches_any_page_on_postgresql(runs: Runs, served: Served) -
     for path, body in pages.items():
         for canary in CANARIES:
             assert canary not in body, f"{canary} leaked into {path}"
+
+
+def test_the_workers_page_shows_a_worker_s_lease_with_its_expiry_on_postgresql(
+    server: str, tmp_path: Path
+) -> None:
+    """A real `mayfly worker` driving a run on PostgreSQL: /workers lists its lease with the worker's id,
+    the token and the time to expiry on the server's clock (renewed, so never past its ttl); chromium
+    renders the row; no payload shows; the lease is gone once the run ended."""
+    schema = f"console_lease_{uuid.uuid4().hex[:10]}"
+    url = with_options(server, schema=schema)
+    try:
+        held = hold_a_run(url, tmp_path / "release")
+        served = start_ui(url)
+        try:
+            owner, token, left, text = wait_for_lease(served.url, held)
+            assert owner == held.owner and token >= 1
+            assert left is not None and 0 < left <= 30_000  # the worker's lease ttl
+            assert re.search(r"\d+(\.\d)? (ms|s) unless renewed \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z", text)
+            dom = dump_dom(tmp_path / "profile-workers", served.url + "/workers")
+            assert lease_rows(dom)[held.run_id][:2] == (held.owner, token)
+            for body in (dom, fetch(served.url + "/workers")[2]):
+                for canary in CANARIES:
+                    assert canary not in body
+            held.stop()
+            assert held.run_id not in lease_rows(fetch(served.url + "/workers")[2])
+        finally:
+            held.release.touch()
+            if held.process.poll() is None:
+                held.process.kill()
+                held.process.wait()
+            served.stop()
+    finally:
+        drop_schema(server, schema)

@@ -26,6 +26,7 @@ from redis.crc import key_slot
 from test_netns import Finished, chain, check_history, history, wait_for
 
 from mayfly.errors import CompatibilityError, JournalUnavailable
+from mayfly.lease import LEASE_LISTING
 from mayfly.runindex import IndexEntry, IndexStatus
 from mayfly.runtime import WorkflowRuntime
 from mayfly.substrate import Hub, offload, sleep, spawn
@@ -54,6 +55,8 @@ def test_a_new_cluster_store_shards_its_run_index_and_keeps_each_run_in_its_shar
         assert layout.sharded and layout.shards == DEFAULT_SHARDS
         caps = journal.capabilities
         assert caps.run_index and caps.run_wakeups and not caps.queue_control
+        with RedisLeaseStore(f"{aof_cluster.url}?prefix={prefix}") as leases:
+            assert LEASE_LISTING.of(leases) is None  # its leases sit in every shard's slots
         base = layout.run_base(run_id)
         assert base == f"{prefix}:{{{prefix}:{layout.shard(run_id)}}}"
         keys = [

@@ -7,12 +7,17 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from typing import TYPE_CHECKING
 
 import pytest
+import redis
 
+from mayfly.identity import Uuid7IdSource
+from mayfly.lease import LEASE_LISTING
 from mayfly.model.errors import FencingRejected, LeaseHeld, LeaseLost
 from mayfly_redis import RedisJournal, RedisLeaseStore, _scripts
+from mayfly_redis._lease import _LISTING_BUDGET
 from mayfly_redis.testing import RedisServer
 
 if TYPE_CHECKING:
@@ -150,3 +155,56 @@ def test_owner_with_spaces_is_reported_whole(aof_server: RedisServer, run_id: st
         with pytest.raises(LeaseHeld) as caught:
             leases.acquire(run_id, "other", 60_000)
         assert caught.value.holder == "worker 7 on host a"
+
+
+def test_the_listing_skips_expired_members_past_its_per_script_budget(aof_server: RedisServer) -> None:
+    """Leases that expired unreleased stay in P:leases; the listing skips them over several bounded
+    scripts, finds the live lease behind them, and removes nothing."""
+    ids = Uuid7IdSource()
+    url = f"{aof_server.url.partition('?')[0]}?prefix=listing{uuid.uuid4().hex[:8]}"
+    with RedisLeaseStore(url) as leases:
+        listing = LEASE_LISTING.of(leases)
+        assert listing is not None
+        stale = sorted(ids.new_id() for _ in range(_LISTING_BUDGET + 100))
+        for run in stale:
+            leases.acquire(run, "gone", 1)  # expires at once, never released
+        live = ids.new_id()
+        time.sleep(0.05)
+        with leases.acquire(live, "live owner", 60_000) as guard:
+            found = listing.list_leases()
+            assert [(lease.run_id, lease.owner, lease.fencing_token) for lease in found] == [
+                (live, "live owner", guard.fencing_token)
+            ]
+            client = redis.Redis(host="127.0.0.1", port=aof_server.port)
+            try:
+                assert client.zcard(f"{leases._redis.layout.prefix}:leases") == len(stale) + 1
+            finally:
+                client.close()
+        assert listing.list_leases() == []
+
+
+def test_a_lease_granted_before_the_listing_existed_is_listed_from_its_next_renewal(
+    aof_server: RedisServer, run_id: str
+) -> None:
+    """A grant whose run is missing from P:leases (an older store) shows once the holder renews it."""
+    with RedisLeaseStore(aof_server.url) as leases:
+        listing = LEASE_LISTING.of(leases)
+        assert listing is not None
+        guard = leases.acquire(run_id, "old grant", 60_000)
+        client = redis.Redis(host="127.0.0.1", port=aof_server.port)
+        try:
+            client.zrem(f"{leases._redis.layout.prefix}:leases", run_id)
+        finally:
+            client.close()
+        assert run_id not in [lease.run_id for lease in listing.list_leases(limit=1000)]
+        guard.renew()
+        assert run_id in [lease.run_id for lease in listing.list_leases(limit=1000)]
+        guard.release()
+        assert run_id not in [lease.run_id for lease in listing.list_leases(limit=1000)]
+
+
+def test_only_a_standalone_store_files_and_lists_leases() -> None:
+    """The scripts a sharded Cluster store runs file no run in a lease set; the standalone ones do."""
+    for script in (_scripts.CLAIM, _scripts.RELEASE, _scripts.PURGE):
+        assert "':leases'" in script
+        assert "':leases'" not in _scripts.for_layout(script, sharded=True)

@@ -21,19 +21,26 @@ it, its death then seen at expiry, and picks the lock up on a later
 Expiry compares wall-clock milliseconds of processes on one host. New tokens
 are flushed to disk before a grant returns, even with ``durability=nosync``:
 a token that went backwards after a host crash could be granted twice.
+
+The live leases are listed (``lease_listing``) from one read transaction
+over the ``leases`` database, in run id order; a grant whose holder took
+the file lock counts while ``/proc/locks`` shows that holder's process
+holding it (where ``/proc/locks`` is unreadable, a probe tells, as claims do).
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import time
 from typing import Final, final
 
 import lmdb
 
-from mayfly.backend import LeaseGuardBase, LeaseStoreBase
+from mayfly.backend import LeaseGuardBase, LeaseStoreBase, held_flocks
 from mayfly.errors import JournalUnavailable, LeaseHeld, LeaseLost
+from mayfly.lease import LeaseCapabilities, LeaseInfo
 from mayfly_lmdb import _codec
 from mayfly_lmdb._env import SharedEnv, acquire_env, off_hub, release_env
 from mayfly_lmdb._url import parse_url
@@ -207,7 +214,7 @@ class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
             assert target.source is not None
             raise target.source.invalid("readonly=true cannot serve leases: a grant writes its fencing token")
         self._shared: SharedEnv | None = acquire_env(target)
-        super().__init__(url=target.url)
+        super().__init__(url=target.url, capabilities=LeaseCapabilities.declare("lease_listing"))
         self._leases = os.path.join(target.path, "leases")
         try:
             os.makedirs(self._leases, exist_ok=True)
@@ -326,6 +333,69 @@ class LmdbLeaseStore(LeaseStoreBase[LmdbLeaseGuard]):
                 txn.delete(run, db=shared.leases)
 
         shared.write(body, f"lease release of run {run_id}")
+
+    def _list_leases(self, after: str | None, limit: int) -> list[LeaseInfo]:
+        """The unexpired grants after ``after`` in key (run id) order, from one read transaction.
+
+        A grant whose holder took the run's file lock is live only while that
+        holder still holds it (its death drops the lock): checked against
+        ``/proc/locks`` after the transaction ended, or by a probe where that
+        is unreadable. The scan stops at ``limit`` live grants; an expired
+        grant in the way (a holder that died unlocked or hung) costs one read.
+        """
+        shared = self._env
+        start = None if after is None else _codec.run_key(after)
+        held = held_flocks()
+        found: list[LeaseInfo] = []
+        while len(found) < limit:
+            wall = now_ms()
+            read = functools.partial(self._grants, shared=shared, start=start, limit=limit, wall=wall)
+            page = shared.read(read, "lease listing")
+            for run, grant in page:
+                if not grant.locked or self._still_locked(run, grant, held):
+                    found.append(
+                        LeaseInfo(
+                            run_id=_codec.run_text(run),
+                            owner=grant.owner,
+                            fencing_token=grant.token,
+                            expires_at_ms=grant.expires_ms,
+                            expires_in_ms=grant.expires_ms - wall,
+                        )
+                    )
+            if len(page) < limit:
+                break
+            start = page[-1][0]
+        return found[:limit]
+
+    @staticmethod
+    def _grants(
+        txn: lmdb.Transaction[bytes], shared: SharedEnv, start: bytes | None, limit: int, wall: int
+    ) -> list[tuple[bytes, _codec.LeaseState]]:
+        """Up to ``limit`` unexpired grants with keys after ``start``, in key order."""
+        cursor = txn.cursor(db=shared.leases)
+        positioned = cursor.first() if start is None else cursor.set_range(start)
+        grants: list[tuple[bytes, _codec.LeaseState]] = []
+        while positioned and len(grants) < limit:
+            key = cursor.key()
+            if key != start:
+                grant = _codec.decode_lease(cursor.value(), _codec.run_text(key))
+                if grant is not None and grant.expires_ms > wall:
+                    grants.append((key, grant))
+            positioned = cursor.next()
+        return grants
+
+    def _still_locked(self, run: bytes, grant: _codec.LeaseState, held: dict[int, set[int]] | None) -> bool:
+        """Whether the holder of a grant that took the run's file lock holds it still."""
+        path = self._lock_path(_codec.run_text(run))
+        if held is None:
+            return lock_held(path)
+        try:
+            inode = os.stat(path).st_ino
+        except FileNotFoundError:
+            return False
+        except OSError as error:
+            raise JournalUnavailable(f"cannot read lease file {path}: {error}") from None
+        return grant.pid in held.get(inode, ())
 
     def _current_fence(self, run_id: str) -> int:
         shared = self._env

@@ -45,6 +45,7 @@ from mayfly.errors import (
     InvalidRecord,
     JournalUnavailable,
     LeaseHeld,
+    SnapshotCorrupt,
 )
 from mayfly.journal import (
     AppendResult,
@@ -73,6 +74,7 @@ from mayfly_postgres._lease import PostgresLeaseStore
 from mayfly_postgres._pool import HubConnection, in_hub_task, is_transient, pause, unavailable
 from mayfly_postgres._schedules import PostgresSchedules, ScheduleStatements
 from mayfly_postgres._store import Store, open_store
+from mayfly_postgres._tails import TailStatements, read_tails
 
 __all__ = ["PostgresJournal", "RunSummary", "relayed_url"]
 
@@ -328,7 +330,8 @@ class PostgresJournal(PostgresSchedules, JournalBase):
     for the options). Appends are acknowledged after the commit is durable
     under the URL's ``durability``; every driver error is mapped to a Mayfly
     error; the network waits of a hub task park on the hub. Declares
-    everything, plus run summaries (``run_summaries``), run purging,
+    everything, plus run summaries (``run_summaries``), many runs' tails in one
+    statement (``run_tails``; see :mod:`mayfly_postgres._tails`), run purging,
     ``network``, and the run index workers claim from (``run_index``,
     ``run_wakeups``; see :mod:`mayfly_postgres._index`).
     """
@@ -340,6 +343,7 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         self._sql = _Statements(self._store)
         self._index_sql = IndexStatements(self._store)
         self._schedule_sql = ScheduleStatements(self._store)
+        self._tail_sql = TailStatements(self._store)
         self._leases: PostgresLeaseStore | None = None
         self._leases_lock = threading.Lock()
         # Group transactions in flight at once, each on its own connection: half the pool,
@@ -357,6 +361,7 @@ class PostgresJournal(PostgresSchedules, JournalBase):
                 self._store.settings.durability,
                 "cross_process fencing crash_durable fault_injection snapshots lease_expiry",
                 "run_summaries run_purge network run_index run_wakeups queue_control schedule_store",
+                "run_tails",
             ),
         )
 
@@ -760,6 +765,18 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             return [RunSummary(str(r[0]), r[1], r[2], int(r[3]), r[4], r[5]) for r in rows]
 
         return self._store.pool.retrying("listing run summaries", query)
+
+    def _read_tails(
+        self, run_ids: tuple[str, ...]
+    ) -> list[tuple[SnapshotRecord | SnapshotCorrupt | None, list[JournalRecord]]]:
+        """Every run's snapshot and tail in one statement (see :mod:`mayfly_postgres._tails`)."""
+        return read_tails(
+            self._store,
+            self._tail_sql,
+            run_ids,
+            self.window,
+            lambda run, columns: self.verified(_unverified(run, columns)),
+        )
 
     # -- snapshots ------------------------------------------------------------------------
 

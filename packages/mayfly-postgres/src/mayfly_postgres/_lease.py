@@ -8,6 +8,12 @@ stored in that row, and copies it into ``runs.fence`` in the same statement:
 from the moment the grant commits, the journal rejects appends made with any
 older token. A grant carries a random ``grant_id``; if the reply is lost the
 store reads the row back to learn whether the grant is ours.
+
+The live leases are listed (``lease_listing``) by one plain ``SELECT``: it
+takes no row lock, so it never waits for a grant and no grant waits for it.
+It finds the live rows through ``leases_expiry`` (released rows sit at
+``-infinity``, expired ones before the statement's time), so the rows of
+runs leased long ago cost nothing, and pages them in run id order.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from psycopg import sql
 
 from mayfly.backend import LeaseGuardBase, LeaseStoreBase
 from mayfly.errors import LeaseHeld
+from mayfly.lease import LeaseCapabilities, LeaseInfo
 from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
 from mayfly_postgres._store import Store, open_store
 
@@ -60,6 +67,18 @@ class _Statements:
             "UPDATE {leases} SET expires_at = '-infinity' WHERE run_id = %s::uuid AND grant_id = %s::uuid"
         ).format(leases=leases)
         self.current_fence = sql.SQL("SELECT fence FROM {runs} WHERE run_id = %s::uuid").format(runs=runs)
+        # statement_timestamp() is stable, so it bounds the leases_expiry range (clock_timestamp() could not).
+        # Ordered by the uuid column itself (l.run_id), never by its text under a collation.
+        listing = (
+            "SELECT l.run_id::text AS run, l.owner, l.token, "
+            "floor(extract(epoch FROM l.expires_at) * 1000)::bigint, "
+            "floor(extract(epoch FROM l.expires_at - statement_timestamp()) * 1000)::bigint "
+            "FROM {leases} AS l WHERE l.expires_at > statement_timestamp() {after} "
+            "ORDER BY l.run_id LIMIT %(limit)s"
+        )
+        self.list_first = sql.SQL(listing).format(leases=leases, after=sql.SQL(""))
+        after = sql.SQL("AND l.run_id > %(after)s::uuid")
+        self.list_after = sql.SQL(listing).format(leases=leases, after=after)
 
 
 @final
@@ -100,7 +119,8 @@ class PostgresLeaseStore(LeaseStoreBase[PostgresLeaseGuard]):
         # A Store: the lease store a journal's claims hand guards out of, on the journal's own pool.
         self._store = url.share() if isinstance(url, Store) else open_store(url)
         self._sql = _Statements(self._store)
-        super().__init__(url=self._store.settings.url)
+        listing = LeaseCapabilities.declare("lease_listing")
+        super().__init__(url=self._store.settings.url, capabilities=listing)
 
     def adopt(self, run_id: str, owner: str, *, token: int, ttl_ms: int, grant: str) -> PostgresLeaseGuard:
         """The guard of a lease granted elsewhere (a run-index claim), held by this store like its own."""
@@ -152,6 +172,24 @@ class PostgresLeaseStore(LeaseStoreBase[PostgresLeaseGuard]):
             return connection.execute(self._sql.holder, (run,)).fetchone()
 
         return self._store.pool.retrying(f"reading the lease of run {run}", query)
+
+    def _list_leases(self, after: str | None, limit: int) -> list[LeaseInfo]:
+        statement = self._sql.list_first if after is None else self._sql.list_after
+
+        def query(connection: HubConnection) -> list[tuple[Any, ...]]:
+            return connection.execute(statement, {"after": after, "limit": limit}).fetchall()
+
+        rows = self._store.pool.retrying("listing leases", query)
+        return [
+            LeaseInfo(
+                run_id=run,
+                owner=owner,
+                fencing_token=int(token),
+                expires_at_ms=int(expires_at),
+                expires_in_ms=int(expires_in),
+            )
+            for run, owner, token, expires_at, expires_in in rows
+        ]
 
     def _current_fence(self, run_id: str) -> int:
         def query(connection: HubConnection) -> int:

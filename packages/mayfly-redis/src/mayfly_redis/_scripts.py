@@ -21,6 +21,7 @@ __all__ = [
     "CLAIM",
     "INDEX_PUT",
     "INDEX_WAKE",
+    "LIST_LEASES",
     "NEXT_WAKE",
     "PURGE",
     "QUEUE_SET",
@@ -139,13 +140,14 @@ ACQUIRE: Final = """
 -- KEYS: lease string, fence string [, index hash (standalone only)]; ARGV: nonce, owner, ttl_ms
 -- [, prefix, run id (standalone only)]. The lease value is '<token> <nonce> <owner>'. A retried
 -- acquire whose reply was lost finds its own nonce and gets its grant back instead of LeaseHeld.
--- On a standalone server a root run with a live entry in a queue with settings joins its queue's
--- holding set (it is in progress there: see mayfly_redis._index).
+-- On a standalone server the run joins the lease listing's set, and a root run with a live entry in
+-- a queue with settings joins its queue's holding set (it is in progress there: see mayfly_redis._index).
 if redis.call('SET', KEYS[1], 'granting', 'NX', 'PX', ARGV[3]) then
   redis.call('INCR', KEYS[2])
   local token = redis.call('GET', KEYS[2])
   redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1] .. ' ' .. ARGV[2], 'KEEPTTL')
   if KEYS[3] then
+    redis.call('ZADD', ARGV[4] .. ':leases', 0, ARGV[5])  -- the lease listing's set (see LIST_LEASES)
     local e = redis.call('HMGET', KEYS[3], 'q', 'p', 's')
     if e[1] and e[2] == '' and e[3] ~= 'terminal' and
         redis.call('HEXISTS', ARGV[4] .. ':queue-settings', e[1]) == 1 then
@@ -163,12 +165,47 @@ return {'held', owner or holder, redis.call('PTTL', KEYS[1])}
 """
 
 RENEW: Final = """
--- KEYS: lease string; ARGV: the exact lease value, ttl_ms
+-- KEYS: lease string; ARGV: the exact lease value, ttl_ms [, prefix, run id (standalone only)].
+-- On a standalone server a renewal (re)files the run in the lease listing's set, so a lease granted
+-- before the set existed is listed from its next renewal on.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if ARGV[3] then redis.call('ZADD', ARGV[3] .. ':leases', 0, ARGV[4]) end
   return 1
 end
 return 0
+"""
+
+LIST_LEASES: Final = """
+-- KEYS: the lease listing's set P:leases (standalone only); ARGV: prefix, after ('' = from the first
+-- run), limit, the most members to look at. Read only: a member whose lease expired or was released
+-- without the set hearing of it is skipped, never removed. Replies the server's time (ms), 1 if the
+-- members after the last one looked at are all seen, that last member, then run, lease value, ms
+-- left for each live lease, in run id order.
+local p, after, limit, budget = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local lower = '-'
+if after ~= '' then lower = '(' .. after end
+local members = redis.call('ZRANGEBYLEX', KEYS[1], lower, '+', 'LIMIT', 0, budget)
+local t = redis.call('TIME')
+local reply = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 0, after}
+if #members < budget then reply[2] = 1 end
+local found = 0
+for i, run in ipairs(members) do
+  reply[3] = run
+  local lease = p .. ':{' .. run .. '}:lease'
+  local left = redis.call('PTTL', lease)
+  if left > 0 then
+    reply[#reply + 1] = run
+    reply[#reply + 1] = redis.call('GET', lease)
+    reply[#reply + 1] = left
+    found = found + 1
+    if found == limit then
+      if i < #members then reply[2] = 0 end
+      break
+    end
+  end
+end
+return reply
 """
 
 # -- the run index (standalone servers; see mayfly_redis._index) ----------------------------------
@@ -181,6 +218,10 @@ local function server_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- The lease listing's set P:leases (standalone only, see LIST_LEASES): every run granted a lease that
+-- was not released since.
+local function note_lease(p, run) redis.call('ZADD', p .. ':leases', 0, run) end
+local function forget_lease(p, run) redis.call('ZREM', p .. ':leases', run) end
 -- A run's entry hash: q queue, s status, r ready_at ('' = none), n sequence, w wake '0'/'1',
 -- p parent ('' = root), pr priority, d dedup id, st started_ms ('' = none; entries stored before
 -- queue control have neither), m its claim-order member, loc 'r' ready / 'l' leased / '',
@@ -515,6 +556,7 @@ while count < limit do
           local token = tostring(redis.call('INCR', fence))
           local grant = nonce .. count
           redis.call('SET', lease, token .. ' ' .. grant .. ' ' .. owner, 'KEEPTTL')
+          note_lease(p, run)
           if h.loc == 'r' then redis.call('ZREM', qkey(p, q, 'ready'), first) end
           local expiry = now + tonumber(ttl)
           redis.call('ZADD', qkey(p, q, 'leased'), expiry, first)
@@ -579,6 +621,7 @@ RELEASE: Final = (
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 if ARGV[2] ~= '' then
+  forget_lease(ARGV[2], ARGV[3])
   local h = load(KEYS[2])
   if h then redis.call('ZREM', qkey(ARGV[2], h.q, 'holding'), ARGV[3]) end
   if h and h.loc == 'l' then
@@ -600,6 +643,7 @@ PURGE: Final = (
 local holder = redis.call('GET', KEYS[1])
 if holder then return {'held', holder} end
 if ARGV[1] ~= '' then
+  forget_lease(ARGV[1], ARGV[2])
   local h = load(KEYS[5])
   if h then
     unplace(ARGV[1], h)
@@ -652,6 +696,11 @@ _QKEY: Final = "local function qkey(p, queue, name) return p .. ':{q:' .. queue 
 # On a sharded Cluster store P is a shard's base 'P:{P:k}', whose hash tag every key shares.
 _SHARDED_RKEY: Final = "local function rkey(p, run, name) return p .. ':' .. run .. ':' .. name end"
 _SHARDED_QKEY: Final = "local function qkey(p, queue, name) return p .. ':q:' .. queue .. ':' .. name end"
+# A Cluster store keeps no lease listing (its leases sit in every shard's slots): nothing to file.
+_NOTE_LEASE: Final = "local function note_lease(p, run) redis.call('ZADD', p .. ':leases', 0, run) end"
+_FORGET_LEASE: Final = "local function forget_lease(p, run) redis.call('ZREM', p .. ':leases', run) end"
+_SHARDED_NOTE_LEASE: Final = "local function note_lease(p, run) end"
+_SHARDED_FORGET_LEASE: Final = "local function forget_lease(p, run) end"
 _sharded: dict[str, str] = {}
 
 
@@ -661,5 +710,10 @@ def for_layout(source: str, sharded: bool) -> str:
         return source
     found = _sharded.get(source)
     if found is None:
-        found = _sharded[source] = source.replace(_RKEY, _SHARDED_RKEY).replace(_QKEY, _SHARDED_QKEY)
+        found = _sharded[source] = (
+            source.replace(_RKEY, _SHARDED_RKEY)
+            .replace(_QKEY, _SHARDED_QKEY)
+            .replace(_NOTE_LEASE, _SHARDED_NOTE_LEASE)
+            .replace(_FORGET_LEASE, _SHARDED_FORGET_LEASE)
+        )
     return found

@@ -37,8 +37,8 @@ Optional features
 -----------------
 Beyond :class:`WorkflowJournal`, a backend may offer features, each a
 :class:`JournalCapabilities` flag and a Protocol: :data:`RUN_SUMMARIES`,
-:data:`RUN_VERIFICATION`, :data:`RUN_PURGE`, :data:`NETWORK` and
-:data:`FAULT_INJECTION`. Callers ask ``FEATURE.of(journal)``; a backend's
+:data:`RUN_TAILS`, :data:`RUN_VERIFICATION`, :data:`RUN_PURGE`,
+:data:`NETWORK` and :data:`FAULT_INJECTION`. Callers ask ``FEATURE.of(journal)``; a backend's
 attributes are never probed. ``mayfly.backend`` is the kit a backend builds
 these on.
 """
@@ -74,10 +74,12 @@ __all__ = [
     "MAX_RECORD_PAYLOAD",
     "MAX_SEQUENCE",
     "MAX_SNAPSHOT_STATE",
+    "MAX_TAILS",
     "NETWORK",
     "OPTIONAL_FEATURES",
     "RUN_PURGE",
     "RUN_SUMMARIES",
+    "RUN_TAILS",
     "RUN_VERIFICATION",
     "AppendResult",
     "Durability",
@@ -90,6 +92,8 @@ __all__ = [
     "RunPurge",
     "RunSummaries",
     "RunSummary",
+    "RunTail",
+    "RunTails",
     "RunVerification",
     "SnapshotRecord",
     "WorkflowJournal",
@@ -97,6 +101,7 @@ __all__ = [
     "redact_url",
     "validate_batch",
     "validate_read",
+    "validate_tails",
 ]
 
 MAX_RECORD_PAYLOAD: Final = 1 << 20
@@ -110,6 +115,9 @@ MAX_EVENT_TYPE_LENGTH: Final = 64
 
 MAX_SEQUENCE: Final = (1 << 63) - 1
 """Largest sequence number (fits a signed 64-bit column in every backend)."""
+
+MAX_TAILS: Final = 1_000
+"""The most runs one ``read_tails`` call may name."""
 
 _MAX_CHECKSUM_TEXT = 128
 _EVENT_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
@@ -436,6 +444,8 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     a flag declared true obliges the journal to implement the Protocol, and
     callers ask through the feature, never by probing attributes):
     ``run_summaries``: :class:`RunSummaries`, an indexed listing of recent runs.
+    ``run_tails``: :class:`RunTails`, what inspecting many runs reads (each
+    one's snapshot and the records after it) in one read of the store.
     ``run_verification``: :class:`RunVerification`, a full audit of a run's
     stored history beyond what reads check. ``run_purge``: :class:`RunPurge`,
     removal of a run that nobody owns. ``network``: the journal waits on
@@ -462,6 +472,7 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     lease_expiry: bool = False
     run_summaries: bool = False
     run_verification: bool = False
+    run_tails: bool = False
     run_purge: bool = False
     network: bool = False
     run_index: bool = False
@@ -631,6 +642,45 @@ class RunSummaries(Protocol):
         ...
 
 
+@final
+class RunTail(msgspec.Struct, frozen=True, kw_only=True):
+    """What inspecting one run reads: its snapshot, if it has a usable one, and the records from it on.
+
+    With a ``snapshot``, ``records`` start at the snapshot's
+    ``last_sequence`` (the record it includes last, which tells a current
+    snapshot from a stale one: :func:`check_snapshot`) and run to the run's
+    last record; without one they are the whole history (empty for an unknown
+    run). ``discarded`` says why a stored snapshot was not usable (corrupt,
+    or of another run); the records are then the whole history.
+    """
+
+    run_id: str
+    snapshot: SnapshotRecord | None
+    records: tuple[JournalRecord, ...]
+    discarded: str | None = None
+
+
+@runtime_checkable
+class RunTails(Protocol):
+    """Optional feature ``run_tails``: many runs' snapshots and tails in one read of the store.
+
+    :func:`mayfly.recovery.inspect_runs` (the console's run list, ``mayfly
+    runs``) reads a page of runs through it at the cost of one query where a
+    backend has queries, instead of two reads per run.
+    """
+
+    def read_tails(self, run_ids: Sequence[str]) -> list[RunTail]:
+        """The :class:`RunTail` of each run, in the order given, read in one consistent view of the store.
+
+        Records are checksum-verified and gap-checked as ``read`` does, and a
+        damaged history raises the same typed error, naming its run (read the
+        runs one at a time to tell the others). More than :data:`MAX_TAILS`
+        run ids, a malformed or repeated one, or a ``run_ids`` that is not a
+        sequence raise ``InvalidIdentifier`` or ``InvalidRecord``.
+        """
+        ...
+
+
 @runtime_checkable
 class RunVerification(Protocol):
     """Optional feature ``run_verification``: check every stored byte of one run's history."""
@@ -735,13 +785,15 @@ FAULT_INJECTION: Final[Feature[JournalFaults]] = Feature("fault_injection", Jour
 """Damage stored data on purpose (contract suite only)."""
 RUN_SUMMARIES: Final[Feature[RunSummaries]] = Feature("run_summaries", RunSummaries)
 """An indexed listing of the most recently updated runs."""
+RUN_TAILS: Final[Feature[RunTails]] = Feature("run_tails", RunTails)
+"""Many runs' snapshots and the records after them, in one read (a page of a run list)."""
 RUN_VERIFICATION: Final[Feature[RunVerification]] = Feature("run_verification", RunVerification)
 """A full audit of one run's stored history."""
 RUN_PURGE: Final[Feature[RunPurge]] = Feature("run_purge", RunPurge)
 """Removal of a run nobody owns."""
 NETWORK: Final[Feature[NetworkJournal]] = Feature("network", NetworkJournal)
 """Journals that wait on sockets, and can be relayed for the hub-blocking clause."""
-OPTIONAL_FEATURES: Final = (FAULT_INJECTION, RUN_SUMMARIES, RUN_VERIFICATION, RUN_PURGE, NETWORK)
+OPTIONAL_FEATURES: Final = (FAULT_INJECTION, RUN_SUMMARIES, RUN_TAILS, RUN_VERIFICATION, RUN_PURGE, NETWORK)
 """Every optional feature a backend may declare."""
 
 
@@ -870,6 +922,19 @@ def validate_read(run_id: object, after: object, limit: object) -> tuple[str, in
     if limit is None:
         return run, start, None
     return run, start, _check_int("limit", limit, 0, MAX_SEQUENCE)
+
+
+def validate_tails(run_ids: object) -> tuple[str, ...]:
+    """Check ``read_tails``'s run ids: a sequence of at most :data:`MAX_TAILS` distinct canonical ids."""
+    if isinstance(run_ids, str | bytes) or not isinstance(run_ids, Sequence):
+        raise InvalidRecord(f"run_ids must be a sequence of run ids, got {type(run_ids).__name__}")
+    if len(run_ids) > MAX_TAILS:
+        raise InvalidRecord(f"read_tails names {len(run_ids)} runs, more than the {MAX_TAILS} allowed")
+    runs = tuple(parse_run_id(run_id) for run_id in run_ids)
+    if len(set(runs)) != len(runs):
+        repeated = next(run for run in runs if runs.count(run) > 1)
+        raise InvalidRecord(f"read_tails names run {repeated} more than once")
+    return runs
 
 
 def check_snapshot(snapshot: SnapshotRecord, record: JournalRecord | None) -> str | None:

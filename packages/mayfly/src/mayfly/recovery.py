@@ -3,6 +3,8 @@
 - :func:`inspect_run` rebuilds read-only state from a valid snapshot plus the
   journal tail, or from the whole journal when the snapshot is missing or
   unusable (with a diagnostic saying why).
+- :func:`inspect_runs` does what :func:`inspect_run` does for many runs, in one
+  read of the store where the journal offers ``run_tails`` (a run list page).
 - :func:`replay_run` ignores snapshots and reduces the complete history.
 - :func:`resume_run` first acquires the run's recovery lease, reconstructs the
   state, checks the pinned specification and that every unfinished node's
@@ -31,12 +33,14 @@ from typing import Literal, Self, TypeAlias, final
 
 import msgspec
 
-from mayfly.journal import JournalRecord, WorkflowJournal
+from mayfly.journal import MAX_TAILS, RUN_TAILS, JournalRecord, RunTail, SnapshotRecord, WorkflowJournal
 from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
 from mayfly.model.errors import (
     CompatibilityError,
     CorruptionError,
     HistoryLost,
+    JournalError,
+    MayflyError,
     ResumeRefused,
     RunNotFound,
     SnapshotCorrupt,
@@ -53,6 +57,7 @@ from mayfly.snapshot import restore_snapshot
 
 __all__ = [
     "DispatchReady",
+    "InspectedRun",
     "ReconcileAttempt",
     "ReconcileChild",
     "RecoveredRun",
@@ -62,6 +67,7 @@ __all__ = [
     "ResumeSession",
     "check_unfinished_handlers",
     "inspect_run",
+    "inspect_runs",
     "load_run",
     "rebuild_run_index",
     "recovery_effects",
@@ -243,6 +249,17 @@ def _from_snapshot(
     if snapshot is None:
         return None, None, None
     records = journal.read(run_id, after=snapshot.last_sequence - 1)
+    return _restore(journal, run_id, snapshot, records, diagnostics)
+
+
+def _restore(
+    journal: WorkflowJournal,
+    run_id: str,
+    snapshot: SnapshotRecord,
+    records: list[JournalRecord],
+    diagnostics: list[str],
+) -> tuple[RunState | None, JournalRecord | None, list[JournalRecord] | None]:
+    """:func:`_from_snapshot` once read: ``records`` start at the snapshot's last sequence."""
     if not records:
         raise _lost(journal, run_id, snapshot.last_sequence)
     record = records[0] if records[0].sequence == snapshot.last_sequence else None
@@ -251,6 +268,80 @@ def _from_snapshot(
         diagnostics.append(f"snapshot discarded: {restored}; rebuilt from the journal")
         return None, None, None
     return restored, record, records[1:]
+
+
+InspectedRun: TypeAlias = RecoveredRun | MayflyError
+"""What :func:`inspect_runs` gives for one run: the run, or the typed error reading it raised."""
+
+_UNREADABLE = (JournalError, CorruptionError, CompatibilityError, RunNotFound)
+
+
+def inspect_runs(
+    journal: WorkflowJournal,
+    run_ids: Sequence[str],
+    *,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
+) -> list[InspectedRun]:
+    """:func:`inspect_run` of each run, in order: the run, or the error its history raised.
+
+    A journal that declares ``run_tails`` reads every run's snapshot and tail
+    in one call (one query on PostgreSQL), at most ``MAX_TAILS`` runs a call;
+    other journals, and a batch a damaged history fails, are read run by run,
+    so one unreadable run never hides the others. A run without records is
+    :class:`RunNotFound`.
+    """
+    tails = RUN_TAILS.of(journal)
+    if tails is None:
+        return [_inspected(journal, run_id, upcasters) for run_id in run_ids]
+    found: list[InspectedRun] = []
+    for start in range(0, len(run_ids), MAX_TAILS):
+        chunk = run_ids[start : start + MAX_TAILS]
+        try:
+            read = tails.read_tails(chunk)
+        except _UNREADABLE:
+            found.extend(_inspected(journal, run_id, upcasters) for run_id in chunk)
+            continue
+        for tail in read:
+            try:
+                found.append(_from_tail(journal, tail, upcasters))
+            except _UNREADABLE as error:
+                found.append(error)
+    return found
+
+
+def _inspected(
+    journal: WorkflowJournal, run_id: str, upcasters: Mapping[tuple[str, int], Upcaster] | None
+) -> InspectedRun:
+    try:
+        return inspect_run(journal, run_id, upcasters=upcasters)
+    except _UNREADABLE as error:
+        return error
+
+
+def _from_tail(
+    journal: WorkflowJournal, tail: RunTail, upcasters: Mapping[tuple[str, int], Upcaster] | None
+) -> RecoveredRun:
+    """What :func:`load_run` with its snapshot rebuilds, from a tail already read."""
+    run_id = tail.run_id
+    diagnostics = [] if tail.discarded is None else [f"snapshot discarded: {tail.discarded}"]
+    state: RunState | None = None
+    last: JournalRecord | None = None
+    records = list(tail.records)
+    if tail.snapshot is not None:
+        state, last, rest = _restore(journal, run_id, tail.snapshot, records, diagnostics)
+        # A stale snapshot leaves only its tail here: the whole history is one more read.
+        records = journal.read(run_id) if rest is None else rest
+    source: Literal["snapshot", "journal"] = "snapshot" if state is not None else "journal"
+    if records:
+        state = replay_records(records, state, run_id=run_id, url=journal.url, upcasters=upcasters)
+        last = records[-1]
+    if state is None or last is None:
+        raise RunNotFound(run_id)
+    if source == "journal" and not _pinned_spec_verifies(state, records[0]):
+        raise CorruptionError(
+            f"run {run_id}: the pinned specification does not match its recorded hash {state.spec_hash}"
+        )
+    return RecoveredRun(state, source, len(records), last, tuple(diagnostics))
 
 
 def _check_not_behind_snapshot(journal: WorkflowJournal, run_id: str, last_sequence: int) -> None:

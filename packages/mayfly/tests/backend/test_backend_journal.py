@@ -11,6 +11,7 @@ from mayfly.backend import JournalBase, decode_snapshot, encode_snapshot
 from mayfly.errors import (
     AppendConflict,
     ChecksumMismatch,
+    CompatibilityError,
     ConflictingRecord,
     CorruptionError,
     FencingRejected,
@@ -22,6 +23,7 @@ from mayfly.errors import (
 )
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import (
+    RUN_TAILS,
     AppendResult,
     Durability,
     JournalCapabilities,
@@ -335,3 +337,47 @@ def test_the_built_in_backends_are_written_on_the_kit(tmp_path: Path) -> None:
         run = IDS.new_id()
     with pytest.raises(JournalUnavailable, match=f"^next sequence of run {run} refused: journal file://"):
         journal.next_sequence(run)
+
+
+class TailedJournal(DictJournal):
+    """DictJournal declaring run_tails, served by the kit's run-by-run default."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._capabilities = JournalCapabilities.declare(Durability.MEMORY, "fencing snapshots run_tails")
+
+
+def test_run_tails_are_refused_unless_declared_and_check_their_arguments_first() -> None:
+    """read_tails checks run_ids, then refuses with CompatibilityError unless run_tails is declared."""
+    journal = DictJournal()
+    with pytest.raises(InvalidIdentifier):
+        journal.read_tails(["run-1"])
+    with pytest.raises(InvalidRecord, match="more than once"):
+        journal.read_tails([IDS.new_id()] * 2)
+    with pytest.raises(CompatibilityError, match="does not declare run_tails"):
+        journal.read_tails([IDS.new_id()])
+    assert RUN_TAILS.of(journal) is None and RUN_TAILS.of(TailedJournal()) is not None
+
+
+def test_the_kit_s_default_tails_verify_snapshots_and_discard_an_unusable_one() -> None:
+    """The default reads each run's snapshot and the records from its last sequence on; a damaged or
+    undecodable snapshot, or one filed under another run, is discarded with the whole history read."""
+    journal = TailedJournal()
+    runs = [IDS.new_id() for _ in range(4)]
+    for run in runs:
+        journal.append(run, 1, batch(run, 1, 3))
+    good = snapshot_at(journal.runs[runs[0]][1])
+    journal.snapshots[runs[0]] = encode_snapshot(good)
+    journal.snapshots[runs[1]] = encode_snapshot(msgspec.structs.replace(good, run_id=runs[1], state=b"[]"))
+    journal.snapshots[runs[2]] = b'{"run_id": 7'
+    journal.snapshots[runs[3]] = encode_snapshot(good)  # another run's
+    first, damaged, unreadable, foreign = journal.read_tails(runs)
+    assert first.snapshot == good and [r.sequence for r in first.records] == [2, 3]
+    assert first.discarded is None
+    for tail in (damaged, unreadable, foreign):
+        assert tail.snapshot is None and tail.discarded
+        assert [r.sequence for r in tail.records] == [1, 2, 3]
+    assert "holds the snapshot of run" in str(foreign.discarded)
+    journal.close()
+    with pytest.raises(JournalUnavailable, match="reading run tails refused"):
+        journal.read_tails(runs)

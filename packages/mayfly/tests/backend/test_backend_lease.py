@@ -5,9 +5,23 @@ from __future__ import annotations
 import pytest
 
 from mayfly.backend import LeaseGuardBase, LeaseStoreBase
-from mayfly.errors import InvalidIdentifier, InvalidRecord, JournalUnavailable, LeaseHeld, LeaseLost
+from mayfly.errors import (
+    CompatibilityError,
+    InvalidIdentifier,
+    InvalidRecord,
+    JournalUnavailable,
+    LeaseHeld,
+    LeaseLost,
+)
 from mayfly.identity import Uuid7IdSource
-from mayfly.lease import RecoveryLeaseGuard, RecoveryLeaseStore
+from mayfly.lease import (
+    LEASE_LISTING,
+    MAX_LEASE_LISTING,
+    LeaseCapabilities,
+    LeaseInfo,
+    RecoveryLeaseGuard,
+    RecoveryLeaseStore,
+)
 
 IDS = Uuid7IdSource()
 
@@ -149,3 +163,47 @@ def test_a_closed_store_refuses_naming_the_operation() -> None:
         leases.acquire(run, "w", 1000)
     with pytest.raises(JournalUnavailable, match=f"^fence read of run {run} refused"):
         leases.current_fence(run)
+
+
+def test_a_store_that_does_not_declare_the_listing_refuses_it_after_checking_arguments() -> None:
+    """list_leases checks after and limit first, then refuses with CompatibilityError unless declared."""
+    leases = DictLeases()
+    assert not leases.capabilities.lease_listing and LEASE_LISTING.of(leases) is None
+    with pytest.raises(InvalidIdentifier):
+        leases.list_leases(after="run-1")
+    for limit in (0, MAX_LEASE_LISTING + 1, True, "5"):
+        with pytest.raises(InvalidRecord):
+            leases.list_leases(limit=limit)  # type: ignore[arg-type]  # bad input on purpose
+    with pytest.raises(CompatibilityError, match="does not declare lease_listing"):
+        leases.list_leases()
+    leases.close()
+    with pytest.raises(JournalUnavailable, match=r"^lease listing refused"):
+        leases.list_leases()
+
+
+class ListedLeases(DictLeases):
+    """DictLeases declaring lease_listing, listing its holders in run id order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._capabilities = LeaseCapabilities.declare("lease_listing")
+
+    def _list_leases(self, after: str | None, limit: int) -> list[LeaseInfo]:
+        self.calls.append(("list", after or "", limit))
+        return [
+            LeaseInfo(run_id=run, owner="w", fencing_token=token, expires_at_ms=None, expires_in_ms=None)
+            for run, token in sorted(self.holders.items())
+            if after is None or run > after
+        ][:limit]
+
+
+def test_a_declared_listing_reaches_its_hook_with_checked_arguments() -> None:
+    """LEASE_LISTING serves a declaring store; the hook gets a canonical after and the limit."""
+    leases = ListedLeases()
+    runs = sorted(IDS.new_id() for _ in range(2))
+    for run in runs:
+        leases.acquire(run, "w", 1000)
+    listing = LEASE_LISTING.of(leases)
+    assert listing is leases
+    assert [lease.run_id for lease in listing.list_leases(after=runs[0], limit=5)] == [runs[1]]
+    assert leases.calls[-1] == ("list", runs[0], 5)

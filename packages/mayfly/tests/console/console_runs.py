@@ -18,9 +18,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import zlib
@@ -268,6 +270,98 @@ def make_runs(url: str) -> Runs:
         runtime.journal.close()
     ids = [review.run_id, waiting.run_id, approved.run_id, parent.run_id, str(child), failed.run_id, queued]
     return Runs(url, ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[6], ids)
+
+
+# -- a real worker holding a run's lease ------------------------------------------------
+
+HOLD_QUEUE: Final = "console-hold"
+HANDLERS: Final = Path(__file__).resolve().parent / "console_handlers.py"
+
+
+def hold_spec() -> WorkflowSpec:
+    """One node, ``hold@1``, which the worker runs until the test releases it (console_handlers.py)."""
+    return WorkflowSpec("console.hold", 1, (Node("hold", handler="hold@1", input={"n": NODE_INPUT_CANARY}),))
+
+
+@dataclass
+class HeldRun:
+    """A ``mayfly worker`` process driving one submitted run whose handler holds until released."""
+
+    process: subprocess.Popen[str]
+    run_id: str
+    release: Path
+
+    @property
+    def owner(self) -> str:
+        """The owner the worker's leases carry: its default, ``HOST:PID``."""
+        return f"{socket.gethostname()}:{self.process.pid}"
+
+    def stop(self) -> str:
+        """Let the handler finish, SIGTERM the worker and return what it wrote; it must exit 0."""
+        self.release.touch()
+        self.process.send_signal(signal.SIGTERM)
+        _, err = self.process.communicate(timeout=60)
+        assert self.process.returncode == 0, (self.process.returncode, err[-3000:])
+        return err
+
+
+def hold_a_run(url: str, release: Path) -> HeldRun:
+    """Submit a ``hold`` run to :data:`HOLD_QUEUE` and start a worker serving that queue, which claims it."""
+    runtime = WorkflowRuntime(url, HandlerRegistry())
+    try:
+        run_id = runtime.start(hold_spec(), {"ticket": RUN_INPUT_CANARY}, queue=HOLD_QUEUE).run_id
+    finally:
+        runtime.journal.close()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mayfly",
+            "--journal",
+            url,
+            "worker",
+            "--json",
+            "--handlers",
+            str(HANDLERS),
+            "--queue",
+            HOLD_QUEUE,
+            "--poll-interval",
+            "100",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "MAYFLY_CONSOLE_RELEASE": str(release)},
+    )
+    return HeldRun(process, run_id, release)
+
+
+_LEASE_ROW = re.compile(
+    r'<tr data-lease="([^"]+)" data-owner="([^"]*)" data-token="(\d+)" data-expires-in-ms="(\d*)">(.*?)</tr>'
+)
+
+
+def lease_rows(page: str) -> dict[str, tuple[str, int, int | None, str]]:
+    """run id -> (owner, token, ms to expiry or None, the row's text) of the workers page's lease table."""
+    rows = {}
+    for run_id, owner, token, left, cells in _LEASE_ROW.findall(page):
+        text = html.unescape(re.sub(r"<[^>]+>", " ", cells))
+        rows[run_id] = (html.unescape(owner), int(token), int(left) if left else None, " ".join(text.split()))
+    return rows
+
+
+def wait_for_lease(base: str, held: HeldRun, timeout: float = 90) -> tuple[str, int, int | None, str]:
+    """Poll ``/workers`` until it lists the held run's lease; its row."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, _, page = fetch(base + "/workers")
+        assert status == 200
+        row = lease_rows(page).get(held.run_id)
+        if row is not None:
+            return row
+        assert held.process.poll() is None, held.process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"the worker's lease never showed on /workers: {page[-3000:]}"
+        time.sleep(0.1)
 
 
 # -- the console as a separate process -------------------------------------------------

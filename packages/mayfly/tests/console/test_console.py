@@ -29,6 +29,8 @@ from console_runs import (
     dump_dom,
     fetch,
     graph_nodes,
+    hold_a_run,
+    lease_rows,
     make_runs,
     open_browser,
     png_pixels,
@@ -36,6 +38,7 @@ from console_runs import (
     rgb,
     screenshot,
     start_ui,
+    wait_for_lease,
     walk_list,
 )
 
@@ -177,6 +180,40 @@ def test_the_workers_page_shows_queue_limits_usage_and_depth(runs: Runs, served:
     cells = re.findall(r"<td[^>]*>([^<]*)</td>", row)
     assert cells[:5] == [QUEUE, "4", "-", "10/1s", "fifo"]
     assert '<td data-count="new">1</td>' in row
+
+
+def test_the_workers_page_shows_who_holds_a_lease_in_chromium_and_forgets_it_once_released(
+    tmp_path: Path,
+) -> None:
+    """A real `mayfly worker` process driving a run holds its lease: /workers lists the run (linked), the
+    worker's id as owner, the token and that the lease lasts until released; chromium renders the row;
+    no payload shows; once the run ends the lease is gone from the page."""
+    url = f"file://{tmp_path}/journal"
+    held = hold_a_run(url, tmp_path / "release")
+    served = start_ui(url)
+    try:
+        owner, token, left, text = wait_for_lease(served.url, held)
+        assert (owner, token, left) == (held.owner, 1, None)
+        assert "held until released or its process ends" in text
+        dom = dump_dom(tmp_path / "profile-workers", served.url + "/workers")
+        assert lease_rows(dom)[held.run_id][:2] == (held.owner, 1)
+        assert f'<a class="mono run-link" href="/runs/{held.run_id}">' in dom
+        _, _, page = fetch(served.url + "/workers")
+        for body in (dom, page):
+            for canary in CANARIES:
+                assert canary not in body
+        assert fetch(served.url + "/workers?after=nonsense")[0] == 400
+        _, _, later = fetch(served.url + f"/workers?after={held.run_id}")
+        assert held.run_id not in lease_rows(later)  # the next page starts after it
+        held.stop()
+        _, _, page = fetch(served.url + "/workers")
+        assert held.run_id not in lease_rows(page) and "No run is leased now." in page
+    finally:
+        held.release.touch()
+        if held.process.poll() is None:
+            held.process.kill()
+            held.process.wait()
+        served.stop()
 
 
 def test_no_payload_reaches_any_page_the_console_serves(runs: Runs, served: Served) -> None:

@@ -72,6 +72,7 @@ def test_every_feature_names_a_capability_flag() -> None:
     assert {feature.flag for feature in OPTIONAL_FEATURES} == {
         "fault_injection",
         "run_summaries",
+        "run_tails",
         "run_verification",
         "run_purge",
         "network",

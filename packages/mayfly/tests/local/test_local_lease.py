@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from mayfly.backend import parse_held_flocks
 from mayfly.identity import Uuid7IdSource
 from mayfly.journal import JournalRecord
+from mayfly.lease import LEASE_LISTING, LeaseInfo
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
 from mayfly.model.errors import FencingRejected, LeaseHeld, LeaseLost
 
@@ -155,3 +157,67 @@ def test_threads_racing_for_one_lease_get_exactly_one_grant(tmp_path: Path) -> N
         with ThreadPoolExecutor(max_workers=8) as pool:
             tokens = [token for token in pool.map(attempt, range(8)) if token is not None]
         assert tokens == [1]
+
+
+def test_held_flocks_reads_exclusive_flocks_from_proc_locks_text() -> None:
+    """Exclusive flocks map inode to holding pids; shared, POSIX and waiting locks are left out."""
+    text = (
+        "1: FLOCK  ADVISORY  WRITE 4242 fd:00:1474578 0 EOF\n"
+        "1: -> FLOCK  ADVISORY  WRITE 4343 fd:00:1474578 0 EOF\n"
+        "2: FLOCK  ADVISORY  READ 4444 fd:00:99 0 EOF\n"
+        "3: POSIX  ADVISORY  WRITE 4545 fd:00:100 0 EOF\n"
+        "4: FLOCK  ADVISORY  WRITE 4646 08:01:100 0 EOF\n"
+        "garbage\n"
+    )
+    assert parse_held_flocks(text) == {1474578: {4242}, 100: {4646}}
+
+
+def test_the_live_leases_are_listed_in_run_id_order_and_released_ones_are_not(tmp_path: Path) -> None:
+    """Held leases are listed with owner and token, no expiry; a released lease disappears; paging works."""
+    runs = sorted(IDS.new_id() for _ in range(3))
+    with LocalLeaseStore(str(tmp_path)) as leases:
+        listing = LEASE_LISTING.of(leases)
+        assert listing is not None
+        guards = [leases.acquire(run, f"worker {n}", 10) for n, run in enumerate(runs)]
+        assert listing.list_leases() == [
+            LeaseInfo(
+                run_id=run, owner=f"worker {n}", fencing_token=1, expires_at_ms=None, expires_in_ms=None
+            )
+            for n, run in enumerate(runs)
+        ]
+        assert [lease.run_id for lease in listing.list_leases(after=runs[0], limit=1)] == [runs[1]]
+        guards[1].release()
+        assert [lease.run_id for lease in listing.list_leases()] == [runs[0], runs[2]]
+        assert leases.acquire(runs[1], "again", 10).fencing_token == 2  # listing changed nothing
+
+
+def test_a_lease_held_by_another_process_is_listed_until_it_is_killed(tmp_path: Path) -> None:
+    """Another process's lease is listed with its owner; once the OS drops its lock it is not."""
+    run = IDS.new_id()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from mayfly.local import LocalLeaseStore;"
+            f"g = LocalLeaseStore({str(tmp_path)!r}).acquire({run!r}, 'child worker', 10);"
+            "print(g.fencing_token, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "1"
+        with LocalLeaseStore(str(tmp_path)) as leases:
+            listing = LEASE_LISTING.of(leases)
+            assert listing is not None
+            (held,) = listing.list_leases()
+            assert (held.run_id, held.owner, held.fencing_token) == (run, "child worker", 1)
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+            assert listing.list_leases() == []
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()

@@ -12,7 +12,8 @@ Everything a backend needs is here, in one module:
    windows, plus snapshots, run purging and the fault-injection hooks;
 4. :class:`SqliteLeaseStore` and :class:`SqliteLeaseGuard`, on the kit's lease
    bases: expiring leases and a fencing counter stored in the same database,
-   so the journal checks tokens in the same transaction that appends;
+   so the journal checks tokens in the same transaction that appends; the
+   store lists its live leases (feature ``lease_listing``) with one read;
 5. the run index workers claim runs from (feature ``run_index``, see
    :mod:`mayfly.runindex`): one row per run in ``mayfly_run_index``, written
    in the same transaction as the records it derives from, so no crash can
@@ -65,7 +66,7 @@ from mayfly.journal import (
     JournalRecord,
     SnapshotRecord,
 )
-from mayfly.lease import RecoveryLeaseGuard, validate_acquire
+from mayfly.lease import LeaseCapabilities, LeaseInfo, RecoveryLeaseGuard, validate_acquire
 from mayfly.runindex import IndexEntry, IndexStatus, check_claim
 
 __all__ = [
@@ -540,7 +541,7 @@ class SqliteLeaseStore(LeaseStoreBase[SqliteLeaseGuard]):
 
     def __init__(self, url: str) -> None:
         self.db = _Database(url)
-        super().__init__(url=self.db.url)
+        super().__init__(url=self.db.url, capabilities=LeaseCapabilities.declare("lease_listing"))
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> SqliteLeaseGuard:
         with self.db.transaction() as connection:
@@ -592,6 +593,26 @@ class SqliteLeaseStore(LeaseStoreBase[SqliteLeaseGuard]):
     def _current_fence(self, run_id: str) -> int:
         with self.db.reading() as connection:
             return _fence(connection, run_id)
+
+    def _list_leases(self, after: str | None, limit: int) -> list[LeaseInfo]:
+        """The unexpired leases after ``after`` in run id order: one read, which no writer waits for (WAL)."""
+        with self.db.reading() as connection:
+            now = _now_ms()
+            rows = connection.execute(
+                "SELECT run_id, owner, token, expires_ms FROM mayfly_leases "
+                "WHERE run_id > ? AND expires_ms > ? ORDER BY run_id LIMIT ?",
+                ("" if after is None else after, now, limit),
+            ).fetchall()
+        return [
+            LeaseInfo(
+                run_id=run,
+                owner=owner,
+                fencing_token=int(token),
+                expires_at_ms=int(expires),
+                expires_in_ms=int(expires) - now,
+            )
+            for run, owner, token, expires in rows
+        ]
 
     def _close(self) -> None:
         self.db.close()

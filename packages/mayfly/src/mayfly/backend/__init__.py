@@ -14,7 +14,13 @@ The Protocols stay the contract: a backend may still implement them from
 scratch, and the contract suite certifies it the same way.
 """
 
-from mayfly.backend._files import VOLATILE_FILESYSTEMS, filesystem_type
+from mayfly.backend._files import (
+    PROC_LOCKS,
+    VOLATILE_FILESYSTEMS,
+    filesystem_type,
+    held_flocks,
+    parse_held_flocks,
+)
 from mayfly.backend._journal import MAX_LIST_LIMIT, JournalBase, decode_snapshot, encode_snapshot
 from mayfly.backend._lease import LeaseGuardBase, LeaseStoreBase
 from mayfly.backend._plugin import backend_hooks
@@ -23,6 +29,7 @@ from mayfly.backend._wakeups import FifoWakeupListener, notify_fifo_wakeups
 
 __all__ = [
     "MAX_LIST_LIMIT",
+    "PROC_LOCKS",
     "VOLATILE_FILESYSTEMS",
     "BackendURL",
     "FifoWakeupListener",
@@ -33,6 +40,8 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "filesystem_type",
+    "held_flocks",
     "notify_fifo_wakeups",
     "parse_backend_url",
+    "parse_held_flocks",
 ]

@@ -25,9 +25,11 @@ from mayfly.journal import (
     Durability,
     JournalCapabilities,
     JournalRecord,
+    RunTail,
     SnapshotRecord,
     validate_batch,
     validate_read,
+    validate_tails,
 )
 from mayfly.model.errors import (
     AppendConflict,
@@ -68,7 +70,10 @@ class JournalBase(abc.ABC):
 
     Optional features (``JournalFaults``, ``RunPurge``...) are methods of the
     subclass, declared in its capabilities; :meth:`open_run` gives them the
-    same argument and closed-state checks.
+    same argument and closed-state checks. ``run_tails`` is written here once
+    (:meth:`read_tails`): a backend that declares it gets a correct one over
+    its snapshot and read hooks, and overrides ``_read_tails`` where its store
+    can read many runs at once (one query).
     """
 
     remedy: ClassVar[str] = "restore the store from a backup"
@@ -154,6 +159,46 @@ class JournalBase(abc.ABC):
         if count == 0:
             return []
         return self._read(run, start, count)
+
+    def read_tails(self, run_ids: Sequence[str]) -> list[RunTail]:
+        """Each run's usable snapshot and the records from it on, in order; see ``RunTails``.
+
+        Only for a journal declaring ``run_tails`` (``CompatibilityError``
+        otherwise). The base verifies each snapshot the hook returns, as
+        :meth:`read_snapshot` does; an unusable one is discarded (named in
+        ``discarded``) and the run's whole history read instead.
+        """
+        runs = validate_tails(run_ids)
+        if self._closed:
+            raise self.closed_error("reading run tails")
+        if not self._capabilities.run_tails:
+            raise CompatibilityError(
+                f"{type(self).__qualname__} ({self._url}) does not declare run_tails; read runs one by one"
+            )
+        if not runs:
+            return []
+        found = self._read_tails(runs)
+        if len(found) != len(runs):
+            raise CorruptionError(f"{self._url} answered {len(found)} run tails for {len(runs)} runs")
+        tails: list[RunTail] = []
+        for run, (snapshot, records) in zip(runs, found, strict=True):
+            problem: str | None = None
+            if isinstance(snapshot, SnapshotCorrupt):
+                problem = str(snapshot)
+            elif snapshot is not None:
+                try:
+                    snapshot.verify()
+                    if snapshot.run_id != run:
+                        raise SnapshotCorrupt(run, f"the store holds the snapshot of run {snapshot.run_id}")
+                except SnapshotCorrupt as error:
+                    problem = str(error)
+            if problem is not None:
+                whole = tuple(self._read(run, 0, None))
+                tails.append(RunTail(run_id=run, snapshot=None, records=whole, discarded=problem))
+            else:
+                usable = snapshot if isinstance(snapshot, SnapshotRecord) else None
+                tails.append(RunTail(run_id=run, snapshot=usable, records=tuple(records)))
+        return tails
 
     def next_sequence(self, run_id: str) -> int:
         """Return the sequence the next append must carry (1 for a new run)."""
@@ -271,6 +316,30 @@ class JournalBase(abc.ABC):
     @abc.abstractmethod
     def _close(self) -> None:
         """Release the store's resources (called once)."""
+
+    def _read_tails(
+        self, run_ids: tuple[str, ...]
+    ) -> list[tuple[SnapshotRecord | SnapshotCorrupt | None, list[JournalRecord]]]:
+        """For each run (validated, distinct), its stored snapshot and its records from the snapshot's
+        ``last_sequence`` on (all, without one), where ``run_tails`` is declared.
+
+        Return the snapshot as stored, not yet verified (the base does), or
+        the ``SnapshotCorrupt`` its bytes raised (the base then reads the
+        whole history). Read the records through :meth:`window` against the
+        run's head, as ``_read`` does. This default reads run by run over
+        ``_read_snapshot`` and ``_read``; a store that can read many runs in
+        one query (and one consistent view) overrides it.
+        """
+        found: list[tuple[SnapshotRecord | SnapshotCorrupt | None, list[JournalRecord]]] = []
+        for run in run_ids:
+            try:
+                snapshot = self._read_snapshot(run)
+            except SnapshotCorrupt as error:
+                found.append((error, []))
+                continue
+            after = 0 if snapshot is None else max(0, snapshot.last_sequence - 1)
+            found.append((snapshot, self._read(run, after, None)))
+        return found
 
     # -- helpers for hooks and optional features ---------------------------------------------
 

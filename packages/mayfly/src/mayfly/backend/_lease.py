@@ -17,8 +17,8 @@ import threading
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
-from mayfly.lease import validate_acquire, validate_ttl
-from mayfly.model.errors import JournalUnavailable, LeaseLost
+from mayfly.lease import LeaseCapabilities, LeaseInfo, validate_acquire, validate_lease_listing, validate_ttl
+from mayfly.model.errors import CompatibilityError, JournalUnavailable, LeaseLost
 from mayfly.model.ids import parse_run_id
 
 __all__ = ["LeaseGuardBase", "LeaseStoreBase"]
@@ -131,16 +131,19 @@ class LeaseGuardBase(abc.ABC, Generic[_Grant]):
 class LeaseStoreBase(abc.ABC, Generic[_G]):
     """A :class:`~mayfly.lease.RecoveryLeaseStore` whose public methods are implemented once.
 
-    Call ``super().__init__(url=...)`` with the redacted URL and implement
-    ``_acquire(run_id, owner, ttl_ms)`` (grant now with a new, higher token,
-    or raise ``LeaseHeld``; never wait), ``_current_fence(run_id)`` and
-    ``_close()``. Every guard the store grants is kept until it is released,
-    so :meth:`close` releases what is still held, even guards the caller
-    dropped without releasing.
+    Call ``super().__init__(url=..., capabilities=...)`` with the redacted URL
+    and the optional features the store offers (none by default), and
+    implement ``_acquire(run_id, owner, ttl_ms)`` (grant now with a new,
+    higher token, or raise ``LeaseHeld``; never wait), ``_current_fence(run_id)``
+    and ``_close()``; a store declaring ``lease_listing`` implements
+    ``_list_leases(after, limit)`` too. Every guard the store grants is kept
+    until it is released, so :meth:`close` releases what is still held, even
+    guards the caller dropped without releasing.
     """
 
-    def __init__(self, *, url: str) -> None:
+    def __init__(self, *, url: str, capabilities: LeaseCapabilities | None = None) -> None:
         self._url = url
+        self._capabilities = LeaseCapabilities() if capabilities is None else capabilities
         self._closed = False
         self._held: set[_G] = set()
         self._held_lock = threading.Lock()
@@ -149,6 +152,11 @@ class LeaseStoreBase(abc.ABC, Generic[_G]):
     def url(self) -> str:
         """The URL the store was opened from, with any password replaced by ``***``."""
         return self._url
+
+    @property
+    def capabilities(self) -> LeaseCapabilities:
+        """The optional features this store offers (see :class:`~mayfly.lease.LeaseCapabilities`)."""
+        return self._capabilities
 
     @property
     def closed(self) -> bool:
@@ -169,6 +177,19 @@ class LeaseStoreBase(abc.ABC, Generic[_G]):
         run = parse_run_id(run_id)
         self.ensure_open(f"fence read of run {run}")
         return self._current_fence(run)
+
+    def list_leases(self, *, after: str | None = None, limit: int = 100) -> list[LeaseInfo]:
+        """Up to ``limit`` live leases in run id order after ``after`` (:class:`~mayfly.lease.LeaseListing`).
+
+        Only for a store declaring ``lease_listing`` (``CompatibilityError`` otherwise).
+        """
+        start, count = validate_lease_listing(after, limit)
+        self.ensure_open("lease listing")
+        if not self._capabilities.lease_listing:
+            raise CompatibilityError(
+                f"{type(self).__qualname__} ({self._url}) does not declare lease_listing: it lists no leases"
+            )
+        return self._list_leases(start, count)
 
     def close(self) -> None:
         """Release every lease this store still holds, then the store's resources. Idempotent."""
@@ -219,3 +240,12 @@ class LeaseStoreBase(abc.ABC, Generic[_G]):
     @abc.abstractmethod
     def _close(self) -> None:
         """Release the store's resources (called once, after held guards were released)."""
+
+    def _list_leases(self, after: str | None, limit: int) -> list[LeaseInfo]:
+        """Up to ``limit`` live leases after ``after`` in run id order (where ``lease_listing`` is declared).
+
+        Read them without writing and without holding a lock a grant waits
+        for; judge liveness as a grant does (released, expired or, where the
+        store knows it, a dead holder's lease is not live).
+        """
+        raise CompatibilityError(f"{type(self).__qualname__} declares lease_listing but lists no leases")

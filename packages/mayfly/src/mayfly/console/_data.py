@@ -4,14 +4,17 @@ The run list pages with a keyset cursor, never an offset: on a journal with
 an indexed run summary (``run_summaries``, PostgreSQL) it walks the index
 newest first, O(page) rows a page; elsewhere it walks run ids in order.
 Filters the index cannot apply (``waiting``, the queue) are applied to the
-rows read, scanning at most :data:`MAX_SCAN` candidates a page. Every row is
-a :class:`~mayfly.inspect.RunListing`-like summary of the run's state:
-nothing of its input, outputs or signals.
+rows read, scanning at most :data:`MAX_SCAN` candidates a page. The runs of a
+page are inspected together (:func:`mayfly.recovery.inspect_runs`): on a
+journal with ``run_tails`` (PostgreSQL) that is one query for the whole page,
+not two reads per run. Every row is a :class:`~mayfly.inspect.RunListing`-like
+summary of the run's state: nothing of its input, outputs or signals.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,22 +22,26 @@ from typing import Final
 
 from mayfly.inspect import WAITING, ChildStates, journal_children, narrate, run_status
 from mayfly.journal import RUN_SUMMARIES, WorkflowJournal
-from mayfly.model.errors import CompatibilityError, CorruptionError, JournalError, RunNotFound
+from mayfly.lease import LEASE_LISTING, LeaseInfo, RecoveryLeaseStore
+from mayfly.model.errors import MayflyError, RunNotFound
 from mayfly.model.state import RunStatus
 from mayfly.queues import QUEUE_CONTROL, QueueSettings, QueueUsage
-from mayfly.recovery import inspect_run
+from mayfly.recovery import InspectedRun, inspect_runs
 from mayfly.reducer import Upcaster, decode_event
 from mayfly.runindex import RUN_INDEX, IndexEntry
 
 __all__ = [
+    "LEASE_PAGE",
     "MAX_SCAN",
     "HistoryLine",
     "HistoryPage",
+    "LeasePage",
     "QueueRow",
     "RunPage",
     "RunRow",
     "WorkersView",
     "history_page",
+    "lease_page",
     "list_page",
     "workers_view",
 ]
@@ -47,6 +54,9 @@ HISTORY_PAGE: Final = 100
 
 WORKERS_SCAN: Final = 5_000
 """The most runs the workers and queues page reads the index entries of."""
+
+LEASE_PAGE: Final = 100
+"""Live leases on one page of the workers page."""
 
 
 class BadCursor(ValueError):
@@ -136,17 +146,10 @@ def _candidates(
             after = page[-1]
 
 
-def _row(
-    journal: WorkflowJournal,
-    run_id: str,
-    updated: str,
-    upcasters: Mapping[tuple[str, int], Upcaster],
-    children: ChildStates,
-) -> RunRow:
-    try:
-        state = inspect_run(journal, run_id, upcasters=upcasters).state
-    except (JournalError, CorruptionError, CompatibilityError) as exc:
-        return RunRow(run_id, "?", "unreadable", updated=updated, error=str(exc))
+def _row(run_id: str, updated: str, inspected: InspectedRun, children: ChildStates) -> RunRow:
+    if isinstance(inspected, MayflyError):
+        return RunRow(run_id, "?", "unreadable", updated=updated, error=str(inspected))
+    state = inspected.state
     return RunRow(
         run_id=run_id,
         workflow=f"{state.spec.workflow_id}@{state.spec.version}",
@@ -170,33 +173,56 @@ def list_page(
     cursor: str | None = None,
     limit: int = 50,
 ) -> RunPage:
-    """One page of runs matching the filters, from ``cursor`` (``None``: the first page)."""
+    """One page of runs matching the filters, from ``cursor`` (``None``: the first page).
+
+    Candidates are inspected a chunk at a time: unfiltered, exactly the runs
+    the page still needs (every one is listed); filtered, up to a page's
+    worth, of which those past a full page are not consumed (the next page's
+    cursor starts after the last run consumed, so they are read again there).
+    """
     indexed = RUN_SUMMARIES.of(journal) is not None
     children = journal_children(journal, upcasters)
     filtered = state is not None or workflow is not None or queue is not None
     rows: list[RunRow] = []
     scanned = 0
     last: str | None = None
-    for run_id, updated, resume in _candidates(journal, state, workflow, cursor, min(4 * limit, 1_000)):
+    candidates = iter(_candidates(journal, state, workflow, cursor, min(4 * limit, 1_000)))
+    held: list[tuple[str, str, str]] = []  # read ahead, not consumed
+    while True:
         if len(rows) >= limit or scanned >= MAX_SCAN:
-            return RunPage(rows, last, scanned, _ordering(indexed))
-        scanned += 1
-        last = resume
-        row = _row(journal, run_id, updated, upcasters, children)
-        if row.status == "unreadable":
-            if not filtered:
+            more = bool(held) or next(candidates, None) is not None
+            return RunPage(rows, last if more else None, scanned, _ordering(indexed))
+        size = min(limit if filtered else limit - len(rows), MAX_SCAN - scanned)
+        chunk = held[:size]
+        del held[:size]
+        chunk.extend(itertools.islice(candidates, size - len(chunk)))
+        if not chunk:
+            return RunPage(rows, None, scanned, _ordering(indexed))
+        inspected = inspect_runs(journal, [run_id for run_id, _, _ in chunk], upcasters=upcasters)
+        for offset, ((run_id, updated, resume), found) in enumerate(zip(chunk, inspected, strict=True)):
+            if len(rows) >= limit:
+                held[:0] = chunk[offset:]
+                break
+            scanned += 1
+            last = resume
+            if isinstance(found, RunNotFound):
+                continue  # purged since the index listed it
+            row = _row(run_id, updated, found, children)
+            if _listed(row, filtered, state, workflow, queue):
                 rows.append(row)
-            continue
-        # A waiting run is listed as waiting, and is still a running run.
-        running = state == RunStatus.RUNNING.value and row.status == WAITING
-        if state is not None and row.status != state and not running:
-            continue
-        if workflow is not None and row.workflow.rpartition("@")[0] != workflow:
-            continue
-        if queue is not None and row.queue != queue:
-            continue
-        rows.append(row)
-    return RunPage(rows, None, scanned, _ordering(indexed))
+
+
+def _listed(row: RunRow, filtered: bool, state: str | None, workflow: str | None, queue: str | None) -> bool:
+    """Whether the list shows ``row`` under the filters (an unreadable run only without filters)."""
+    if row.status == "unreadable":
+        return not filtered
+    # A waiting run is listed as waiting, and is still a running run.
+    running = state == RunStatus.RUNNING.value and row.status == WAITING
+    if state is not None and row.status != state and not running:
+        return False
+    if workflow is not None and row.workflow.rpartition("@")[0] != workflow:
+        return False
+    return queue is None or row.queue == queue
 
 
 def _ordering(indexed: bool) -> str:
@@ -335,3 +361,32 @@ def workers_view(journal: WorkflowJournal) -> WorkersView:
         queue_control=control is not None,
         now_ms=now,
     )
+
+
+@dataclass(frozen=True)
+class LeasePage:
+    """One page of the live leases (run id order) after ``after``, and the ``after`` of the next page.
+
+    ``listed`` is false when the lease store does not declare ``lease_listing``
+    (then ``leases`` is empty: who holds what cannot be told).
+    """
+
+    leases: list[LeaseInfo]
+    after: str | None
+    next_after: str | None
+    listed: bool
+
+
+def lease_page(leases: RecoveryLeaseStore, *, after: str | None = None, limit: int = LEASE_PAGE) -> LeasePage:
+    """The live leases after ``after``, through the store's ``lease_listing`` feature (one bounded read).
+
+    Owners are what the holders passed to ``acquire`` (worker ids), never
+    anything of a run's input or output.
+    """
+    listing = LEASE_LISTING.of(leases)
+    if listing is None:
+        return LeasePage([], after, None, listed=False)
+    found = listing.list_leases(after=after, limit=limit + 1)
+    more = len(found) > limit
+    shown = found[:limit]
+    return LeasePage(shown, after, shown[-1].run_id if more else None, listed=True)

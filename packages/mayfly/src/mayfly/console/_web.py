@@ -8,14 +8,16 @@ Routes (all ``GET`` unless said)::
     /runs/RUN/history       the run's timeline, a page at a time (?after=SEQUENCE)
     /runs/RUN/state.json    status, sequence and node states (the live refresh polls it)
     /runs/RUN/graph.svg     the graph alone
-    /workers                queues: limits, usage, depth by index status; claimed runs
+    /workers                the live leases (who owns which run, until when; ?after=RUN pages),
+                            queues: limits, usage, depth by index status; claimed runs
     /metrics                Prometheus text (mayfly.telemetry.prometheus)
     /static/console.css, /static/console.js
     POST /runs/RUN/cancel, POST /runs/RUN/signal   only with write actions enabled
 
 Nothing a handler put in a run reaches a page: run and node input, outputs,
 signal decisions and tokens are never read into the pages (only outcome
-kinds and the bounded reasons inspection shows). A write action's token and
+kinds and the bounded reasons inspection shows). A lease's owner is what its
+holder passed to ``acquire`` (a worker's id). A write action's token and
 signal fields are never echoed back.
 """
 
@@ -37,9 +39,11 @@ from mayfly.console._assets import CSS, JS
 from mayfly.console._data import (
     BadCursor,
     HistoryPage,
+    LeasePage,
     RunPage,
     WorkersView,
     history_page,
+    lease_page,
     list_page,
     workers_view,
 )
@@ -47,6 +51,7 @@ from mayfly.console._graph import STATE_COLOURS, render_graph
 from mayfly.identity import Uuid7IdSource
 from mayfly.inspect import RUN_STATES, RunInspection, build_inspection, journal_children
 from mayfly.journal import WorkflowJournal, redact_url
+from mayfly.lease import RecoveryLeaseStore
 from mayfly.model.errors import (
     CommandRejected,
     CompatibilityError,
@@ -217,6 +222,7 @@ class Console:
         self._page_size = page_size
         self._allowed_hosts = frozenset(name.lower() for name in allowed_hosts)
         self._runtime: WorkflowRuntime | None = None
+        self._leases: RecoveryLeaseStore | None = None
 
     @property
     def journal(self) -> WorkflowJournal:
@@ -229,8 +235,10 @@ class Console:
         return self._write_token is not None
 
     def close(self) -> None:
-        """Close the journal (and the write runtime's stores)."""
+        """Close the journal (and the lease store and the write runtime's stores)."""
         self._journal.close()
+        if self._leases is not None:
+            self._leases.close()
         if self._runtime is not None:
             self._runtime.journal.close()
             self._runtime.leases.close()
@@ -275,7 +283,7 @@ class Console:
         if parts == ["runs"]:
             return self._runs(query)
         if parts == ["workers"]:
-            return self._workers()
+            return self._workers(query)
         if parts == ["metrics"]:
             return self._metrics()
         if len(parts) >= 2 and parts[0] == "runs":
@@ -615,9 +623,36 @@ class Console:
         }
         return _Response(msgspec.json.encode(doc), content_type="application/json")
 
-    def _workers(self) -> _Response:
+    def _lease_store(self) -> RecoveryLeaseStore | str:
+        """The journal's lease store, opened on first use (it only reads: the console holds no lease).
+
+        Where it cannot be opened (an LMDB environment opened ``readonly=true``
+        serves no leases), why, which the workers page says instead.
+        """
+        if self._leases is None:
+            try:
+                self._leases = self._plugins.open_leases(self._url)
+            except MayflyError as exc:
+                return f"{type(exc).__name__}: {exc}"
+        return self._leases
+
+    def _workers(self, query: Mapping[str, list[str]]) -> _Response:
+        after = _one(query, "after") or None
+        if after is not None:
+            try:
+                after = parse_run_id(after)
+            except InvalidIdentifier:
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "after must be a run id") from None
         view: WorkersView = workers_view(self._journal)
-        body = ["<h1>Workers and queues</h1>"]
+        leases = self._lease_store()
+        if isinstance(leases, str):
+            leases_html = (
+                '<h2 id="leases">Leases</h2><p class="error">The lease store could not be opened, so who '
+                f"owns which run cannot be shown: {escape(leases)}</p>"
+            )
+        else:
+            leases_html = self._leases_section(lease_page(leases, after=after))
+        body = ["<h1>Workers and queues</h1>", leases_html]
         if not view.index:
             body.append(
                 '<p class="error">This journal keeps no run index, so no worker claims from it: '
@@ -658,8 +693,8 @@ class Console:
             body.append('<p class="muted">This journal keeps no queue limits (no queue_control).</p>')
         body.append(
             '<h2>Runs claimed by workers</h2><p class="muted">Root runs a worker has claimed and that have '
-            "not ended. A run a worker is driving holds its recovery lease; the backend SPI does not expose "
-            "lease holders, so the owner is not shown.</p>"
+            "not ended. A run a worker is driving holds its recovery lease: its owner is listed under "
+            '<a href="#leases">Leases</a>.</p>'
         )
         if view.in_progress:
             body.append(
@@ -679,6 +714,52 @@ class Console:
             body.append('<p class="muted">None.</p>')
         body.append(f'<p class="muted">As of {escape(_utc(view.now_ms))}.</p>')
         return self._page("Workers and queues", "".join(body))
+
+    def _leases_section(self, page: LeasePage) -> str:
+        """Who owns which run: each live lease's run, owner, fencing token and time to expiry."""
+        parts = ['<h2 id="leases">Leases</h2>']
+        if not page.listed:
+            parts.append(
+                '<p class="muted">This lease store does not list its leases (it declares no '
+                "lease_listing), so who owns which run cannot be shown.</p>"
+            )
+            return "".join(parts)
+        parts.append(
+            '<p class="muted">The live recovery leases, by run id: the owner is the id of the worker or '
+            "process driving the run, and each append it makes carries the token. A lease ends when its "
+            "holder releases it, when its holder's process ends, or when it is not renewed in time.</p>"
+        )
+        if not page.leases:
+            parts.append('<p class="muted leases-none">No run is leased now.</p>')
+        else:
+            parts.append(
+                '<table class="leases"><thead><tr><th>Run</th><th>Owner</th><th>Token</th>'
+                "<th>Expires in</th><th>Expires at</th></tr></thead><tbody>"
+            )
+            for lease in page.leases:
+                if lease.expires_in_ms is None:
+                    expires_in, expires_at = "held until released or its process ends", ""
+                else:
+                    expires_in = _duration(max(0, lease.expires_in_ms)) + " unless renewed"
+                    expires_at = _utc(lease.expires_at_ms)
+                left = "" if lease.expires_in_ms is None else str(lease.expires_in_ms)
+                parts.append(
+                    f'<tr data-lease="{escape(lease.run_id)}" data-owner="{escape(lease.owner)}" '
+                    f'data-token="{lease.fencing_token}" data-expires-in-ms="{left}">'
+                    f"<td>{_run_link(lease.run_id)}</td><td class=mono>{escape(lease.owner)}</td>"
+                    f"<td>{lease.fencing_token}</td><td>{escape(expires_in)}</td>"
+                    f"<td>{escape(expires_at)}</td></tr>"
+                )
+            parts.append("</tbody></table>")
+        pager = ['<nav class="pager">']
+        if page.after is not None:
+            pager.append('<a class="first" href="/workers#leases">First leases</a>')
+        if page.next_after is not None:
+            more = escape(urlencode({"after": page.next_after}))
+            pager.append(f'<a class="next" rel="next" href="/workers?{more}#leases">Next leases</a>')
+        pager.append("</nav>")
+        parts.extend(pager)
+        return "".join(parts)
 
     def _metrics(self) -> _Response:
         return _Response(prometheus.render(self._journal), content_type=prometheus.CONTENT_TYPE)

@@ -9,10 +9,10 @@ import msgspec
 
 from mayfly.inspect.status import WAITING, ChildStates, journal_children, run_status
 from mayfly.journal import RUN_SUMMARIES, WorkflowJournal
-from mayfly.model.errors import CompatibilityError, CorruptionError, JournalError
+from mayfly.model.errors import MayflyError, RunNotFound
 from mayfly.model.state import RunStatus
-from mayfly.plugins import PluginManager, Upcasters, plugin_manager
-from mayfly.recovery import inspect_run
+from mayfly.plugins import PluginManager, plugin_manager
+from mayfly.recovery import InspectedRun, inspect_runs
 
 __all__ = ["RUN_STATES", "RunListing", "list_runs"]
 
@@ -74,15 +74,26 @@ def list_runs(
     rows: list[RunListing] = []
     children = journal_children(journal, upcasters)
     for page in _candidate_pages(journal, wanted, workflow, limit):
-        for run_id in page:
-            row = _listing(journal, run_id, upcasters, children)
-            if row.status == "unreadable":
-                if not filtered:
+        position = 0
+        while position < len(page):
+            # Runs are inspected a chunk at a time (one query on a journal with run_tails): unfiltered,
+            # exactly the runs still needed; filtered, up to a listing's worth.
+            size = limit if filtered else limit - len(rows)
+            chunk = page[position : position + size]
+            position += size
+            for run_id, found in zip(chunk, inspect_runs(journal, chunk, upcasters=upcasters), strict=True):
+                if isinstance(found, RunNotFound):
+                    continue  # purged since it was listed
+                row = _listing(run_id, found, children)
+                if row.status == "unreadable":
+                    if not filtered:
+                        rows.append(row)
+                elif _matches(row, wanted) and (
+                    workflow is None or row.workflow.rpartition("@")[0] == workflow
+                ):
                     rows.append(row)
-            elif _matches(row, wanted) and (workflow is None or row.workflow.rpartition("@")[0] == workflow):
-                rows.append(row)
-            if len(rows) >= limit:
-                return rows
+                if len(rows) >= limit:
+                    return rows
     return rows
 
 
@@ -102,14 +113,11 @@ def _matches(row: RunListing, state: str | None) -> bool:
     return state == RunStatus.RUNNING.value and row.status == WAITING
 
 
-def _listing(
-    journal: WorkflowJournal, run_id: str, upcasters: Upcasters, children: ChildStates
-) -> RunListing:
-    try:
-        state = inspect_run(journal, run_id, upcasters=upcasters).state
-    except (JournalError, CorruptionError, CompatibilityError) as exc:
+def _listing(run_id: str, inspected: InspectedRun, children: ChildStates) -> RunListing:
+    if isinstance(inspected, MayflyError):
         # One unreadable history must not hide every other run; `mayfly inspect` explains it.
-        return RunListing(run_id, "?", "unreadable", 0, 0, error=str(exc))
+        return RunListing(run_id, "?", "unreadable", 0, 0, error=str(inspected))
+    state = inspected.state
     waiting = tuple(node.node_id for node in state.nodes if node.wait is not None)
     return RunListing(
         run_id=run_id,

@@ -13,16 +13,26 @@ Each grant bumps the run's fencing counter (``fences/<run_id>``, written
 durably) while holding the run file's exclusive ``flock``, the same lock
 appends take, so a grant and an append are totally ordered and an append
 carrying an older token is rejected by the journal.
+
+Listing the live leases (``lease_listing``, declared where the kernel lists
+held locks in ``/proc/locks``, i.e. on Linux) takes no lock at all: a lease
+is live when ``/proc/locks`` shows an exclusive ``flock`` on its lock file's
+inode, taken by the process the holder note names. Probing each file with a
+lock of its own would refuse a concurrent ``acquire`` (it cannot wait), and
+would cost a system call per run ever leased. Leases held by processes of
+another PID namespace (another container on the same volume) are not shown.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-from typing import final
+import re
+from typing import Final, final
 
-from mayfly.backend import LeaseGuardBase, LeaseStoreBase
+from mayfly.backend import PROC_LOCKS, LeaseGuardBase, LeaseStoreBase, held_flocks
 from mayfly.journal import Durability
+from mayfly.lease import LeaseCapabilities, LeaseInfo
 from mayfly.local._store import (
     Layout,
     locked,
@@ -32,9 +42,13 @@ from mayfly.local._store import (
     read_fence,
     write_fence,
 )
-from mayfly.model.errors import LeaseHeld
+from mayfly.model.errors import CorruptionError, JournalUnavailable, LeaseHeld
 
 __all__ = ["LocalLeaseGuard", "LocalLeaseStore"]
+
+_RUN_ID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# The holder note _take writes into the lock file, owner first: the pid and token end it.
+_NOTE: Final = re.compile(r"(?s)(.+) \(pid (\d+), token (\d+)\)")
 
 
 @final
@@ -66,7 +80,8 @@ class LocalLeaseStore(LeaseStoreBase[LocalLeaseGuard]):
         self._layout = Layout(target.root)
         self._layout.prepare()
         self._durable = target.durability is Durability.DURABLE
-        super().__init__(url=target.url)
+        listing = os.access(PROC_LOCKS, os.R_OK)
+        super().__init__(url=target.url, capabilities=LeaseCapabilities(lease_listing=listing))
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> LocalLeaseGuard:
         """Take the run's lease now with a new, higher fencing token, or raise ``LeaseHeld``.
@@ -114,6 +129,67 @@ class LocalLeaseStore(LeaseStoreBase[LocalLeaseGuard]):
 
     def _current_fence(self, run_id: str) -> int:
         return read_fence(self._layout, run_id)
+
+    def _list_leases(self, after: str | None, limit: int) -> list[LeaseInfo]:
+        """The held lease files, by ``/proc/locks`` (see the module docstring); reads only, off the hub."""
+        return off_hub(self._listed, after, limit)
+
+    def _listed(self, after: str | None, limit: int) -> list[LeaseInfo]:
+        held = held_flocks()
+        if held is None:
+            raise JournalUnavailable(f"listing leases of {self.url} needs {PROC_LOCKS}, which is unreadable")
+        if not held:
+            return []
+        candidates: list[tuple[str, set[int]]] = []
+        try:
+            with os.scandir(self._layout.leases) as entries:
+                for entry in entries:
+                    # The inode comes with the directory entry: no system call per lease file.
+                    pids = held.get(entry.inode())
+                    run_id = entry.name.removesuffix(".lock")
+                    if pids is None or _RUN_ID.fullmatch(run_id) is None:
+                        continue
+                    if after is not None and run_id <= after:
+                        continue
+                    candidates.append((run_id, pids))
+        except OSError as error:
+            raise JournalUnavailable(f"lease listing of {self.url}: {error}") from None
+        candidates.sort()
+        found: list[LeaseInfo] = []
+        for run_id, pids in candidates:
+            lease = self._holder(run_id, pids)
+            if lease is not None:
+                found.append(lease)
+                if len(found) == limit:
+                    break
+        return found
+
+    def _holder(self, run_id: str, pids: set[int]) -> LeaseInfo | None:
+        """The lease of a locked lease file, if its note names a holding process and the run's current token.
+
+        A note of another process or an older token belongs to a grant being
+        made (or to a purge's momentary lock): that lease is not listed yet.
+        """
+        try:
+            fd = os.open(self._layout.lease_file(run_id), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            note = os.pread(fd, 512, 0).decode("ascii", "replace")
+        finally:
+            os.close(fd)
+        written = _NOTE.fullmatch(note)
+        if written is None or int(written.group(2)) not in pids:
+            return None
+        token = int(written.group(3))
+        try:
+            if read_fence(self._layout, run_id) != token:
+                return None
+        except CorruptionError:
+            return None  # the run's own reads say so; a listing shows what it can
+        return LeaseInfo(
+            run_id=run_id, owner=written.group(1), fencing_token=token, expires_at_ms=None, expires_in_ms=None
+        )
 
     def _close(self) -> None:
         """Nothing to release beyond the held leases (the base released them)."""

@@ -21,6 +21,7 @@ owner's lease by moving time.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import re
 import threading
@@ -42,7 +43,7 @@ from mayfly.backend import (
     parse_backend_url,
 )
 from mayfly.journal import AppendResult, Durability, JournalCapabilities, JournalRecord, SnapshotRecord
-from mayfly.lease import RecoveryLeaseGuard, validate_acquire
+from mayfly.lease import LeaseCapabilities, LeaseInfo, RecoveryLeaseGuard, validate_acquire
 from mayfly.model.errors import DuplicateRun, InvalidBackendURL, InvalidRecord, LeaseHeld
 from mayfly.model.ids import parse_run_id
 from mayfly.queues import QueueSettings, QueueUsage, check_held, plan_claim
@@ -72,8 +73,12 @@ __all__ = [
 MEMORY_CAPABILITIES: Final = JournalCapabilities.declare(
     Durability.MEMORY,
     "fencing fault_injection snapshots lease_expiry run_purge run_index queue_control schedule_store",
+    "run_tails",
 )
-"""What ``memory://`` declares: no durability, no second process; fencing, expiring leases, the run index."""
+"""What ``memory://`` declares: no durability, no second process; fencing, expiring leases, the run index.
+
+``run_tails`` is the backend kit's run-by-run default, certified here as the reference.
+"""
 
 _NAME: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _SHAPE: Final = "memory://NAME (NAME: [a-z0-9][a-z0-9._-]{0,62})"
@@ -585,11 +590,35 @@ class MemoryLeaseGuard(LeaseGuardBase[None]):
 
 
 class MemoryLeaseStore(LeaseStoreBase[MemoryLeaseGuard]):
-    """A ``RecoveryLeaseStore`` in memory: expiring leases (by the store's clock), a fencing counter."""
+    """A ``RecoveryLeaseStore`` in memory: expiring leases (by the store's clock), a fencing counter.
+
+    Declares ``lease_listing``: the live leases, read under the store's lock
+    (a few dictionary reads, never across a switch).
+    """
 
     def __init__(self, url: str) -> None:
         redacted, self.store = _store_of(url)
-        super().__init__(url=redacted)
+        super().__init__(url=redacted, capabilities=LeaseCapabilities.declare("lease_listing"))
+
+    def _list_leases(self, after: str | None, limit: int) -> list[LeaseInfo]:
+        store = self.store
+        with store.lock:
+            now = store.clock()
+            held = [
+                (run_id, lease.owner, lease.token, lease.expires_ms)
+                for run_id, lease in store.leases_held.items()
+                if lease.expires_ms > now and (after is None or run_id > after)
+            ]
+        return [
+            LeaseInfo(
+                run_id=run_id,
+                owner=owner,
+                fencing_token=token,
+                expires_at_ms=expires,
+                expires_in_ms=expires - now,
+            )
+            for run_id, owner, token, expires in heapq.nsmallest(limit, held)
+        ]
 
     def _acquire(self, run_id: str, owner: str, ttl_ms: int) -> MemoryLeaseGuard:
         store = self.store
