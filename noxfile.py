@@ -112,6 +112,22 @@ def bench(session: nox.Session) -> None:
     session.log(f"report written to {_rel(out)} ({len(scripts)} benchmark scripts)")
 
 
+@nox.session
+def bench_dbos(session: nox.Session) -> None:
+    """Mayfly beside DBOS Transact on the same PostgreSQL: ``nox -s bench_dbos [-- --repeat 5 ...]``.
+
+    DBOS is banned as a dependency (it runs its own event loop and executor);
+    policy/runtime-dependency-policy.toml admits it as the benchmark
+    comparator of this session only, pinned, and the audit fails if it appears
+    anywhere else. Each side runs in its own process; docs/performance.md,
+    "Beside DBOS", says what is measured.
+    """
+    session.install("-e", "packages/mayfly", "-e", "packages/mayfly-postgres")
+    # The comparator, in this session's venv only (policy/runtime-dependency-policy.toml, [[comparator]]).
+    session.install("dbos==3.4.0")
+    session.run("python", "packages/mayfly-postgres/benchmarks/dbos/bench_vs_dbos.py", *session.posargs)
+
+
 SIM_BACKENDS = ("file", "lmdb", "postgres", "redis")
 
 
