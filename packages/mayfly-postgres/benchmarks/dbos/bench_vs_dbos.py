@@ -217,6 +217,8 @@ def report(rows: list[dict[str, float]], args: argparse.Namespace) -> None:
         if key in rows[0]
     ]
     print(f"  Mayfly commits per node (observer): {', '.join(commits)}")
+    share = statistics.median(row["mayfly_fan_submit_share"] for row in rows)
+    print(f"  Mayfly fan-out: submitting the runs took {share:.0%} of its time (median)")
     print("\n  ratios (median of the per-repeat ratios):")
     print(f"  serial chain, Mayfly / DBOS:                 {ratio('mayfly_chain', 'dbos_chain')}  (goal 4x)")
     print(f"  fan-out, Mayfly / DBOS (start_workflow):     {ratio('mayfly_fan', 'dbos_fan')}  (goal 10x)")

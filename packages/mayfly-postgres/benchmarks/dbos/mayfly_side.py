@@ -86,7 +86,9 @@ def fan(url: str, runs: int, nodes: int, *, chained: bool) -> tuple[float, float
         if event["event"] == "ended":
             ended += 1
 
-    worker = Worker(url, registry(), concurrency=runs, poll_interval_ms=50, log=log, observer=commits)
+    # The worker's defaults but concurrency (poll interval one second: it is woken by the store's
+    # notifications and by its own runs ending, not by polling).
+    worker = Worker(url, registry(), concurrency=runs, log=log, observer=commits)
     shape = spec("fan-chained" if chained else "fan", nodes, chained=chained)
     started = time.perf_counter()
     handles = [submitter.start(shape) for _ in range(runs)]
