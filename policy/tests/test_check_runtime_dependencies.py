@@ -657,6 +657,17 @@ def test_repository_audit_is_clean_with_an_empty_ledger_and_no_async_timeout() -
     assert "async-timeout" not in names
 
 
+def test_repository_admits_dbos_only_as_the_bench_dbos_comparator() -> None:
+    """In the real repository DBOS is banned, and reached only as the pinned comparator of nox -s bench_dbos."""
+    root = REAL_POLICY.parent.parent
+    policy = audit.Policy.load(REAL_POLICY)
+    assert "dbos" in policy.banned
+    assert policy.comparators["dbos"].session == "bench_dbos"
+    report = audit.audit(root)
+    assert report.comparators == ["noxfile.py [session bench_dbos] -> dbos 3.4.0"]
+    assert not report.failed
+
+
 def test_json_output_lists_forbidden_paths(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--json reports the same forbidden path with its ledger key and targets."""
     write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["foo[async]"]))
