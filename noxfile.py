@@ -10,6 +10,8 @@ dependency audit reads this file: after changing one, run
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import nox
@@ -93,23 +95,61 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Run every packages/*/benchmarks/bench_*.py script and write one report to .benchmarks/report.txt."""
+    """Run every packages/*/benchmarks/bench_*.py script and write one report to .benchmarks/report.txt.
+
+    ``nox -s bench -- --quick`` passes ``--quick`` to the scripts that have a
+    quick path (smaller sizes or fewer repeats; each script's ``--help`` says
+    what it skips) and runs the others in full; any other argument after
+    ``--`` goes to every script. Each section of the report names the
+    script's wall time and the load average before and after it
+    (docs/performance.md, "Running every benchmark").
+    """
     scripts = sorted(ROOT.glob("packages/*/benchmarks/bench_*.py"))
     if not scripts:
         session.error("no benchmark scripts match packages/*/benchmarks/bench_*.py")
     for dist in _distributions():
         session.install("-e", _rel(dist))
+    quick = "--quick" in session.posargs
+    common = [arg for arg in session.posargs if arg != "--quick"]
     sections = []
+    started = time.perf_counter()
     for script in scripts:
-        session.log(f"benchmark {_rel(script)}")
-        output = session.run("python", _rel(script), *session.posargs, silent=True)
-        sections.append(f"=== {_rel(script)} ===\n{str(output).rstrip()}\n")
+        args = [
+            *common,
+            *(["--quick"] if quick and '"--quick"' in script.read_text(encoding="utf-8") else []),
+        ]
+        session.log(f"benchmark {_rel(script)} {' '.join(args)}".rstrip())
+        before, began = os.getloadavg()[0], time.perf_counter()
+        output = session.run("python", _rel(script), *args, silent=True)
+        header = (
+            f"=== {_rel(script)} {' '.join(args)}".rstrip()
+            + f" === {time.perf_counter() - began:.0f} s, load {before:.2f} -> {os.getloadavg()[0]:.2f}"
+        )
+        sections.append(f"{header}\n{str(output).rstrip()}\n")
     report = "\n".join(sections)
+    took = time.perf_counter() - started
+    report += f"\n{len(scripts)} benchmark scripts in {took:.0f} s on {os.cpu_count()} CPUs\n"
     out = ROOT / ".benchmarks" / "report.txt"
     out.parent.mkdir(exist_ok=True)
     out.write_text(report, encoding="utf-8")
     print(report)  # noqa: T201  # the report is this session's product
     session.log(f"report written to {_rel(out)} ({len(scripts)} benchmark scripts)")
+
+
+@nox.session
+def bench_dbos(session: nox.Session) -> None:
+    """Mayfly beside DBOS Transact on the same PostgreSQL: ``nox -s bench_dbos [-- --repeat 5 ...]``.
+
+    DBOS is banned as a dependency (it runs its own event loop and executor);
+    policy/runtime-dependency-policy.toml admits it as the benchmark
+    comparator of this session only, pinned, and the audit fails if it appears
+    anywhere else. Each side runs in its own process; docs/performance.md,
+    "Beside DBOS", says what is measured.
+    """
+    session.install("-e", "packages/mayfly", "-e", "packages/mayfly-postgres")
+    # The comparator, in this session's venv only (policy/runtime-dependency-policy.toml, [[comparator]]).
+    session.install("dbos==3.4.0")
+    session.run("python", "packages/mayfly-postgres/benchmarks/dbos/bench_vs_dbos.py", *session.posargs)
 
 
 SIM_BACKENDS = ("file", "lmdb", "postgres", "redis")

@@ -8,6 +8,10 @@ this first in the env, naming the drivers of every *other* backend::
 
 A forbidden module is looked up without importing it; the error names the
 distribution that installed it, so the leaking dependency is easy to find.
+The modules of every benchmark comparator in the policy
+(runtime-dependency-policy.toml, ``[[comparator]]``: DBOS) are always
+forbidden too, whatever ``--forbid`` names: a comparator lives in its own nox
+session's venv and no Mayfly env may be able to import it.
 Exit status: 0 isolated, 1 not isolated, 2 usage error.
 """
 
@@ -18,7 +22,20 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+import tomllib
 from collections.abc import Sequence
+from pathlib import Path
+
+POLICY = Path(__file__).resolve().parent / "runtime-dependency-policy.toml"
+
+
+def comparator_modules(policy: Path = POLICY) -> list[str]:
+    """The top-level modules of every ``[[comparator]]`` (read from its ``[[banned]]`` entry)."""
+    data = tomllib.loads(policy.read_text(encoding="utf-8"))
+    names = {str(entry["name"]) for entry in data.get("comparator", [])}
+    return sorted(
+        str(m) for entry in data.get("banned", []) if entry["name"] in names for m in entry["modules"]
+    )
 
 
 def _providers(module: str) -> str:
@@ -28,14 +45,17 @@ def _providers(module: str) -> str:
 
 
 def check(required: Sequence[str], forbidden: Sequence[str]) -> list[str]:
-    """Return one problem line per required module that fails to import or forbidden module that exists."""
+    """Return one problem line per required module that fails to import or forbidden module that exists.
+
+    The comparators' modules are forbidden in addition to ``forbidden``.
+    """
     problems = []
     for name in required:
         try:
             importlib.import_module(name)
         except Exception as exc:  # any import failure means the env cannot run the distribution alone
             problems.append(f"required module {name} does not import: {type(exc).__name__}: {exc}")
-    for name in forbidden:
+    for name in [*forbidden, *(m for m in comparator_modules() if m not in forbidden)]:
         if "." in name:
             problems.append(f"--forbid takes top-level modules; {name!r} is dotted")
         elif importlib.util.find_spec(name) is not None:
@@ -60,8 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         return 1
     required = ", ".join(args.require) or "nothing"
+    forbidden = [*args.forbid, *(f"{m} (comparator)" for m in comparator_modules() if m not in args.forbid)]
     sys.stdout.write(
-        f"isolation ok: imports {required}; {', '.join(args.forbid)} not importable "
+        f"isolation ok: imports {required}; {', '.join(forbidden)} not importable "
         f"(Python {sys.version.split()[0]}, {sys.prefix})\n"
     )
     return 0

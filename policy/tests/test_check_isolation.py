@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import check_isolation
+import pytest
 
 SCRIPT = Path(check_isolation.__file__).resolve()
 
@@ -48,9 +49,24 @@ def test_command_line_exit_status() -> None:
         check=False,
     )
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith("isolation ok: imports json; mayfly_no_such_driver not importable")
+    assert ok.stdout.startswith(
+        "isolation ok: imports json; mayfly_no_such_driver, dbos (comparator) not importable"
+    )
     leaked = subprocess.run(
         [sys.executable, str(SCRIPT), "--forbid", "pytest"], capture_output=True, text=True, check=False
     )
     assert leaked.returncode == 1
     assert "isolation: forbidden module pytest is importable" in leaked.stderr
+
+
+def test_comparator_modules_are_read_from_the_policy() -> None:
+    """The benchmark comparators' modules come from the policy's [[comparator]] and [[banned]] entries."""
+    assert check_isolation.comparator_modules() == ["dbos"]
+
+
+def test_an_importable_comparator_fails_even_when_not_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A comparator's module is forbidden in every env, whatever --forbid names."""
+    monkeypatch.setattr(check_isolation, "comparator_modules", lambda: ["pytest"])
+    problems = check_isolation.check([], ["mayfly_no_such_driver"])
+    assert len(problems) == 1
+    assert "forbidden module pytest is importable (installed by pytest)" in problems[0]

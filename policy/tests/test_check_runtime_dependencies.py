@@ -104,14 +104,41 @@ def make_lock(
     (root / audit.LOCK_FILE).write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
 
 
+def without_comparators(text: str) -> str:
+    """The policy text with its ``[[comparator]]`` tables removed (each runs to the next comment rule)."""
+    out: list[str] = []
+    skipping = False
+    for line in text.splitlines(keepends=True):
+        if line.strip() == "[[comparator]]":
+            skipping = True
+        elif skipping and line.startswith("# ---"):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "".join(out)
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    """An empty synthetic repository carrying the real policy file, minus the tooling list."""
+    """An empty synthetic repository carrying the real policy file, minus the tooling list and comparators.
+
+    The real comparator names a nox session that these repositories lack; the
+    comparator tests use ``comparator_repo``, which keeps it.
+    """
     (tmp_path / "policy").mkdir()
     text = REAL_POLICY.read_text(encoding="utf-8")
     text = text.replace('requirements = ["tox>=4.20", "nox>=2024.4"]', "requirements = []")
-    (tmp_path / audit.POLICY_FILE).write_text(text, encoding="utf-8")
+    (tmp_path / audit.POLICY_FILE).write_text(without_comparators(text), encoding="utf-8")
     return tmp_path
+
+
+@pytest.fixture
+def comparator_repo(repo: Path) -> Path:
+    """A synthetic repository whose policy keeps the real ``[[comparator]]`` (DBOS, nox session bench_dbos)."""
+    text = REAL_POLICY.read_text(encoding="utf-8")
+    text = text.replace('requirements = ["tox>=4.20", "nox>=2024.4"]', "requirements = []")
+    (repo / audit.POLICY_FILE).write_text(text, encoding="utf-8")
+    return repo
 
 
 def set_python_targets(root: Path, entries: str) -> None:
@@ -630,6 +657,17 @@ def test_repository_audit_is_clean_with_an_empty_ledger_and_no_async_timeout() -
     assert "async-timeout" not in names
 
 
+def test_repository_admits_dbos_only_as_the_bench_dbos_comparator() -> None:
+    """In the real repository DBOS is banned, and reached only as the pinned comparator of nox -s bench_dbos."""
+    root = REAL_POLICY.parent.parent
+    policy = audit.Policy.load(REAL_POLICY)
+    assert "dbos" in policy.banned
+    assert policy.comparators["dbos"].session == "bench_dbos"
+    report = audit.audit(root)
+    assert report.comparators == ["noxfile.py [session bench_dbos] -> dbos 3.4.0"]
+    assert not report.failed
+
+
 def test_json_output_lists_forbidden_paths(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--json reports the same forbidden path with its ledger key and targets."""
     write(repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["foo[async]"]))
@@ -640,6 +678,153 @@ def test_json_output_lists_forbidden_paths(repo: Path, capsys: pytest.CaptureFix
     assert data["failed"] is True
     assert [f["key"] for f in data["forbidden"]] == ["mayfly 1.0 -> foo 2.1 -> trio 0.27.0"]
     assert len(data["forbidden"][0]["targets"]) == 24
+
+
+# --- benchmark comparators --------------------------------------------------
+
+COMPARED: Graph = {
+    **BASE,
+    "dbos": {"3.4.0": ["msgspec", 'aiosqlite>=0.20; extra == "aiosqlite"'], "3.5.0": ["msgspec"]},
+    "aiosqlite": {"0.22.1": []},
+}
+
+
+def bench_noxfile(root: Path, requirement: str = "dbos==3.4.0", session: str = "bench_dbos") -> None:
+    """A noxfile whose ``session`` installs the core and ``requirement``."""
+    write(
+        root,
+        "noxfile.py",
+        f"""
+        import nox
+
+        @nox.session
+        def {session}(session):
+            \"\"\"Mayfly beside the comparator.\"\"\"
+            session.install("-e", "packages/mayfly")
+            session.install("{requirement}")
+        """,
+    )
+
+
+def test_comparator_is_admitted_in_its_own_session_only(
+    comparator_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pinned comparator, required directly by its nox session, is reported, not forbidden."""
+    write(comparator_repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    bench_noxfile(comparator_repo)
+    make_lock(comparator_repo, COMPARED, pins={"dbos": dict.fromkeys(PYTHONS, "3.4.0")})
+    code, out = run(comparator_repo, capsys)
+    assert code == 0, out
+    assert "comparator noxfile.py [session bench_dbos] -> dbos 3.4.0  (benchmark comparator" in out
+    assert "FORBIDDEN" not in out
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ("tox", "tox.ini [testenv:core] -> dbos 3.4.0"),
+        ("other session", "noxfile.py [session bench] -> dbos 3.4.0"),
+        ("dependency", "mayfly 1.0 -> dbos 3.4.0"),
+        ("extra", "mayfly 1.0 [extra compare] -> dbos 3.4.0"),
+    ],
+)
+def test_comparator_anywhere_else_is_forbidden(
+    comparator_repo: Path, capsys: pytest.CaptureFixture[str], where: str, path: str
+) -> None:
+    """The comparator reached from a tox env, another nox session or a distribution is a forbidden path."""
+    deps = ["msgspec", "dbos==3.4.0"] if where == "dependency" else ["msgspec"]
+    extras = {"compare": ["dbos==3.4.0"]} if where == "extra" else None
+    write(comparator_repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", deps, extras=extras))
+    bench_noxfile(comparator_repo)
+    if where == "tox":
+        write(comparator_repo, "tox.ini", "[testenv:core]\ndeps =\n    -e packages/mayfly\n    dbos==3.4.0\n")
+    if where == "other session":
+        text = (comparator_repo / "noxfile.py").read_text(encoding="utf-8")
+        text += '\n@nox.session\ndef bench(session):\n    session.install("dbos==3.4.0")\n'
+        (comparator_repo / "noxfile.py").write_text(text, encoding="utf-8")
+    make_lock(comparator_repo, COMPARED, pins={"dbos": dict.fromkeys(PYTHONS, "3.4.0")})
+    code, out = run(comparator_repo, capsys)
+    assert code == 1, out
+    assert f"FORBIDDEN {path}" in out
+    assert (
+        "dbos is a benchmark comparator: admitted only as dbos==3.4.0, required directly by nox session"
+        in out
+    )
+    assert "comparator noxfile.py [session bench_dbos] -> dbos 3.4.0" in out  # its own session still is
+
+
+def test_comparator_at_another_version_is_forbidden_and_its_entry_stale(
+    comparator_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its own session installing another version than the pinned one is a forbidden path."""
+    write(comparator_repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    bench_noxfile(comparator_repo, "dbos>=3.4")
+    make_lock(comparator_repo, COMPARED)  # resolves to the newest, 3.5.0
+    code, out = run(comparator_repo, capsys)
+    assert code == 1, out
+    assert "FORBIDDEN noxfile.py [session bench_dbos] -> dbos 3.5.0" in out
+    assert "STALE COMPARATOR dbos: nox session bench_dbos does not install dbos==3.4.0" in out
+
+
+def test_banned_distribution_below_the_comparator_is_forbidden(
+    comparator_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The exception is the comparator alone: a banned distribution it pulls still fails."""
+    write(comparator_repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    bench_noxfile(comparator_repo, "dbos[aiosqlite]==3.4.0")
+    make_lock(comparator_repo, COMPARED, pins={"dbos": dict.fromkeys(PYTHONS, "3.4.0")})
+    code, out = run(comparator_repo, capsys)
+    assert code == 1, out
+    assert (
+        "FORBIDDEN noxfile.py [session bench_dbos] -> dbos 3.4.0 [extras aiosqlite] -> aiosqlite 0.22.1"
+        in out
+    )
+
+
+def test_comparator_without_its_session_is_stale(
+    comparator_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A [[comparator]] whose nox session is gone fails, asking for the entry's removal."""
+    write(comparator_repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    make_lock(comparator_repo, COMPARED)
+    code, out = run(comparator_repo, capsys)
+    assert code == 1, out
+    assert "STALE COMPARATOR dbos: noxfile.py has no session bench_dbos" in out
+
+
+def test_a_comparator_that_is_not_banned_is_a_usage_error(
+    comparator_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A comparator must be [[banned]]: the category is an exception to a ban, never an admission."""
+    policy = comparator_repo / audit.POLICY_FILE
+    text = policy.read_text(encoding="utf-8").replace('name = "dbos"\nversion', 'name = "dbos-lite"\nversion')
+    policy.write_text(text, encoding="utf-8")
+    write(comparator_repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    code, out = run(comparator_repo, capsys)
+    assert code == 2
+    assert "[[comparator]] dbos-lite is not [[banned]]" in out
+
+
+def test_comparator_modules_are_importable_only_from_its_sources(
+    comparator_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only files under the comparator's sources may import it, and the rest of the scan still covers them."""
+    write(comparator_repo, "packages/mayfly/pyproject.toml", pyproject("mayfly", ["msgspec"]))
+    bench_noxfile(comparator_repo)
+    write(comparator_repo, "packages/mayfly-postgres/benchmarks/dbos/dbos_side.py", "from dbos import DBOS\n")
+    write(
+        comparator_repo,
+        "packages/mayfly-postgres/benchmarks/dbos/loop.py",
+        "import dbos\nimport asyncio\n",
+    )
+    write(comparator_repo, "packages/mayfly-postgres/benchmarks/bench_x.py", "import dbos\n")
+    make_lock(comparator_repo, COMPARED, pins={"dbos": dict.fromkeys(PYTHONS, "3.4.0")})
+    code, out = run(comparator_repo, capsys)
+    assert code == 1, out
+    assert "benchmarks/bench_x.py:1: banned-module: imports dbos (distribution dbos is banned)" in out
+    assert "benchmarks/dbos/loop.py:2: asyncio: imports asyncio" in out
+    assert "dbos_side.py" not in out
+    assert "loop.py:1:" not in out
 
 
 # --- source scan -----------------------------------------------------------

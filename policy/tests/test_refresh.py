@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -118,10 +119,14 @@ def index() -> Iterator[Index]:
 def make_repo(
     root: Path, deps: list[str], requires_python: str = ">=3.11.3", pythons: str | None = None
 ) -> None:
-    """A repository with one distribution and the real policy (minus the tooling list, ``pythons`` if given)."""
+    """A repository with one distribution and the real policy (minus the tooling list, ``pythons`` if given).
+
+    The policy's benchmark comparators are dropped too: they name a nox session this repository lacks.
+    """
     (root / "policy").mkdir()
     text = REAL_POLICY.read_text(encoding="utf-8")
     text = text.replace('requirements = ["tox>=4.20", "nox>=2024.4"]', "requirements = []")
+    text = re.sub(r"^\[\[comparator\]\]\n.*?(?=^# ---)", "", text, flags=re.MULTILINE | re.DOTALL)
     if pythons is not None:
         line = next(x for x in text.splitlines() if x.startswith("python_versions = "))
         text = text.replace(line, f"python_versions = {pythons}")

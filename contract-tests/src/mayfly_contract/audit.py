@@ -448,6 +448,21 @@ class Target:
 
 
 @dataclasses.dataclass(frozen=True)
+class Comparator:
+    """A banned distribution admitted as a benchmark comparator in exactly one nox session's venv."""
+
+    name: str
+    version: str
+    session: str
+    sources: tuple[str, ...]  # the only files that may import its modules
+
+    @property
+    def root_label(self) -> str:
+        """The walk root of its session, as printed."""
+        return f"noxfile.py [session {self.session}]"
+
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     """The parsed runtime-dependency policy."""
 
@@ -463,6 +478,7 @@ class Policy:
     scan_roots: tuple[str, ...]
     thread_rule_roots: tuple[str, ...]
     thread_owners: tuple[str, ...]
+    comparators: Mapping[str, Comparator] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Policy:
@@ -482,6 +498,7 @@ class Policy:
                     f"policy {path} lists {', '.join(both)} both as [[banned]] and as [[tolerated]]; "
                     "a distribution is one or the other"
                 )
+            comparators = _comparators(data.get("comparator", []), banned, path)
             t = data["targets"]
             floors = _python_floors(t["python_versions"], path)
             pythons = tuple(floors)
@@ -515,9 +532,36 @@ class Policy:
                 scan_roots=tuple(scan["roots"]),
                 thread_rule_roots=tuple(scan["thread_rule_roots"]),
                 thread_owners=tuple(scan["thread_owners"]),
+                comparators=comparators,
             )
         except (KeyError, TypeError) as exc:
             raise AuditError(f"policy {path} is missing or mistypes {exc}; see its header comments") from exc
+
+
+def _comparators(entries: object, banned: Mapping[str, str], path: Path) -> dict[str, Comparator]:
+    """Read ``[[comparator]]``: each must be banned, pinned to one version, and name one nox session."""
+    if not isinstance(entries, list):
+        raise AuditError(f"policy {path}: [[comparator]] must be an array of tables")
+    out: dict[str, Comparator] = {}
+    for entry in entries:
+        name = canonical_name(entry["name"])
+        where = f"policy {path}: [[comparator]] {name}"
+        if name not in banned:
+            raise AuditError(
+                f"{where} is not [[banned]]; a comparator is a banned distribution admitted in one "
+                "benchmark session's venv, never a dependency"
+            )
+        version, session, sources = entry["version"], entry["session"], entry["sources"]
+        if not isinstance(version, str) or not _RELEASE.match(version):
+            raise AuditError(f'{where}: version must be one exact release such as "3.4.0", not {version!r}')
+        if not isinstance(session, str) or not session.isidentifier():
+            raise AuditError(f"{where}: session must name one nox session, not {session!r}")
+        if not isinstance(sources, list) or not sources or not all(isinstance(s, str) for s in sources):
+            raise AuditError(f"{where}: sources must list the directories that may import it")
+        if name in out:
+            raise AuditError(f"{where} is listed twice")
+        out[name] = Comparator(name, version, session, tuple(sources))
+    return out
 
 
 def _python_floors(entries: object, path: Path) -> dict[str, str]:
@@ -1155,6 +1199,7 @@ class WalkResult:
     reached: set[tuple[str, str]]
     problems: list[str]
     notes: set[str]
+    comparators: set[str] = dataclasses.field(default_factory=set)  # admitted comparator paths, rendered
 
 
 def _annotation(req: Requirement) -> str:
@@ -1229,6 +1274,22 @@ class _Walker:
         edges = [(_parse_requirement(t), req.extras) for t in self.provider.requires(req.name, version)]
         return version, edges
 
+    def _admitted_comparator(self, name: str, version: str, hops: tuple[Hop, ...]) -> bool:
+        """Whether this banned node is its comparator, at its pinned version, required by its own session.
+
+        Only there, and only directly: the same distribution reached from any
+        other root, at another version, or through another requirement is a
+        forbidden path like any banned one.
+        """
+        comparator = self.policy.comparators.get(name)
+        return (
+            comparator is not None
+            and not self.repo.outside
+            and not hops
+            and self.root_label == comparator.root_label
+            and version == comparator.version
+        )
+
     def visit(
         self,
         req: Requirement,
@@ -1251,7 +1312,9 @@ class _Walker:
         version, children = resolved
         path = (*hops, Hop(req.name, version, _annotation(req)))
         self.result.reached.add((req.name, version))
-        if req.name in self.policy.banned:
+        if req.name in self.policy.banned and self._admitted_comparator(req.name, version, hops):
+            self.result.comparators.add(ARROW.join([self.root_label, *(h.render() for h in path)]))
+        elif req.name in self.policy.banned:
             finding = Finding(self.root_label, path, [])
             existing = self.result.findings.setdefault(f"{finding.key}|{finding.render()}", finding)
             if self.target.label not in existing.targets:
@@ -1309,10 +1372,13 @@ class SourceFinding:
 
 
 class _Scanner(ast.NodeVisitor):
-    def __init__(self, path: str, policy: Policy, may_thread: bool) -> None:
+    def __init__(
+        self, path: str, policy: Policy, may_thread: bool, comparator_modules: frozenset[str] = frozenset()
+    ) -> None:
         self.path = path
         self.policy = policy
         self.may_thread = may_thread
+        self.comparator_modules = comparator_modules  # banned modules this file may import (a comparator's)
         self.aliases: dict[str, str] = {}
         self.findings: list[SourceFinding] = []
 
@@ -1323,7 +1389,7 @@ class _Scanner(ast.NodeVisitor):
         top = module.split(".", 1)[0]
         if top == "asyncio":
             self._add(node, "asyncio", f"imports {module}; the greenlet hub is the only scheduler")
-        elif top in self.policy.banned_modules:
+        elif top in self.policy.banned_modules and top not in self.comparator_modules:
             self._add(
                 node,
                 "banned-module",
@@ -1445,6 +1511,13 @@ def scan_sources(root: Path, policy: Policy) -> tuple[list[SourceFinding], int]:
         owned = any(path == o or o in path.parents or path == o.with_suffix(".py") for o in owners)
         shipped = any(path == r or r in path.parents for r in ruled)
         may_thread = owned or not shipped
+        comparator_modules = frozenset(
+            module
+            for comparator in policy.comparators.values()
+            if any((root / s) in path.parents for s in comparator.sources)
+            for module, name in policy.banned_modules.items()
+            if name == comparator.name
+        )
         text = path.read_text(encoding="utf-8")
         count += 1
         if path.suffix == ".md":
@@ -1461,7 +1534,7 @@ def scan_sources(root: Path, policy: Policy) -> tuple[list[SourceFinding], int]:
                     )
                 )
                 continue
-            scanner = _Scanner(rel, policy, may_thread)
+            scanner = _Scanner(rel, policy, may_thread, comparator_modules)
             scanner.visit(tree)
             for f in scanner.findings:
                 findings.append(dataclasses.replace(f, line=f.line + first_line - 1))
@@ -1569,6 +1642,7 @@ class Report:
     source: list[SourceFinding]
     notes: list[str]
     stats: dict[str, int]
+    comparators: list[str] = dataclasses.field(default_factory=list)  # admitted comparator paths
 
     @property
     def failed(self) -> bool:
@@ -1589,6 +1663,7 @@ def audit(root: Path, policy_path: Path | None = None, lock_path: Path | None = 
         seen_keys.add(finding.key)
         (ledgered if finding.key in policy.ledger else forbidden).append(finding)
     stale = sorted(k for k in policy.ledger if k not in seen_keys)
+    problems = set(walked.problems) | set(_stale_comparators(repo, policy, walked))
     source, nfiles = scan_sources(root, policy)
     stats = {
         "roots": len(repo.roots),
@@ -1600,11 +1675,32 @@ def audit(root: Path, policy_path: Path | None = None, lock_path: Path | None = 
         forbidden,
         ledgered,
         stale,
-        sorted(set(walked.problems)),
+        sorted(problems),
         source,
         sorted(walked.notes | set(repo.notes) | set(lock_notes)),
         stats,
+        sorted(walked.comparators),
     )
+
+
+def _stale_comparators(repo: Repo, policy: Policy, walked: WalkResult) -> list[str]:
+    """A comparator whose session is gone, or no longer installs it at its version, is a stale entry."""
+    problems = []
+    labels = {root.label for root in repo.roots}
+    for comparator in policy.comparators.values():
+        prefix = f"{comparator.root_label}{ARROW}{comparator.name} {comparator.version}"
+        if comparator.root_label not in labels:
+            problems.append(
+                f"STALE COMPARATOR {comparator.name}: noxfile.py has no session {comparator.session} "
+                f"that installs anything; delete the [[comparator]] entry from {POLICY_FILE} "
+                "or restore the session"
+            )
+        elif not any(path == prefix or path.startswith(f"{prefix} [") for path in walked.comparators):
+            problems.append(
+                f"STALE COMPARATOR {comparator.name}: nox session {comparator.session} does not install "
+                f"{comparator.name}=={comparator.version}; pin it there or update the entry in {POLICY_FILE}"
+            )
+    return problems
 
 
 def print_report(report: Report, policy: Policy, out: Any = None) -> None:
@@ -1613,6 +1709,16 @@ def print_report(report: Report, policy: Policy, out: Any = None) -> None:
     for f in report.forbidden:
         print(f"FORBIDDEN {f.render()}  (on {_compress_targets(f.targets, policy)})", file=out)
         print(f"    {f.hops[-1].name} is banned: {policy.banned[f.hops[-1].name]}", file=out)
+        comparator = policy.comparators.get(f.hops[-1].name)
+        if comparator is not None:
+            print(
+                f"    {comparator.name} is a benchmark comparator: admitted only as "
+                f"{comparator.name}=={comparator.version}, required directly by nox session "
+                f"{comparator.session}, whose venv no Mayfly env shares",
+                file=out,
+            )
+    for path in report.comparators:
+        print(f"comparator {path}  (benchmark comparator: this nox session's venv only)", file=out)
     for f in report.ledgered:
         print(f"ledgered  {f.render()}  ({policy.ledger[f.key]})", file=out)
     for key in report.stale_ledger:
@@ -1650,6 +1756,7 @@ def report_json(report: Report) -> str:
             "source": [dataclasses.asdict(s) for s in report.source],
             "notes": report.notes,
             "stats": report.stats,
+            "comparators": report.comparators,
         },
         indent=1,
         sort_keys=True,

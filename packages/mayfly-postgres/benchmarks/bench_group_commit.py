@@ -89,10 +89,16 @@ def main() -> None:
     url = f"{conninfo}?schema={schema}"
     fast_url = f"{conninfo}?schema={schema}_w&durability=write"
 
+    measured: list[float] = []
+
     def floor() -> float:
+        # report() measures the floor before and after the serial chain; say which this is.
         one, many = floors(conninfo, args.connections)
+        when = "before the chain" if not measured else "after the chain"
+        measured.append(many)
         print(
-            f"  raw floor, {args.connections} connections at once:        {many:9,.0f} commits/s (aggregate)"
+            f"  raw floor, {args.connections} connections at once:        {many:9,.0f} commits/s "
+            f"(aggregate, {when})"
         )
         return one
 
