@@ -55,8 +55,8 @@ from mayfly.runtime._invoke import (
     invoke_handler,
     invoke_inline,
 )
+from mayfly.runtime._time import PICKUP_LAG_MS, next_deadline, run_time_at
 from mayfly.runtime._time import catch_up as catch_up_to
-from mayfly.runtime._time import next_deadline, run_time_at
 from mayfly.runtime.request import HandlerRequest
 from mayfly.runtime.signals import WaitForSignal
 from mayfly.snapshot import make_snapshot
@@ -206,7 +206,11 @@ class RunDriver:
         """Advance virtual time to now, firing what fell due meanwhile one deadline at a time, in order."""
         commit = self.commit_or_raise  # commits against self.state, which it keeps current
         catch_up_to(
-            self.state, self.run_now(), lambda _, command: commit(command).state, timed=self._timed_nodes
+            self.state,
+            self.run_now(),
+            lambda _, command: commit(command).state,
+            timed=self._timed_nodes,
+            lag_ms=PICKUP_LAG_MS,
         )
 
     def request_cancel(self, requester: str, reason: str) -> None:

@@ -30,7 +30,7 @@ from mayfly.model.commands import AdvanceTime
 from mayfly.model.state import RunState
 from mayfly.reducer.deadlines import next_deadline
 
-__all__ = ["catch_up", "next_deadline", "run_time_at"]
+__all__ = ["PICKUP_LAG_MS", "catch_up", "next_deadline", "run_time_at"]
 
 # next_deadline lives with the reducer (it is pure and the run index needs it); re-exported here.
 
@@ -48,6 +48,7 @@ def catch_up(
     commit: Callable[[RunState, AdvanceTime], RunState],
     *,
     timed: Iterable[int] | None = None,
+    lag_ms: int = 0,
 ) -> RunState:
     """Advance a running run to virtual time ``to``, firing each deadline passed on the way at its own time.
 
@@ -56,12 +57,25 @@ def catch_up(
     Each step advances to the next due deadline (the reducer fires every
     deadline at or before it, in deadline order), so what one expiry
     schedules is measured from that expiry; a last step records ``to``.
-    Nothing is committed for a terminal run or when ``to`` is not ahead.
+    Nothing is committed for a terminal run or when ``to`` is not ahead, nor
+    when ``to`` is less than ``lag_ms`` ahead and no deadline falls due by
+    then: a driver picking a run up passes :data:`PICKUP_LAG_MS`, since it
+    records the time itself wherever it decides something (before a retry's
+    delay is measured, an attempt with a deadline starts, a wait opens, or a
+    signal finds its wait's deadline passed). So a worker claiming a run
+    just started costs no commit for the milliseconds since, while a run
+    picked up after downtime still records when that happened.
     """
     timed = None if timed is None else tuple(timed)
     while not state.status.is_terminal and to > state.now:
         deadline = next_deadline(state, timed=timed)
+        if to - state.now < lag_ms and (deadline is None or deadline > to):
+            break  # a short advance that fires nothing
         # A deadline at or before the recorded time has already fired; never step to it again.
         step = to if deadline is None or deadline <= state.now or deadline >= to else deadline
         state = commit(state, AdvanceTime(step))
     return state
+
+
+PICKUP_LAG_MS = 1_000
+"""How far behind a driver may leave a run's recorded time when it picks the run up (see :func:`catch_up`)."""
