@@ -276,11 +276,14 @@ class WorkflowRuntime:
         """
         self.plugins.ensure_valid(spec)
         check_input(input, "run input")
+        chosen = run_id is not None
         run_id = run_id if run_id is not None else self.ids.new_id()
         handle = RunHandle(self, run_id)
         if priority != 0 or dedup_id is not None:
             check_queue_options(self.journal, queue, priority, dedup_id)
-        if self.journal.next_sequence(run_id) > 1:
+        # A run id chosen by the caller may exist already (a repeated start); a fresh one cannot, and the
+        # create below is refused for an existing run anyway: only a chosen id is worth a read first.
+        if chosen and self.journal.next_sequence(run_id) > 1:
             return handle
         # No lease: creating is a compare-and-append at sequence 1 with no fence, which only a run that
         # nobody ever leased accepts. So of racing starts of one run id exactly one creates it, and a
