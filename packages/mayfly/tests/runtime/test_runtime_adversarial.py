@@ -25,7 +25,7 @@ from mayfly import (
 from mayfly.identity import Uuid7IdSource
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.local import LocalLeaseStore, LocalWorkflowJournal
-from mayfly.model.errors import CommandRejected
+from mayfly.model.errors import CommandRejected, LeaseLost
 from mayfly.model.events import NodeOutcomeCommitted, NodeStarted, RetryReleased, RetryScheduled
 from mayfly.model.ids import idempotency_key
 from mayfly.model.spec import RunBudgets
@@ -401,3 +401,64 @@ def test_a_signal_that_arrives_after_the_wait_deadline_finds_the_wait_expired(tm
     result = Hub().run(drive)
     assert dispositions == ["run_terminal"]
     assert result.status is RunStatus.FAILED and "expired" in result.nodes["a"].reason
+
+
+def test_a_standalone_run_renews_its_lease_while_a_long_handler_runs(tmp_path: Path) -> None:
+    """In the standalone mode the lease keeper renews while the driver only waits for a long handler."""
+    url = f"file://{tmp_path}/j?durability=write"
+    leases = CountingLeases(url)
+    registry = HandlerRegistry()
+
+    @registry.handler("long", cooperative=True)
+    def long(req: HandlerRequest) -> Succeeded:
+        sleep(35)
+        return Succeeded()
+
+    runtime = WorkflowRuntime(
+        LocalWorkflowJournal(url), registry, leases=leases, lease_ttl_ms=10_000, clock=VirtualClock
+    )
+    spec = WorkflowSpec(workflow_id="adv.long.standalone", version=1, nodes=(Node("a", handler="long@1"),))
+    result = runtime.execute(spec)
+    assert result.status is RunStatus.SUCCEEDED
+    marks = [0, *leases.renewals, 35_000]
+    assert max(b - a for a, b in itertools.pairwise(marks)) < 10_000, leases.renewals
+
+
+class LosingGuard(CountingGuard):
+    """A lease guard whose renewals fail from the second one on: the lease was taken over meanwhile."""
+
+    def renew(self, ttl_ms: int) -> None:
+        self._renewals.append(now_ms())
+        if len(self._renewals) > 1:
+            raise LeaseLost("recovery lease was taken over by w-2 (test)")
+        self._guard.renew(ttl_ms)
+
+
+class LosingLeases(CountingLeases):
+    def acquire(self, run_id: str, owner: str, ttl_ms: int) -> RecoveryLeaseGuard:
+        return LosingGuard(self._store.acquire(run_id, owner, ttl_ms), self.renewals)  # type: ignore[return-value]
+
+
+def test_a_lease_lost_while_a_handler_runs_stops_the_run_at_once_and_cancels_the_handler(
+    tmp_path: Path,
+) -> None:
+    """The keeper's failed renewal stops the driver then, not when the handler returns, and cancels it."""
+    url = f"file://{tmp_path}/j?durability=write"
+    leases = LosingLeases(url)
+    registry = HandlerRegistry()
+    finished: list[int] = []
+
+    @registry.handler("long", cooperative=True)
+    def long(req: HandlerRequest) -> Succeeded:
+        sleep(3_600)
+        finished.append(now_ms())
+        return Succeeded()
+
+    runtime = WorkflowRuntime(
+        LocalWorkflowJournal(url), registry, leases=leases, lease_ttl_ms=9_000, clock=VirtualClock
+    )
+    spec = WorkflowSpec(workflow_id="adv.lost", version=1, nodes=(Node("a", handler="long@1"),))
+    with pytest.raises(LeaseLost, match="taken over"):
+        runtime.execute(spec)
+    assert leases.renewals == [3_000, 6_000]  # the keeper's two renewals; the second one failed
+    assert finished == []  # the handler was cancelled, not left to run out its hour

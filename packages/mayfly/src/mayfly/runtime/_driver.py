@@ -121,6 +121,8 @@ class RunDriver:
         wall = self.hub.clock.wall_ms() if wall_ms is None else wall_ms
         self._origin = self.hub.now_ms() - run_time_at(state, wall)
         self._renewed_at = self.hub.now_ms()
+        self._keeper: Task[None] | None = None
+        self._lease_error: Exception | None = None
         self._since_snapshot = 0
         self._done: Channel[Task[_Work]] = Channel()
         self._tasks: dict[str, Task[_Work]] = {}
@@ -264,7 +266,15 @@ class RunDriver:
     # -- the loop -----------------------------------------------------------------
 
     def drive(self, effects: tuple[RecoveryEffect, ...] = ()) -> RunState:
-        """Run until the terminal result is committed and return the final state."""
+        """Run until the terminal result is committed and return the final state.
+
+        A driver holding a lease in the standalone mode renews it from a
+        keeper task, so waiting for handlers needs no timer of its own.
+        """
+        keeper = None
+        if self.lease is not None and self.concurrent:
+            keeper = self.hub.spawn(self._keep_lease, name=f"lease keeper of {self.state.run_id}")
+        self._keeper = keeper
         try:
             self._drive(effects)
         except BaseException as exc:
@@ -275,6 +285,10 @@ class RunDriver:
                 if not task.done:
                     task.cancel(f"driver of run {self.state.run_id} stopped: {type(exc).__name__}")
             raise
+        finally:
+            if keeper is not None:
+                keeper.cancel("the driver stopped")
+                self._keeper = None
         # A signal queued while the run ended (or its children were joined) is still answered:
         # recorded if the run is only parked, refused (run_terminal) if it ended.
         while self._signal_requests:
@@ -403,10 +417,20 @@ class RunDriver:
         self._complete(index, attempt_id, result)
 
     def _keep_lease(self) -> None:
-        """Renew the lease (and inline parents' leases) every third of the TTL while a handler runs inline."""
+        """Renew the lease (and inline parents' leases) every third of the TTL while the run is driven.
+
+        A failed renewal (the lease was lost, its store is unreachable) is
+        handed to the driver, which stops with it at its next step; the
+        keeper wakes it for that.
+        """
         while True:
             sleep(self.context.lease_ttl_ms / 3 / 1000)
-            self._renew_if_due()
+            try:
+                self._renew_if_due()
+            except Exception as error:  # the driver raises it
+                self._lease_error = error
+                self._done.send(_WAKE)
+                return
 
     def _node(self, node_id: str) -> NodeState:
         node = self.state.node_by_id(node_id)
@@ -461,7 +485,11 @@ class RunDriver:
                     f"run {self.state.run_id} cannot make progress: nothing ready, running or scheduled"
                 )
         deadline = self._next_deadline()
-        renew_at = self._renewed_at + self.context.lease_ttl_ms // 3 if self.lease is not None else None
+        renew_at = (
+            self._renewed_at + self.context.lease_ttl_ms // 3
+            if self.lease is not None and self._keeper is None
+            else None
+        )
         wake_at = min(
             [t for t in (None if deadline is None else self._origin + deadline, renew_at) if t is not None],
             default=None,
@@ -512,6 +540,8 @@ class RunDriver:
         request.done.set()
 
     def _renew_if_due(self) -> None:
+        if self._lease_error is not None:
+            raise self._lease_error  # the keeper's renewal failed
         if self.outer is not None and not self.concurrent:
             self.outer._renew_if_due()  # an inline child blocks its parent's loop: renew for it
         if self.lease is None:
@@ -519,8 +549,8 @@ class RunDriver:
         now = self.hub.now_ms()
         ttl_ms = self.context.lease_ttl_ms
         if now - self._renewed_at >= ttl_ms // 3:
+            self._renewed_at = now  # first: the keeper and the loop never renew at once
             self.lease.renew(ttl_ms)
-            self._renewed_at = now
 
     def _finished(self, task: Task[_Work]) -> None:
         node_id, attempt_id = self._task_attempt.pop(task)
