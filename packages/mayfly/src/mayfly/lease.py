@@ -8,8 +8,8 @@ of the same store checks the token on each append, so a holder that lost its
 lease (expired, taken over) can no longer write: its appends fail with
 ``FencingRejected`` atomically, inside the store.
 
-Optional features
------------------
+Optional lease-store features
+-----------------------------
 Beyond :class:`RecoveryLeaseStore`, a store may offer features, each a
 :class:`LeaseCapabilities` flag and a Protocol, as journals do
 (:class:`mayfly.journal.Feature`): :data:`LEASE_LISTING`, a read-only list of
