@@ -60,7 +60,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     (r"^UPDATE \S+\.\"leases\" SET expires_at = '-infinity'", "lease release"),
     (r"^SELECT h\.next_sequence", "read records"),
     (r"^WITH heads AS", "read tails"),
-    (r"^SELECT schema_version, last_sequence .* \"snapshots\"", "read snapshot"),
+    (r"^SELECT schema_version, last_sequence.*\"snapshots\"", "read snapshot"),
     (r"^INSERT INTO \S+\.\"snapshots\"", "write snapshot"),
     (r"^SELECT next_sequence FROM", "next sequence"),
     (r"min\(i\.ready_at\)", "next wake"),
