@@ -66,9 +66,9 @@ def claimed(journal: PostgresJournal, owner: str = "w1", limit: int = 100, **kwa
 
 
 def test_the_journal_declares_and_implements_the_run_index_and_wake_ups(index: PostgresJournal) -> None:
-    """run_index and run_wakeups are declared flags, and the journal passes both features' Protocol checks."""
+    """run_index, run_wakeups and append_wakeups are declared, and the journal passes both features' checks."""
     capabilities: JournalCapabilities = index.capabilities
-    assert capabilities.run_index and capabilities.run_wakeups
+    assert capabilities.run_index and capabilities.run_wakeups and capabilities.append_wakeups
     assert RUN_INDEX.of(index) is index and RUN_WAKEUPS.of(index) is index
 
 

@@ -405,7 +405,8 @@ class PostgresJournal(PostgresSchedules, JournalBase):
     everything, plus run summaries (``run_summaries``), many runs' tails in one
     statement (``run_tails``; see :mod:`mayfly_postgres._tails`), run purging,
     ``network``, and the run index workers claim from (``run_index``,
-    ``run_wakeups``; see :mod:`mayfly_postgres._index`).
+    ``run_wakeups``, and ``append_wakeups``: a run's creation notifies in its own
+    statement; see :mod:`mayfly_postgres._index`).
     """
 
     remedy = "restore the run's rows from a backup"
@@ -432,7 +433,8 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             capabilities=JournalCapabilities.declare(
                 self._store.settings.durability,
                 "cross_process fencing crash_durable fault_injection snapshots lease_expiry",
-                "run_summaries run_purge network run_index run_wakeups queue_control schedule_store",
+                "run_summaries run_purge network run_index run_wakeups append_wakeups queue_control",
+                "schedule_store",
                 "run_tails",
             ),
         )
