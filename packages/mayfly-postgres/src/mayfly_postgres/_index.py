@@ -43,7 +43,7 @@ from mayfly.ids import QUEUE_NAME, parse_run_id
 from mayfly.runindex import IndexEntry, IndexStatus
 from mayfly.substrate import offload
 from mayfly_postgres._pool import first_line, in_hub_task, pause, unavailable
-from mayfly_postgres._store import Store
+from mayfly_postgres._store import Store, rendered
 from mayfly_postgres._url import PostgresSettings
 
 __all__ = ["IndexStatements", "PostgresWakeupListener", "check_entries", "claimable_now", "wakeup_channel"]
@@ -216,9 +216,11 @@ class IndexStatements:
             "%(e_dedup)s::text, %(e_started)s::bigint"
         )
         one = sql.SQL(insert + "VALUES (" + values + ")" + conflict).format(index=index)
-        self.put_one = one
-        self.put_one_notify = sql.SQL("WITH put AS ({upsert}) SELECT pg_notify({channel}, '')").format(
-            upsert=one, channel=channel
+        self.put_one = rendered(one)
+        self.put_one_notify = rendered(
+            sql.SQL("WITH put AS ({upsert}) SELECT pg_notify({channel}, '')").format(
+                upsert=one, channel=channel
+            )
         )
         self.put_appended = sql.SQL(
             "put AS (" + insert + "SELECT " + values + " WHERE EXISTS (SELECT FROM appended)" + conflict + ")"
@@ -226,13 +228,17 @@ class IndexStatements:
         self.announce = sql.SQL(
             "told AS (SELECT pg_notify({channel}, '') FROM (SELECT FROM appended LIMIT 1) AS a)"
         ).format(channel=channel)
-        self.get = sql.SQL("SELECT " + _COLUMNS + " FROM {index} WHERE run_id = %s::uuid").format(index=index)
+        self.get = rendered(
+            sql.SQL("SELECT " + _COLUMNS + " FROM {index} WHERE run_id = %s::uuid").format(index=index)
+        )
         # The first wake time after now: the head of a range of run_index_wake (ready_at > now); with
         # queues named, the range is walked until an entry of one of them.
-        self.next_wake = sql.SQL(
-            "SELECT min(i.ready_at) FROM {index} i WHERE i.parent IS NULL AND i.status = 'waiting' "
-            "AND i.ready_at > %(now)s::bigint AND " + _QUEUES
-        ).format(index=index)
+        self.next_wake = rendered(
+            sql.SQL(
+                "SELECT min(i.ready_at) FROM {index} i WHERE i.parent IS NULL AND i.status = 'waiting' "
+                "AND i.ready_at > %(now)s::bigint AND " + _QUEUES
+            ).format(index=index)
+        )
         # A wake makes a waiting root run claimable now unless it is leased: tell the listeners then.
         self.wake = sql.SQL(
             "WITH woken AS (UPDATE {index} SET wake = true WHERE run_id = %s::uuid AND status <> 'terminal' "
@@ -242,11 +248,13 @@ class IndexStatements:
             "SELECT (SELECT count(*) FROM woken), (SELECT count(*) FROM told)"
         ).format(index=index, leases=leases, channel=channel)
         # The claim (see the module doc): one call of the migration's function, one statement.
-        self.claim = sql.SQL(
-            "SELECT claimed_run, claimed_token, claimed_grant FROM {claim}(%(owner)s::text, "
-            "%(limit)s::bigint, %(ttl)s::float8, %(now)s::bigint, %(queues)s::text[], "
-            "%(held_names)s::text[], %(held_counts)s::bigint[])"
-        ).format(claim=store.table("mayfly_claim"))
+        self.claim = rendered(
+            sql.SQL(
+                "SELECT claimed_run, claimed_token, claimed_grant FROM {claim}(%(owner)s::text, "
+                "%(limit)s::bigint, %(ttl)s::float8, %(now)s::bigint, %(queues)s::text[], "
+                "%(held_names)s::text[], %(held_counts)s::bigint[])"
+            ).format(claim=store.table("mayfly_claim"))
+        )
         queues = store.table("queues")
         self.queue_columns = "name, concurrency, worker_concurrency, rate_limit, rate_period_ms, priority"
         self.queue_set = sql.SQL(
