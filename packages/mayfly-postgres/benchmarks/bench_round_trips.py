@@ -104,7 +104,8 @@ class Proxy:
         time.sleep(0.2)  # let the last replies pass through
         self.process.stdin.write("snap\n")
         self.process.stdin.flush()
-        return json.loads(self.process.stdout.readline())
+        counts: dict[str, Any] = json.loads(self.process.stdout.readline())
+        return counts
 
     def close(self) -> None:
         assert self.process.stdin is not None

@@ -198,17 +198,17 @@ def main() -> None:
                 fresh = Counts()
                 counts.__dict__.update(fresh.__dict__)
                 continue
-            sock = key.fileobj
-            assert isinstance(sock, socket.socket)
-            if sock not in peers:
+            relayed = key.fileobj
+            assert isinstance(relayed, socket.socket)
+            if relayed not in peers:
                 continue
-            peer, from_client, state = peers[sock]
+            peer, from_client, state = peers[relayed]
             try:
-                data = sock.recv(262144)
+                data = relayed.recv(262144)
             except OSError:
                 data = b""
             if not data:
-                close(sock)
+                close(relayed)
                 continue
             if from_client:
                 state.from_client(data)
