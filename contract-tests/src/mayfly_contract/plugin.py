@@ -67,6 +67,7 @@ _FLAGS = (
     "network",
     "run_index",
     "run_wakeups",
+    "append_wakeups",
     "queue_control",
     "schedule_store",
 )

@@ -9,6 +9,8 @@ workers claim runs from it. These clauses check what a worker relies on:
 * ``runindex.claim.*``: what is claimable (children never, a queue filter,
   wake-time and priority order, leases), and that ``claim`` hands a run to
   exactly one of K processes racing for it;
+* ``runindex.wakeups.*``: listeners are woken by ``notify_wakeups`` and, where
+  declared (``append_wakeups``), by the append that creates a claimable run;
 * ``runindex.crash.no-lost-wakeup``: a writer SIGKILLed between an append and
   its index write leaves every run at least as claimable as its history says;
 * ``runindex.rebuild.*``: :func:`mayfly.recovery.rebuild_run_index` derives
@@ -598,6 +600,26 @@ def test_a_listener_is_woken_by_another_process(
     finally:
         listener.close()
     wakeups.notify_wakeups()  # nobody listening (any more) is not an error
+
+
+@pytest.mark.clause("runindex.wakeups.on-append")
+@pytest.mark.capability("run_wakeups")
+@pytest.mark.capability("append_wakeups")
+def test_creating_a_claimable_run_wakes_listeners_by_itself(
+    mayfly_journal: WorkflowJournal, index: RunIndexJournal, records: Records, queue: str
+) -> None:
+    """An append_indexed without a fencing token that makes a run claimable now wakes a listener itself."""
+    wakeups = RUN_WAKEUPS.of(mayfly_journal)
+    assert wakeups is not None
+    listener = wakeups.listen_wakeups()
+    try:
+        listener.drain()
+        run = _run(mayfly_journal, records, queue, CREATED)  # no notify_wakeups: the append must tell
+        assert _readable(listener.fileno(), 10), "creating a claimable run did not wake the listener"
+        listener.drain()
+    finally:
+        listener.close()
+    _finish(mayfly_journal, index, [run], [queue])
 
 
 # -- crashes -----------------------------------------------------------------------------------------------

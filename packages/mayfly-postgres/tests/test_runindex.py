@@ -66,9 +66,9 @@ def claimed(journal: PostgresJournal, owner: str = "w1", limit: int = 100, **kwa
 
 
 def test_the_journal_declares_and_implements_the_run_index_and_wake_ups(index: PostgresJournal) -> None:
-    """run_index and run_wakeups are declared flags, and the journal passes both features' Protocol checks."""
+    """run_index, run_wakeups and append_wakeups are declared, and the journal passes both features' checks."""
     capabilities: JournalCapabilities = index.capabilities
-    assert capabilities.run_index and capabilities.run_wakeups
+    assert capabilities.run_index and capabilities.run_wakeups and capabilities.append_wakeups
     assert RUN_INDEX.of(index) is index and RUN_WAKEUPS.of(index) is index
 
 
@@ -256,7 +256,11 @@ def test_next_wake_is_the_earliest_future_wake_of_a_waiting_root_run(index: Post
 def test_an_indexed_append_writes_its_entry_in_the_same_transaction(
     index: PostgresJournal, index_url: str
 ) -> None:
-    """The entry is asked for once, after the checks pass; a refused append asks for nothing and writes nothing."""
+    """A later batch's entry is asked for once its checks passed, a refused one asks for nothing; none writes.
+
+    A run's first batch has no state before it: its entry goes with it in one statement, so a refused
+    creation asks for its entry too, and stores nothing.
+    """
     run = IDS.new_id()
     asked: list[int] = []
 
@@ -271,17 +275,18 @@ def test_an_indexed_append_writes_its_entry_in_the_same_transaction(
     assert asked == [3] and index.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=3)
     with pytest.raises(Exception, match="expected next sequence 1"):
         index.append_indexed(run, 1, batch(run, 1), None, make(99))
+    assert asked == [3, 99] and index.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=3)
     leases = PostgresLeaseStore(index_url)
     try:
         guard = leases.acquire(run, "w1", 30_000)
         with pytest.raises(FencingRejected):
-            index.append_indexed(run, 4, batch(run, 4), guard.fencing_token - 1, make(99))
-        assert asked == [3]
+            index.append_indexed(run, 4, batch(run, 4), guard.fencing_token - 1, make(98))
+        assert asked == [3, 99]
         index.append_indexed(run, 4, batch(run, 4), guard.fencing_token, make(6))
         guard.release()
     finally:
         leases.close()
-    assert asked == [3, 6] and index.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=6)
+    assert asked == [3, 99, 6] and index.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=6)
     assert [r.sequence for r in index.read(run)] == list(range(1, 7))
 
 
@@ -462,12 +467,13 @@ def test_a_connection_lost_between_the_records_and_the_entry_commits_neither(
             ).fetchall()
             assert killed == [(True,)]
             time.sleep(0.2)
-            assert journal.next_sequence(run) == 1, "the records were visible before the entry was written"
+            assert journal.next_sequence(run) == 2, "the records were visible before the entry was written"
             return entry(run, IndexStatus.RUNNING, NOW, sequence=3)
 
-        journal.append_indexed(run, 1, batch(run, 1), None, kill_then_entry)
+        journal.append_indexed(run, 1, batch(run, 1, 1), None, lambda: entry(run, sequence=1))
+        journal.append_indexed(run, 2, batch(run, 2), None, kill_then_entry)
         assert asked == [1]  # asked once; the retry after the lost connection reused it
-        assert [r.sequence for r in journal.read(run)] == [1, 2, 3]
+        assert [r.sequence for r in journal.read(run)] == [1, 2, 3, 4]
         assert journal.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=3)
 
 

@@ -43,7 +43,7 @@ from mayfly.ids import QUEUE_NAME, parse_run_id
 from mayfly.runindex import IndexEntry, IndexStatus
 from mayfly.substrate import offload
 from mayfly_postgres._pool import first_line, in_hub_task, pause, unavailable
-from mayfly_postgres._store import Store
+from mayfly_postgres._store import Store, rendered
 from mayfly_postgres._url import PostgresSettings
 
 __all__ = ["IndexStatements", "PostgresWakeupListener", "check_entries", "claimable_now", "wakeup_channel"]
@@ -124,20 +124,20 @@ def _woken(entry: IndexEntry) -> IndexEntry:
     return msgspec.structs.replace(entry, wake=True)
 
 
-def entry_parameters(entry: IndexEntry) -> dict[str, Any]:
-    """The one-entry upsert's parameters (scalars: cheaper to send than one-element arrays)."""
-    return {
-        "run": entry.run_id,
-        "queue": entry.queue,
-        "status": entry.status.value,
-        "ready": entry.ready_at_ms,
-        "sequence": entry.sequence,
-        "wake": entry.wake,
-        "parent": entry.parent,
-        "priority": entry.priority,
-        "dedup": entry.dedup_id,
-        "started": entry.started_ms,
-    }
+def entry_parameters(entry: IndexEntry, into: dict[str, Any]) -> None:
+    """Add an indexed append's entry to a statement's parameters (``put_one``'s and ``put_appended``'s).
+
+    Scalars, cheaper to send than one-element arrays; the run id is the statement's ``run``.
+    """
+    into["e_queue"] = entry.queue
+    into["e_status"] = entry.status.value
+    into["e_ready"] = entry.ready_at_ms
+    into["e_sequence"] = entry.sequence
+    into["e_wake"] = entry.wake
+    into["e_parent"] = entry.parent
+    into["e_priority"] = entry.priority
+    into["e_dedup"] = entry.dedup_id
+    into["e_started"] = entry.started_ms
 
 
 def batch_parameters(entries: Sequence[IndexEntry]) -> dict[str, Any]:
@@ -202,22 +202,43 @@ class IndexStatements:
             "%(ready)s::bigint[], %(sequences)s::bigint[], %(wakes)s::boolean[], %(parents)s::uuid[], "
             "%(priorities)s::bigint[], %(dedups)s::text[], %(starts)s::bigint[])" + conflict
         ).format(index=index)
-        one = sql.SQL(
-            insert + "VALUES (%(run)s::uuid, %(queue)s::text, %(status)s::text, %(ready)s::bigint, "
-            "%(sequence)s::bigint, %(wake)s::boolean, %(parent)s::uuid, %(priority)s::bigint, "
-            "%(dedup)s::text, %(started)s::bigint)" + conflict
+        self.put = many
+        self.put_notify = sql.SQL("WITH put AS ({upsert}) SELECT pg_notify({channel}, '')").format(
+            upsert=many, channel=channel
+        )
+        # One entry of an indexed append (mayfly_postgres._journal), parameters named as entry_parameters
+        # names them: upserted alone once the append inserted the batch, in its transaction, or, for a run's
+        # first batch, as CTEs of the append's own statement, only if its CTE ``appended`` inserted the
+        # batch. ``announce`` tells the listeners then, in the same transaction.
+        values = (
+            "%(run)s::uuid, %(e_queue)s::text, %(e_status)s::text, %(e_ready)s::bigint, "
+            "%(e_sequence)s::bigint, %(e_wake)s::boolean, %(e_parent)s::uuid, %(e_priority)s::bigint, "
+            "%(e_dedup)s::text, %(e_started)s::bigint"
+        )
+        one = sql.SQL(insert + "VALUES (" + values + ")" + conflict).format(index=index)
+        self.put_one = rendered(one)
+        self.put_one_notify = rendered(
+            sql.SQL("WITH put AS ({upsert}) SELECT pg_notify({channel}, '')").format(
+                upsert=one, channel=channel
+            )
+        )
+        self.put_appended = sql.SQL(
+            "put AS (" + insert + "SELECT " + values + " WHERE EXISTS (SELECT FROM appended)" + conflict + ")"
         ).format(index=index)
-        notify = "WITH put AS ({upsert}) SELECT pg_notify({channel}, '')"
-        self.put, self.put_one = many, one
-        self.put_notify = sql.SQL(notify).format(upsert=many, channel=channel)
-        self.put_one_notify = sql.SQL(notify).format(upsert=one, channel=channel)
-        self.get = sql.SQL("SELECT " + _COLUMNS + " FROM {index} WHERE run_id = %s::uuid").format(index=index)
+        self.announce = sql.SQL(
+            "told AS (SELECT pg_notify({channel}, '') FROM (SELECT FROM appended LIMIT 1) AS a)"
+        ).format(channel=channel)
+        self.get = rendered(
+            sql.SQL("SELECT " + _COLUMNS + " FROM {index} WHERE run_id = %s::uuid").format(index=index)
+        )
         # The first wake time after now: the head of a range of run_index_wake (ready_at > now); with
         # queues named, the range is walked until an entry of one of them.
-        self.next_wake = sql.SQL(
-            "SELECT min(i.ready_at) FROM {index} i WHERE i.parent IS NULL AND i.status = 'waiting' "
-            "AND i.ready_at > %(now)s::bigint AND " + _QUEUES
-        ).format(index=index)
+        self.next_wake = rendered(
+            sql.SQL(
+                "SELECT min(i.ready_at) FROM {index} i WHERE i.parent IS NULL AND i.status = 'waiting' "
+                "AND i.ready_at > %(now)s::bigint AND " + _QUEUES
+            ).format(index=index)
+        )
         # A wake makes a waiting root run claimable now unless it is leased: tell the listeners then.
         self.wake = sql.SQL(
             "WITH woken AS (UPDATE {index} SET wake = true WHERE run_id = %s::uuid AND status <> 'terminal' "
@@ -227,11 +248,13 @@ class IndexStatements:
             "SELECT (SELECT count(*) FROM woken), (SELECT count(*) FROM told)"
         ).format(index=index, leases=leases, channel=channel)
         # The claim (see the module doc): one call of the migration's function, one statement.
-        self.claim = sql.SQL(
-            "SELECT claimed_run, claimed_token, claimed_grant FROM {claim}(%(owner)s::text, "
-            "%(limit)s::bigint, %(ttl)s::float8, %(now)s::bigint, %(queues)s::text[], "
-            "%(held_names)s::text[], %(held_counts)s::bigint[])"
-        ).format(claim=store.table("mayfly_claim"))
+        self.claim = rendered(
+            sql.SQL(
+                "SELECT claimed_run, claimed_token, claimed_grant FROM {claim}(%(owner)s::text, "
+                "%(limit)s::bigint, %(ttl)s::float8, %(now)s::bigint, %(queues)s::text[], "
+                "%(held_names)s::text[], %(held_counts)s::bigint[])"
+            ).format(claim=store.table("mayfly_claim"))
+        )
         queues = store.table("queues")
         self.queue_columns = "name, concurrency, worker_concurrency, rate_limit, rate_period_ms, priority"
         self.queue_set = sql.SQL(

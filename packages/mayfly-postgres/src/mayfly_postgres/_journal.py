@@ -18,11 +18,15 @@ connection. All present and identical means committed (success, proven);
 none present means not committed, and the append is retried through the same
 compare-and-append, which can never write the batch twice.
 
-An indexed append (``append_indexed``) sends the same statement and the
-run's index entry in one pipeline, one implicit transaction: the entry is
-computed only once the statement inserted the batch, and the Sync that ends
-the pipeline commits both. Two round trips, and the entry is never asked for
-on a refused batch.
+An indexed append (``append_indexed``) of a run's first batch (its
+creation) is one statement too: the same compare-and-append after locking
+the run's index entry, with the entry upserted by the same statement only if
+it inserted the batch, and, for a run claimable at once without a lease, a
+``NOTIFY`` to listening workers: one round trip, one commit. A later batch's
+entry may be asked for only once the batch can no longer be refused (it
+advances the caller's state), so that statement is sent in a pipeline and its
+count read back before anything commits, then the entry's upsert, and the
+Sync that ends the pipeline commits both: two round trips, one commit.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Final, TypeAlias, final
 
 import psycopg
@@ -73,7 +78,7 @@ from mayfly_postgres._index import (
 from mayfly_postgres._lease import PostgresLeaseStore
 from mayfly_postgres._pool import HubConnection, in_hub_task, is_transient, pause, unavailable
 from mayfly_postgres._schedules import PostgresSchedules, ScheduleStatements
-from mayfly_postgres._store import Store, open_store
+from mayfly_postgres._store import Store, open_store, rendered
 from mayfly_postgres._tails import TailStatements, read_tails
 
 __all__ = ["PostgresJournal", "RunSummary", "relayed_url"]
@@ -85,6 +90,9 @@ _MAX_UNEXPLAINED: Final = 5
 _TOUCH: Final = "CASE WHEN {0} > now() - interval '1 second' AND {0} <= now() THEN {0} ELSE now() END"
 _COLUMNS: Final = "sequence, event_id::text, event_type, schema_version, payload, checksum"
 _NIL_RUN: Final = "00000000-0000-0000-0000-000000000000"
+# A bytea[] literal's elements, each quoted: an escaped backslash (two in the literal), x, the bytes in hex.
+_BYTEA_OPEN: Final = '{"\\\\x'
+_BYTEA_NEXT: Final = '","\\\\x'
 
 
 @final
@@ -134,6 +142,59 @@ def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]
             result = body.get("result")
             status = result if isinstance(result, str) else status
     return workflow, status
+
+
+@final
+class _Prepared:
+    """One append's statement and parameters, as sent alone or in a group."""
+
+    __slots__ = ("counted", "later", "parameters", "statement")
+
+    def __init__(self, statement: bytes, parameters: dict[str, Any], *, counted: bool, later: bool) -> None:
+        self.statement = statement
+        self.parameters = parameters
+        self.counted = counted
+        """Whether the statement answers with the count of records inserted (else its row count says it)."""
+        self.later = later
+        """Whether the run's index entry is written after the statement, in its transaction."""
+
+    def inserted(self, cursor: psycopg.Cursor[Any]) -> int:
+        """How many records the statement inserted."""
+        if not self.counted:
+            return cursor.rowcount
+        row = cursor.fetchone()
+        assert row is not None  # the statement answers with one row
+        return int(row[0])
+
+
+class _EntryFailed(Exception):
+    """A group's batch at ``position`` could not have its entry made; the transaction was abandoned."""
+
+    def __init__(self, position: int, error: Exception) -> None:
+        super().__init__(str(error))
+        self.position = position
+        self.error = error
+
+
+@contextmanager
+def _one_transaction(connection: HubConnection) -> Iterator[None]:
+    """A pipeline whose statements run in one implicit transaction, committed by the Sync ending it.
+
+    The Sync is sent however the block ends (psycopg ends a pipeline so), so
+    a block that ends with an error of the client's own, or of the server's
+    that is not the server refusing a statement, closes the connection first:
+    the transaction ends with the session and nothing of it commits. A
+    statement the server refused has already doomed the transaction.
+    """
+    with connection.pipeline():
+        try:
+            yield
+        except BaseException as error:
+            if not (
+                isinstance(error, psycopg.Error) and error.sqlstate is not None and not connection.broken
+            ):
+                connection.close()
+            raise
 
 
 def _is_dedup(violation: psycopg.errors.UniqueViolation) -> bool:
@@ -221,27 +282,37 @@ class _Statements:
             "AND fence = %(fence)s::bigint" + extra + " RETURNING 1)"
         ).format(runs=runs)
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, index: IndexStatements) -> None:
         runs, records, snapshots = store.table("runs"), store.table("records"), store.table("snapshots")
         insert = sql.SQL(
-            " INSERT INTO {records} (run_id, sequence, event_id, event_type, schema_version, payload, "
+            "INSERT INTO {records} (run_id, sequence, event_id, event_type, schema_version, payload, "
             "checksum) SELECT %(run)s::uuid, v.* FROM unnest(%(sequences)s::bigint[], "
             "%(event_ids)s::uuid[], %(types)s::text[], %(versions)s::bigint[], %(payloads)s::bytea[], "
             "%(checksums)s::text[]) AS v WHERE EXISTS (SELECT FROM bump)"
         ).format(records=records)
         # A run row may exist before its first record (a lease grant creates it with its fence).
-        self.append_first = sql.SQL("WITH ") + self._first_bump(runs, "") + insert
-        self.append_next = sql.SQL("WITH ") + self._next_bump(runs, "") + insert
-        # The same, answering with the rows inserted (an indexed append fetches them mid-transaction),
-        # after locking the run's index entry: the uncorrelated subquery is a one-time filter, run
-        # before the run row is locked, so appends and claims lock entry then run (no deadlock).
+        self.append_first = rendered(sql.SQL("WITH ") + self._first_bump(runs, "") + sql.SQL(" ") + insert)
+        self.append_next = rendered(sql.SQL("WITH ") + self._next_bump(runs, "") + sql.SQL(" ") + insert)
+        # An indexed append: the same after locking the run's index entry (the uncorrelated subquery is
+        # a one-time filter, run before the run row is locked, so appends and claims lock entry then
+        # run: no deadlock), answering with the count of records inserted. A later batch's entry is
+        # upserted once this count says the batch went in, in the same transaction; a run's first batch
+        # carries its entry in the same statement, upserted only if the batch was inserted, and the
+        # listeners told in it when asked (create_indexed[announce]).
         locked = sql.SQL(
             "WITH locked AS (SELECT FROM {index} WHERE run_id = %(run)s::uuid FOR UPDATE), "
         ).format(index=store.table("run_index"))
         first_locked = self._first_bump(runs, " AND (SELECT count(*) FROM locked) >= 0")
         next_locked = self._next_bump(runs, " AND (SELECT count(*) FROM locked) >= 0")
-        self.append_first_indexed = locked + first_locked + insert + sql.SQL(" RETURNING 1")
-        self.append_next_indexed = locked + next_locked + insert + sql.SQL(" RETURNING 1")
+        appended = sql.SQL(", appended AS (") + insert + sql.SQL(" RETURNING 1)")
+        count = sql.SQL(" SELECT (SELECT count(*) FROM appended)")
+        self.append_next_indexed = rendered(locked + next_locked + appended + count)
+        create = locked + first_locked + appended + sql.SQL(", ") + index.put_appended
+        told = sql.SQL(" SELECT (SELECT count(*) FROM appended), (SELECT count(*) FROM told)")
+        self.create_indexed = {
+            False: rendered(create + count),
+            True: rendered(create + sql.SQL(", ") + index.announce + told),
+        }
         # One statement, one snapshot: the run row and every stored record the batch names,
         # by event id or by sequence, whole, so a re-append is compared with verified records.
         self.diagnose = sql.SQL(
@@ -253,15 +324,17 @@ class _Statements:
         ).format(runs=runs, records=records)
         # The run's next sequence comes in the same snapshot as the records (at least one row even
         # for an empty window), so a record missing at the end of the run is found too.
-        self.read = sql.SQL(
-            "SELECT h.next_sequence, r.* FROM (SELECT COALESCE((SELECT next_sequence FROM {runs} "
-            "WHERE run_id = %(run)s::uuid), 1) AS next_sequence) AS h LEFT JOIN LATERAL (SELECT "
-            + _COLUMNS
-            + " FROM {records} WHERE run_id = %(run)s::uuid AND sequence > %(after)s::bigint "
-            "ORDER BY sequence LIMIT %(limit)s::bigint) AS r ON true"
-        ).format(runs=runs, records=records)
-        self.next_sequence = sql.SQL("SELECT next_sequence FROM {runs} WHERE run_id = %s::uuid").format(
-            runs=runs
+        self.read = rendered(
+            sql.SQL(
+                "SELECT h.next_sequence, r.* FROM (SELECT COALESCE((SELECT next_sequence FROM {runs} "
+                "WHERE run_id = %(run)s::uuid), 1) AS next_sequence) AS h LEFT JOIN LATERAL (SELECT "
+                + _COLUMNS
+                + " FROM {records} WHERE run_id = %(run)s::uuid AND sequence > %(after)s::bigint "
+                "ORDER BY sequence LIMIT %(limit)s::bigint) AS r ON true"
+            ).format(runs=runs, records=records)
+        )
+        self.next_sequence = rendered(
+            sql.SQL("SELECT next_sequence FROM {runs} WHERE run_id = %s::uuid").format(runs=runs)
         )
         self.list_first = sql.SQL(
             "SELECT run_id::text AS id FROM {runs} WHERE next_sequence > 1 ORDER BY run_id LIMIT %s::bigint"
@@ -270,19 +343,24 @@ class _Statements:
             "SELECT run_id::text AS id FROM {runs} WHERE next_sequence > 1 AND run_id > %s::uuid "
             "ORDER BY run_id LIMIT %s::bigint"
         ).format(runs=runs)
-        self.write_snapshot = sql.SQL(
-            "INSERT INTO {snapshots} AS s (run_id, schema_version, last_sequence, last_event_id, "
-            "last_record_checksum, spec_checksum, state_checksum, state, checksum) VALUES "
-            "(%s::uuid, %s, %s, %s::uuid, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
-            "schema_version = EXCLUDED.schema_version, last_sequence = EXCLUDED.last_sequence, "
-            "last_event_id = EXCLUDED.last_event_id, last_record_checksum = EXCLUDED.last_record_checksum, "
-            "spec_checksum = EXCLUDED.spec_checksum, state_checksum = EXCLUDED.state_checksum, "
-            "state = EXCLUDED.state, checksum = EXCLUDED.checksum, written_at = now()"
-        ).format(snapshots=snapshots)
-        self.read_snapshot = sql.SQL(
-            "SELECT schema_version, last_sequence, last_event_id::text, last_record_checksum, "
-            "spec_checksum, state_checksum, state, checksum FROM {snapshots} WHERE run_id = %s::uuid"
-        ).format(snapshots=snapshots)
+        self.write_snapshot = rendered(
+            sql.SQL(
+                "INSERT INTO {snapshots} AS s (run_id, schema_version, last_sequence, last_event_id, "
+                "last_record_checksum, spec_checksum, state_checksum, state, checksum) VALUES "
+                "(%s::uuid, %s, %s, %s::uuid, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+                "schema_version = EXCLUDED.schema_version, last_sequence = EXCLUDED.last_sequence, "
+                "last_event_id = EXCLUDED.last_event_id, "
+                "last_record_checksum = EXCLUDED.last_record_checksum, "
+                "spec_checksum = EXCLUDED.spec_checksum, state_checksum = EXCLUDED.state_checksum, "
+                "state = EXCLUDED.state, checksum = EXCLUDED.checksum, written_at = now()"
+            ).format(snapshots=snapshots)
+        )
+        self.read_snapshot = rendered(
+            sql.SQL(
+                "SELECT schema_version, last_sequence, last_event_id::text, last_record_checksum, "
+                "spec_checksum, state_checksum, state, checksum FROM {snapshots} WHERE run_id = %s::uuid"
+            ).format(snapshots=snapshots)
+        )
         self.corrupt_record = sql.SQL(
             "UPDATE {records} SET payload = convert_to('\"corrupt\"', 'UTF8') "
             "WHERE run_id = %s::uuid AND sequence = %s"
@@ -333,15 +411,16 @@ class PostgresJournal(PostgresSchedules, JournalBase):
     everything, plus run summaries (``run_summaries``), many runs' tails in one
     statement (``run_tails``; see :mod:`mayfly_postgres._tails`), run purging,
     ``network``, and the run index workers claim from (``run_index``,
-    ``run_wakeups``; see :mod:`mayfly_postgres._index`).
+    ``run_wakeups``, and ``append_wakeups``: a run's creation notifies in its own
+    statement; see :mod:`mayfly_postgres._index`).
     """
 
     remedy = "restore the run's rows from a backup"
 
     def __init__(self, url: str) -> None:
         self._store = open_store(url)
-        self._sql = _Statements(self._store)
         self._index_sql = IndexStatements(self._store)
+        self._sql = _Statements(self._store, self._index_sql)
         self._schedule_sql = ScheduleStatements(self._store)
         self._tail_sql = TailStatements(self._store)
         self._leases: PostgresLeaseStore | None = None
@@ -360,7 +439,8 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             capabilities=JournalCapabilities.declare(
                 self._store.settings.durability,
                 "cross_process fencing crash_durable fault_injection snapshots lease_expiry",
-                "run_summaries run_purge network run_index run_wakeups queue_control schedule_store",
+                "run_summaries run_purge network run_index run_wakeups append_wakeups queue_control",
+                "schedule_store",
                 "run_tails",
             ),
         )
@@ -400,35 +480,57 @@ class PostgresJournal(PostgresSchedules, JournalBase):
     # -- group commit: many runs' appends in one transaction -----------------------------
 
     def _flush_group(self, items: Sequence[_Item]) -> list[AppendResult | BaseException]:
-        """Append a group of batches (one per run) in one transaction: one commit, one WAL flush.
+        """Append a group of batches (one per run) in one transaction: one commit, two round trips at most.
 
         Runs in the group-commit flusher task (:class:`~mayfly.substrate.GroupCommit`,
         on the hub). A lone batch takes the usual path. A group is sent on one
-        connection inside ``BEGIN``/``COMMIT``, in run-id order (so two groups
-        lock rows in one order, and with claims entry before run), each batch
-        through the same compare-and-append statement as alone, each indexed
-        batch's entry upserted once its statement inserted the batch. Only
-        the batches whose statement inserted them are acknowledged from the
-        group's commit. Every other batch — refused by its statement (a
-        stale fence, a lost race, an exact re-append), or all of them when the
-        transaction failed (an event id already used, a dedup id held, a lost
-        connection, even during ``COMMIT``) — then takes the usual path on
-        its own, which classifies it, retries it, or recognises it as already
-        committed (an exact re-append), so a batch is never written twice and
-        one run's refusal never fails another's append.
+        connection as one pipeline whose statements run in one implicit
+        transaction, committed by the Sync that ends it: every batch's
+        statement, in run-id order (so two groups lock rows in one order, and
+        with claims entry before run), the same one as alone; then, once their
+        counts are read back (one round trip, nothing committed yet), the index
+        entries of the later batches inserted (a run's first batch carries its
+        own), and the Sync. Only the batches whose statement inserted them are
+        acknowledged from the group's commit. Every other batch — refused by
+        its statement (a stale fence, a lost race, an exact re-append), or all
+        of them when the transaction failed (an event id already used, a dedup
+        id held, a lost connection, even during the commit) — then takes the
+        usual path on its own, which classifies it, retries it, or recognises
+        it as already committed (an exact re-append), so a batch is never
+        written twice and one run's refusal never fails another's append.
         """
         if len(items) == 1:
             return [self._outcome(items[0])]
-        order = sorted(range(len(items)), key=lambda i: items[i][0])
+        outcomes: list[AppendResult | BaseException | None] = [None] * len(items)
+        now_ms = int(time.time() * 1000)
+        sent: list[tuple[_Item, _Prepared]] = []
+        positions: list[int] = []
+        for i in sorted(range(len(items)), key=lambda i: items[i][0]):
+            try:
+                prepared = self._prepare(*items[i], now_ms=now_ms)
+            except Exception as error:  # the caller's index entry failed: its append alone fails
+                outcomes[i] = error
+                continue
+            sent.append((items[i], prepared))
+            positions.append(i)
         try:
-            committed = self._append_together([items[i] for i in order])
-        except (psycopg.Error, CorruptionError):
-            committed = [False] * len(items)  # nothing of the group was committed, or it is unknown
-        outcomes: list[AppendResult | BaseException] = [JournalUnavailable("not attempted")] * len(items)
-        for position, i in enumerate(order):
-            run_id, _, batch, _, _ = items[i]
-            outcomes[i] = self.acknowledged(run_id, batch) if committed[position] else self._outcome(items[i])
-        return outcomes
+            counts = self._append_together(sent, now_ms)
+        except _EntryFailed as failed:
+            outcomes[positions[failed.position]] = failed.error  # nothing of the group was committed
+            counts = [0] * len(sent)
+        except psycopg.Error:
+            counts = [0] * len(sent)  # nothing of the group was committed, or it is unknown
+        for i, (item, _), count in zip(positions, sent, counts, strict=True):
+            run_id, expected_next, batch, _, _ = item
+            if outcomes[i] is not None:
+                continue
+            if count == len(batch):
+                outcomes[i] = self.acknowledged(run_id, batch)
+            elif count:
+                outcomes[i] = self._partial(run_id, expected_next, count, len(batch))
+            else:
+                outcomes[i] = self._outcome(item)
+        return [JournalUnavailable("not attempted") if o is None else o for o in outcomes]
 
     def _outcome(self, item: _Item) -> AppendResult | BaseException:
         try:
@@ -436,41 +538,85 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         except Exception as error:  # this batch's outcome, raised in its own caller
             return error
 
-    def _append_together(self, items: Sequence[_Item]) -> list[bool]:
-        """One transaction appending every batch it can; which ones it inserted (raises: none committed).
+    def _append_together(self, sent: Sequence[tuple[_Item, _Prepared]], now_ms: int) -> list[int]:
+        """Send the statements in one transaction (see ``_flush_group``); the records each inserted.
 
-        Two pipelines, so a group costs a few round trips whatever its size:
-        the compare-and-append statements (their counts read back before
-        anything commits), then the entries of the indexed batches that were
-        inserted, and ``COMMIT``.
+        Raises the driver's error if the transaction failed: then nothing of it
+        was committed (or, the connection lost during the commit, it is not
+        known whether it was); ``_EntryFailed`` if an entry could not be made
+        (the transaction was abandoned, nothing committed).
         """
-        now_ms = int(time.time() * 1000)
-        statements = self._sql
-        with self._store.pool.connection() as connection, connection.transaction():
-            with connection.pipeline():
-                cursors = []
-                for run_id, expected_next, batch, fence, entry in items:
-                    parameters = self._parameters(run_id, expected_next, batch, fence)
-                    if entry is None:
-                        first, later = statements.append_first, statements.append_next
-                    else:
-                        first, later = statements.append_first_indexed, statements.append_next_indexed
-                    cursors.append(connection.execute(first if expected_next == 1 else later, parameters))
-            inserted: list[bool] = []
-            for (run_id, _, batch, _, _), cursor in zip(items, cursors, strict=True):
-                count = cursor.rowcount
-                if count not in (0, len(batch)):
-                    # Rolled back; the batch's own append then reports it (see _append_batch).
-                    raise CorruptionError(f"{self.url}: run {run_id}: {count} of {len(batch)} inserted")
-                inserted.append(count == len(batch))
-            with connection.pipeline():
-                for (_, _, _, fence, entry), done in zip(items, inserted, strict=True):
-                    if done and entry is not None:
-                        value = entry.get()
-                        announce = fence is None and claimable_now(value, now_ms)
-                        index = self._index_sql.put_one_notify if announce else self._index_sql.put_one
-                        connection.execute(index, entry_parameters(value))
-        return inserted
+        counts: list[int] | None = None
+        with self._store.pool.connection() as connection:
+            with _one_transaction(connection):
+                cursors = [connection.execute(p.statement, p.parameters) for _, p in sent]
+                if any(p.later for _, p in sent):
+                    counts = [p.inserted(cursor) for (_, p), cursor in zip(sent, cursors, strict=True)]
+                    for position, ((run_id, _, batch, fence, entry), p) in enumerate(sent):
+                        if p.later and counts[position] == len(batch):
+                            assert entry is not None
+                            try:
+                                self._write_entry(connection, run_id, entry, fence, now_ms)
+                            except psycopg.Error:
+                                raise
+                            except Exception as error:
+                                raise _EntryFailed(position, error) from error
+            if counts is None:
+                counts = [p.inserted(cursor) for (_, p), cursor in zip(sent, cursors, strict=True)]
+        return counts
+
+    def _prepare(
+        self,
+        run_id: str,
+        expected_next: int,
+        batch: tuple[JournalRecord, ...],
+        fence: int | None,
+        entry: _OnceEntry | None,
+        *,
+        now_ms: int,
+    ) -> _Prepared:
+        """An append's statement and parameters; a run's first indexed batch carries its entry.
+
+        The entry of a run's first batch is asked for here, before the
+        statement is sent (no state of the caller's comes before it, see
+        :meth:`mayfly.runindex.RunIndexJournal.append_indexed`), and the
+        statement stores it only if it inserted the batch. A run made claimable
+        at once by it without a lease (none to release first) is announced to
+        listening workers in the same statement.
+        """
+        parameters = self._parameters(run_id, expected_next, batch, fence)
+        if entry is None:
+            statement = self._sql.append_first if expected_next == 1 else self._sql.append_next
+            return _Prepared(statement, parameters, counted=False, later=False)
+        if expected_next != 1:
+            return _Prepared(self._sql.append_next_indexed, parameters, counted=True, later=True)
+        value = entry.get()
+        entry_parameters(value, parameters)
+        announce = fence is None and claimable_now(value, now_ms)
+        return _Prepared(self._sql.create_indexed[announce], parameters, counted=True, later=False)
+
+    def _write_entry(
+        self, connection: HubConnection, run_id: str, entry: _OnceEntry, fence: int | None, now_ms: int
+    ) -> None:
+        """Upsert a later batch's entry in the append's transaction, once its statement inserted the batch.
+
+        A run made claimable at once by an append without a lease (none to
+        release first) is announced to listening workers.
+        """
+        value = entry.get()
+        parameters: dict[str, Any] = {"run": run_id}
+        entry_parameters(value, parameters)
+        announce = fence is None and claimable_now(value, now_ms)
+        connection.execute(
+            self._index_sql.put_one_notify if announce else self._index_sql.put_one, parameters
+        )
+
+    def _partial(self, run_id: str, expected_next: int, inserted: int, count: int) -> CorruptionError:
+        return CorruptionError(
+            f"{self.url}: append to run {run_id} at sequence {expected_next} inserted "
+            f"{inserted} of {count} records, which one statement cannot do against an "
+            "intact schema; stop writers and inspect the run's rows"
+        )
 
     def _append_batch(
         self,
@@ -480,8 +626,15 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         fence: int | None,
         entry: _OnceEntry | None,
     ) -> AppendResult:
-        parameters = self._parameters(run_id, expected_next, batch, fence)
-        statement = self._sql.append_first if expected_next == 1 else self._sql.append_next
+        """One append alone, classified when refused, retried after a lost connection.
+
+        One statement and one round trip, but a later indexed batch: its
+        statement and, once it inserted the batch (the compare and fencing
+        checks passed), its entry, in one pipeline and one implicit
+        transaction committed by the Sync that ends it, two round trips.
+        """
+        now_ms = int(time.time() * 1000)
+        prepared = self._prepare(run_id, expected_next, batch, fence, entry, now_ms=now_ms)
         acknowledged = self.acknowledged(run_id, batch)
         pool = self._store.pool
         deadline = time.monotonic() + self._store.settings.reconnect_timeout
@@ -491,12 +644,17 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             inserted = 0
             try:
                 with pool.connection() as connection:
-                    if entry is None:
-                        inserted = connection.execute(statement, parameters).rowcount
-                    else:
-                        inserted = self._append_with_entry(
-                            connection, parameters, len(batch), entry=entry, fence=fence
+                    if not prepared.later:
+                        inserted = prepared.inserted(
+                            connection.execute(prepared.statement, prepared.parameters)
                         )
+                    else:
+                        assert entry is not None
+                        with _one_transaction(connection):
+                            cursor = connection.execute(prepared.statement, prepared.parameters)
+                            inserted = prepared.inserted(cursor)
+                            if inserted == len(batch):
+                                self._write_entry(connection, run_id, entry, fence, now_ms)
             except psycopg.errors.UniqueViolation as violation:
                 if entry is not None and _is_dedup(violation):
                     raise self._duplicate(entry.get()) from None
@@ -517,11 +675,7 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             if inserted == len(batch):
                 return acknowledged
             if inserted != 0:
-                raise CorruptionError(
-                    f"{self.url}: append to run {run_id} at sequence {expected_next} inserted "
-                    f"{inserted} of {len(batch)} records, which one statement cannot do against an "
-                    "intact schema; stop writers and inspect the run's rows"
-                )
+                raise self._partial(run_id, expected_next, inserted, len(batch))
             outcome = self._classify(run_id, expected_next, batch, fence)
             if outcome is not None:
                 return outcome
@@ -541,6 +695,11 @@ class PostgresJournal(PostgresSchedules, JournalBase):
     ) -> dict[str, Any]:
         """The compare-and-append statement's parameters for one batch."""
         workflow, status = _inspection(batch)
+        # The arrays go as array literals the statement casts: psycopg's list dumping (in Python, per
+        # element) cost more than a third of an append's client CPU. Every element is validated by
+        # validate_batch before an append gets here (integers, UUIDs, [A-Za-z][A-Za-z0-9]* event
+        # types, hex checksums), so quoting alone spells it; payloads go hex-encoded, as bytea's
+        # text input reads them.
         return {
             "run": run_id,
             "expected": expected_next,
@@ -548,49 +707,13 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             "fence": 0 if fence is None else fence,
             "workflow": workflow,
             "status": status,
-            "sequences": [r.sequence for r in batch],
-            "event_ids": [r.event_id for r in batch],
-            "types": [r.event_type for r in batch],
-            "versions": [r.schema_version for r in batch],
-            "payloads": [r.payload for r in batch],
-            "checksums": [r.checksum for r in batch],
+            "sequences": "{" + ",".join([str(r.sequence) for r in batch]) + "}",
+            "event_ids": '{"' + '","'.join([r.event_id for r in batch]) + '"}',
+            "types": '{"' + '","'.join([r.event_type for r in batch]) + '"}',
+            "versions": "{" + ",".join([str(r.schema_version) for r in batch]) + "}",
+            "payloads": _BYTEA_OPEN + _BYTEA_NEXT.join([r.payload.hex() for r in batch]) + '"}',
+            "checksums": '{"' + '","'.join([r.checksum for r in batch]) + '"}',
         }
-
-    def _append_with_entry(
-        self,
-        connection: HubConnection,
-        parameters: dict[str, Any],
-        count: int,
-        *,
-        entry: _OnceEntry,
-        fence: int | None,
-    ) -> int:
-        """The append and the entry in one implicit transaction of one pipeline: two round trips.
-
-        Statements sent between two Syncs of the extended protocol run in one
-        implicit transaction, committed by the Sync. The append is sent and
-        its inserted rows fetched with a flush request (no Sync: the run row
-        stays locked, nothing is committed); only if it inserted the batch
-        (the compare and fence checks passed) is the entry asked for and its
-        upsert sent; the pipeline's closing Sync then commits both, or, when
-        the append inserted nothing, ends a transaction that wrote nothing.
-        The statement locks the run's entry before the run row, so appends
-        and claims take their row locks in one order.
-        A run made claimable at once by an append without a lease (none to
-        release first) is announced to listening workers.
-        """
-        statement = (
-            self._sql.append_first_indexed if parameters["expected"] == 1 else self._sql.append_next_indexed
-        )
-        with connection.pipeline():
-            inserted = len(connection.execute(statement, parameters).fetchall())
-            if inserted != count:
-                return inserted
-            value = entry.get()
-            announce = fence is None and claimable_now(value, int(time.time() * 1000))
-            index = self._index_sql.put_one_notify if announce else self._index_sql.put_one
-            connection.execute(index, entry_parameters(value))
-        return inserted
 
     def _committed(
         self,
@@ -857,7 +980,7 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         self._execute("corrupting a snapshot", self._sql.corrupt_snapshot, (run,))
 
     def _execute(
-        self, doing: str, statement: sql.Composed, arguments: Sequence[object] | dict[str, Any]
+        self, doing: str, statement: sql.Composed | bytes, arguments: Sequence[object] | dict[str, Any]
     ) -> None:
         def run(connection: HubConnection) -> None:
             connection.execute(statement, arguments)

@@ -29,7 +29,7 @@ from mayfly.backend import LeaseGuardBase, LeaseStoreBase
 from mayfly.errors import LeaseHeld
 from mayfly.lease import LeaseCapabilities, LeaseInfo
 from mayfly_postgres._pool import HubConnection, is_transient, pause, unavailable
-from mayfly_postgres._store import Store, open_store
+from mayfly_postgres._store import Store, open_store, rendered
 
 __all__ = ["PostgresLeaseGuard", "PostgresLeaseStore"]
 
@@ -42,30 +42,36 @@ class _Statements:
 
     def __init__(self, store: Store) -> None:
         leases, runs = store.table("leases"), store.table("runs")
-        self.acquire = sql.SQL(
-            "WITH granted AS (INSERT INTO {leases} AS l (run_id, owner, token, grant_id, expires_at) "
-            "VALUES (%(run)s::uuid, %(owner)s, 1, %(grant)s::uuid, "
-            "clock_timestamp() + %(ttl)s::float8 * interval '1 millisecond') "
-            "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1, "
-            "grant_id = EXCLUDED.grant_id, expires_at = EXCLUDED.expires_at "
-            "WHERE l.expires_at <= clock_timestamp() RETURNING l.run_id, l.token), "
-            "fenced AS (INSERT INTO {runs} AS r (run_id, fence) SELECT run_id, token FROM granted "
-            "ON CONFLICT (run_id) DO UPDATE SET fence = GREATEST(r.fence, EXCLUDED.fence) RETURNING 1) "
-            "SELECT token FROM granted"
-        ).format(leases=leases, runs=runs)
+        self.acquire = rendered(
+            sql.SQL(
+                "WITH granted AS (INSERT INTO {leases} AS l (run_id, owner, token, grant_id, expires_at) "
+                "VALUES (%(run)s::uuid, %(owner)s, 1, %(grant)s::uuid, "
+                "clock_timestamp() + %(ttl)s::float8 * interval '1 millisecond') "
+                "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1, "
+                "grant_id = EXCLUDED.grant_id, expires_at = EXCLUDED.expires_at "
+                "WHERE l.expires_at <= clock_timestamp() RETURNING l.run_id, l.token), "
+                "fenced AS (INSERT INTO {runs} AS r (run_id, fence) SELECT run_id, token FROM granted "
+                "ON CONFLICT (run_id) DO UPDATE SET fence = GREATEST(r.fence, EXCLUDED.fence) RETURNING 1) "
+                "SELECT token FROM granted"
+            ).format(leases=leases, runs=runs)
+        )
         self.holder = sql.SQL(
             "SELECT owner, token, grant_id::text, "
             "CASE WHEN expires_at > clock_timestamp() "
             "THEN floor(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint END "
             "FROM {leases} WHERE run_id = %s::uuid"
         ).format(leases=leases)
-        self.renew = sql.SQL(
-            "UPDATE {leases} SET expires_at = clock_timestamp() + %s::float8 * interval '1 millisecond' "
-            "WHERE run_id = %s::uuid AND grant_id = %s::uuid AND expires_at > '-infinity' RETURNING 1"
-        ).format(leases=leases)
-        self.release = sql.SQL(
-            "UPDATE {leases} SET expires_at = '-infinity' WHERE run_id = %s::uuid AND grant_id = %s::uuid"
-        ).format(leases=leases)
+        self.renew = rendered(
+            sql.SQL(
+                "UPDATE {leases} SET expires_at = clock_timestamp() + %s::float8 * interval '1 millisecond' "
+                "WHERE run_id = %s::uuid AND grant_id = %s::uuid AND expires_at > '-infinity' RETURNING 1"
+            ).format(leases=leases)
+        )
+        self.release = rendered(
+            sql.SQL(
+                "UPDATE {leases} SET expires_at = '-infinity' WHERE run_id = %s::uuid AND grant_id = %s::uuid"
+            ).format(leases=leases)
+        )
         self.current_fence = sql.SQL("SELECT fence FROM {runs} WHERE run_id = %s::uuid").format(runs=runs)
         # statement_timestamp() is stable, so it bounds the leases_expiry range (clock_timestamp() could not).
         # Ordered by the uuid column itself (l.run_id), never by its text under a collation.

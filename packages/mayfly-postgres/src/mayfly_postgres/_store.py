@@ -18,10 +18,20 @@ from mayfly_postgres._pool import ConnectionPool, HubConnection
 from mayfly_postgres._schema import ensure_schema
 from mayfly_postgres._url import PostgresSettings, parse_url
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Store", "open_store", "rendered"]
 
 _STORES: dict[tuple[object, ...], Store] = {}
 _STORES_LOCK: Final = threading.Lock()
+
+
+def rendered(statement: sql.Composable) -> bytes:
+    """A statement's text, rendered once (psycopg renders a composed statement again on every execute).
+
+    Identifiers and literals are quoted as for a UTF-8 server with standard
+    conforming strings, which a schema name and a channel name (lowercase
+    ASCII) never tell apart.
+    """
+    return statement.as_bytes(None)
 
 
 class Store:

@@ -456,6 +456,11 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     :data:`mayfly.runindex.RUN_INDEX`). ``run_wakeups``: idle workers can wait
     for a run to become claimable instead of polling
     (:class:`mayfly.runindex.RunWakeups`, feature :data:`mayfly.runindex.RUN_WAKEUPS`).
+    ``append_wakeups`` (with ``run_wakeups``): an ``append_indexed`` without a
+    fencing token whose entry makes the run claimable now wakes the listening
+    workers itself, in the same atomic step, so a caller that just created a
+    run (:meth:`mayfly.runtime.WorkflowRuntime.start`) sends no separate
+    ``notify_wakeups``.
     ``queue_control``: the journal stores queue settings and enforces their
     concurrency and rate limits and deduplication ids in its claims and
     appends (:class:`mayfly.queues.QueueControl`, feature :data:`mayfly.queues.QUEUE_CONTROL`).
@@ -477,6 +482,7 @@ class JournalCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     network: bool = False
     run_index: bool = False
     run_wakeups: bool = False
+    append_wakeups: bool = False
     queue_control: bool = False
     schedule_store: bool = False
 

@@ -447,7 +447,15 @@ def rebuild_run_index(
 def inspect_run(
     journal: WorkflowJournal, run_id: str, *, upcasters: Mapping[tuple[str, int], Upcaster] | None = None
 ) -> RecoveredRun:
-    """Read-only reconstruction from a valid snapshot and the journal tail."""
+    """Read-only reconstruction from a valid snapshot and the journal tail.
+
+    A journal that declares ``run_tails`` reads both at once (one query on
+    PostgreSQL, where a snapshot read and a records read are two round trips).
+    """
+    tails = RUN_TAILS.of(journal)
+    if tails is not None:
+        (tail,) = tails.read_tails((run_id,))
+        return _from_tail(journal, tail, upcasters)
     return load_run(journal, run_id, use_snapshot=True, upcasters=upcasters)
 
 

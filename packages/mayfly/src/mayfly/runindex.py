@@ -203,6 +203,9 @@ class RunIndexJournal(Protocol):
         passed), before the batch is made durable: it advances the caller's
         state, so an append refused before it is called leaves that state as
         it was. An exact re-append (``already_committed``) need not call it.
+        A run's first batch (``expected_next`` 1) follows no state of the
+        caller's, so a backend may ask for its entry before the checks (to
+        send both in one request), storing it only if the batch is appended.
         """
         ...
 

@@ -303,7 +303,8 @@ class WorkflowRuntime:
             return handle  # created meanwhile, or being created, by another process
         if self.observer is not None:
             self.observer(commit.state, commit.events)
-        self._notify_workers()
+        if not self.journal.capabilities.append_wakeups:  # else the create itself woke the workers
+            self._notify_workers()
         return handle
 
     def handle(self, run_id: str) -> RunHandle:
