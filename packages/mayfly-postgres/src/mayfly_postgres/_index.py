@@ -125,7 +125,7 @@ def _woken(entry: IndexEntry) -> IndexEntry:
 
 
 def entry_parameters(entry: IndexEntry, into: dict[str, Any]) -> None:
-    """Add an indexed append's entry to a statement's parameters (``put_one``'s and ``put_appended``'s).
+    """Add an indexed append's entry to a statement's parameters (``put_appended``'s).
 
     Scalars, cheaper to send than one-element arrays; the run id is the statement's ``run``.
     """
@@ -207,20 +207,12 @@ class IndexStatements:
             upsert=many, channel=channel
         )
         # One entry of an indexed append (mayfly_postgres._journal), parameters named as entry_parameters
-        # names them: upserted alone once the append inserted the batch, in its transaction, or, for a run's
-        # first batch, as CTEs of the append's own statement, only if its CTE ``appended`` inserted the
-        # batch. ``announce`` tells the listeners then, in the same transaction.
+        # names them: upserted by CTEs of the append's own statement, only if its CTE ``appended``
+        # inserted the batch. ``announce`` tells the listeners then, in the same transaction.
         values = (
             "%(run)s::uuid, %(e_queue)s::text, %(e_status)s::text, %(e_ready)s::bigint, "
             "%(e_sequence)s::bigint, %(e_wake)s::boolean, %(e_parent)s::uuid, %(e_priority)s::bigint, "
             "%(e_dedup)s::text, %(e_started)s::bigint"
-        )
-        one = sql.SQL(insert + "VALUES (" + values + ")" + conflict).format(index=index)
-        self.put_one = rendered(one)
-        self.put_one_notify = rendered(
-            sql.SQL("WITH put AS ({upsert}) SELECT pg_notify({channel}, '')").format(
-                upsert=one, channel=channel
-            )
         )
         self.put_appended = sql.SQL(
             "put AS (" + insert + "SELECT " + values + " WHERE EXISTS (SELECT FROM appended)" + conflict + ")"

@@ -18,15 +18,12 @@ connection. All present and identical means committed (success, proven);
 none present means not committed, and the append is retried through the same
 compare-and-append, which can never write the batch twice.
 
-An indexed append (``append_indexed``) of a run's first batch (its
-creation) is one statement too: the same compare-and-append after locking
-the run's index entry, with the entry upserted by the same statement only if
-it inserted the batch, and, for a run claimable at once without a lease, a
-``NOTIFY`` to listening workers: one round trip, one commit. A later batch's
-entry may be asked for only once the batch can no longer be refused (it
-advances the caller's state), so that statement is sent in a pipeline and its
-count read back before anything commits, then the entry's upsert, and the
-Sync that ends the pipeline commits both: two round trips, one commit.
+An indexed append (``append_indexed``) is one statement too: the same
+compare-and-append after locking the run's index entry, with the entry (asked
+for before the statement is sent: asking changes nothing) upserted by the
+same statement only if it inserted the batch, and, for a run claimable at
+once without a lease (a creation, a run left for the workers), a ``NOTIFY``
+to listening workers: one round trip, one commit.
 """
 
 from __future__ import annotations
@@ -148,15 +145,13 @@ def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]
 class _Prepared:
     """One append's statement and parameters, as sent alone or in a group."""
 
-    __slots__ = ("counted", "later", "parameters", "statement")
+    __slots__ = ("counted", "parameters", "statement")
 
-    def __init__(self, statement: bytes, parameters: dict[str, Any], *, counted: bool, later: bool) -> None:
+    def __init__(self, statement: bytes, parameters: dict[str, Any], *, counted: bool) -> None:
         self.statement = statement
         self.parameters = parameters
         self.counted = counted
         """Whether the statement answers with the count of records inserted (else its row count says it)."""
-        self.later = later
-        """Whether the run's index entry is written after the statement, in its transaction."""
 
     def inserted(self, cursor: psycopg.Cursor[Any]) -> int:
         """How many records the statement inserted."""
@@ -165,15 +160,6 @@ class _Prepared:
         row = cursor.fetchone()
         assert row is not None  # the statement answers with one row
         return int(row[0])
-
-
-class _EntryFailed(Exception):
-    """A group's batch at ``position`` could not have its entry made; the transaction was abandoned."""
-
-    def __init__(self, position: int, error: Exception) -> None:
-        super().__init__(str(error))
-        self.position = position
-        self.error = error
 
 
 @contextmanager
@@ -295,10 +281,9 @@ class _Statements:
         self.append_next = rendered(sql.SQL("WITH ") + self._next_bump(runs, "") + sql.SQL(" ") + insert)
         # An indexed append: the same after locking the run's index entry (the uncorrelated subquery is
         # a one-time filter, run before the run row is locked, so appends and claims lock entry then
-        # run: no deadlock), answering with the count of records inserted. A later batch's entry is
-        # upserted once this count says the batch went in, in the same transaction; a run's first batch
-        # carries its entry in the same statement, upserted only if the batch was inserted, and the
-        # listeners told in it when asked (create_indexed[announce]).
+        # run: no deadlock), carrying the run's entry, upserted only if the batch was inserted, and
+        # telling the listeners when asked (indexed[first batch, announce]); it answers with the count
+        # of records inserted.
         locked = sql.SQL(
             "WITH locked AS (SELECT FROM {index} WHERE run_id = %(run)s::uuid FOR UPDATE), "
         ).format(index=store.table("run_index"))
@@ -306,13 +291,12 @@ class _Statements:
         next_locked = self._next_bump(runs, " AND (SELECT count(*) FROM locked) >= 0")
         appended = sql.SQL(", appended AS (") + insert + sql.SQL(" RETURNING 1)")
         count = sql.SQL(" SELECT (SELECT count(*) FROM appended)")
-        self.append_next_indexed = rendered(locked + next_locked + appended + count)
-        create = locked + first_locked + appended + sql.SQL(", ") + index.put_appended
         told = sql.SQL(" SELECT (SELECT count(*) FROM appended), (SELECT count(*) FROM told)")
-        self.create_indexed = {
-            False: rendered(create + count),
-            True: rendered(create + sql.SQL(", ") + index.announce + told),
-        }
+        self.indexed: dict[tuple[bool, bool], bytes] = {}
+        for first, bump in ((True, first_locked), (False, next_locked)):
+            put = locked + bump + appended + sql.SQL(", ") + index.put_appended
+            self.indexed[first, False] = rendered(put + count)
+            self.indexed[first, True] = rendered(put + sql.SQL(", ") + index.announce + told)
         # One statement, one snapshot: the run row and every stored record the batch names,
         # by event id or by sequence, whole, so a re-append is compared with verified records.
         self.diagnose = sql.SQL(
@@ -480,17 +464,15 @@ class PostgresJournal(PostgresSchedules, JournalBase):
     # -- group commit: many runs' appends in one transaction -----------------------------
 
     def _flush_group(self, items: Sequence[_Item]) -> list[AppendResult | BaseException]:
-        """Append a group of batches (one per run) in one transaction: one commit, two round trips at most.
+        """Append a group of batches (one per run) in one transaction: one commit, one round trip.
 
         Runs in the group-commit flusher task (:class:`~mayfly.substrate.GroupCommit`,
         on the hub). A lone batch takes the usual path. A group is sent on one
         connection as one pipeline whose statements run in one implicit
         transaction, committed by the Sync that ends it: every batch's
         statement, in run-id order (so two groups lock rows in one order, and
-        with claims entry before run), the same one as alone; then, once their
-        counts are read back (one round trip, nothing committed yet), the index
-        entries of the later batches inserted (a run's first batch carries its
-        own), and the Sync. Only the batches whose statement inserted them are
+        with claims entry before run), the same one as alone, each carrying its
+        run's index entry. Only the batches whose statement inserted them are
         acknowledged from the group's commit. Every other batch — refused by
         its statement (a stale fence, a lost race, an exact re-append), or all
         of them when the transaction failed (an event id already used, a dedup
@@ -514,10 +496,7 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             sent.append((items[i], prepared))
             positions.append(i)
         try:
-            counts = self._append_together(sent, now_ms)
-        except _EntryFailed as failed:
-            outcomes[positions[failed.position]] = failed.error  # nothing of the group was committed
-            counts = [0] * len(sent)
+            counts = self._append_together(sent)
         except psycopg.Error:
             counts = [0] * len(sent)  # nothing of the group was committed, or it is unknown
         for i, (item, _), count in zip(positions, sent, counts, strict=True):
@@ -538,32 +517,17 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         except Exception as error:  # this batch's outcome, raised in its own caller
             return error
 
-    def _append_together(self, sent: Sequence[tuple[_Item, _Prepared]], now_ms: int) -> list[int]:
+    def _append_together(self, sent: Sequence[tuple[_Item, _Prepared]]) -> list[int]:
         """Send the statements in one transaction (see ``_flush_group``); the records each inserted.
 
         Raises the driver's error if the transaction failed: then nothing of it
         was committed (or, the connection lost during the commit, it is not
-        known whether it was); ``_EntryFailed`` if an entry could not be made
-        (the transaction was abandoned, nothing committed).
+        known whether it was).
         """
-        counts: list[int] | None = None
         with self._store.pool.connection() as connection:
             with _one_transaction(connection):
                 cursors = [connection.execute(p.statement, p.parameters) for _, p in sent]
-                if any(p.later for _, p in sent):
-                    counts = [p.inserted(cursor) for (_, p), cursor in zip(sent, cursors, strict=True)]
-                    for position, ((run_id, _, batch, fence, entry), p) in enumerate(sent):
-                        if p.later and counts[position] == len(batch):
-                            assert entry is not None
-                            try:
-                                self._write_entry(connection, run_id, entry, fence, now_ms)
-                            except psycopg.Error:
-                                raise
-                            except Exception as error:
-                                raise _EntryFailed(position, error) from error
-            if counts is None:
-                counts = [p.inserted(cursor) for (_, p), cursor in zip(sent, cursors, strict=True)]
-        return counts
+            return [p.inserted(cursor) for (_, p), cursor in zip(sent, cursors, strict=True)]
 
     def _prepare(
         self,
@@ -575,41 +539,22 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         *,
         now_ms: int,
     ) -> _Prepared:
-        """An append's statement and parameters; a run's first indexed batch carries its entry.
+        """An append's statement and parameters; an indexed batch carries its run's entry.
 
-        The entry of a run's first batch is asked for here, before the
-        statement is sent (no state of the caller's comes before it, see
-        :meth:`mayfly.runindex.RunIndexJournal.append_indexed`), and the
-        statement stores it only if it inserted the batch. A run made claimable
-        at once by it without a lease (none to release first) is announced to
-        listening workers in the same statement.
+        The entry is asked for here, before the statement is sent (asking
+        changes nothing, see :meth:`mayfly.runindex.RunIndexJournal.append_indexed`),
+        and the statement stores it only if it inserted the batch. A run made
+        claimable at once without a lease (none to release first) is announced
+        to listening workers in the same statement.
         """
         parameters = self._parameters(run_id, expected_next, batch, fence)
         if entry is None:
             statement = self._sql.append_first if expected_next == 1 else self._sql.append_next
-            return _Prepared(statement, parameters, counted=False, later=False)
-        if expected_next != 1:
-            return _Prepared(self._sql.append_next_indexed, parameters, counted=True, later=True)
+            return _Prepared(statement, parameters, counted=False)
         value = entry.get()
         entry_parameters(value, parameters)
         announce = fence is None and claimable_now(value, now_ms)
-        return _Prepared(self._sql.create_indexed[announce], parameters, counted=True, later=False)
-
-    def _write_entry(
-        self, connection: HubConnection, run_id: str, entry: _OnceEntry, fence: int | None, now_ms: int
-    ) -> None:
-        """Upsert a later batch's entry in the append's transaction, once its statement inserted the batch.
-
-        A run made claimable at once by an append without a lease (none to
-        release first) is announced to listening workers.
-        """
-        value = entry.get()
-        parameters: dict[str, Any] = {"run": run_id}
-        entry_parameters(value, parameters)
-        announce = fence is None and claimable_now(value, now_ms)
-        connection.execute(
-            self._index_sql.put_one_notify if announce else self._index_sql.put_one, parameters
-        )
+        return _Prepared(self._sql.indexed[expected_next == 1, announce], parameters, counted=True)
 
     def _partial(self, run_id: str, expected_next: int, inserted: int, count: int) -> CorruptionError:
         return CorruptionError(
@@ -628,10 +573,7 @@ class PostgresJournal(PostgresSchedules, JournalBase):
     ) -> AppendResult:
         """One append alone, classified when refused, retried after a lost connection.
 
-        One statement and one round trip, but a later indexed batch: its
-        statement and, once it inserted the batch (the compare and fencing
-        checks passed), its entry, in one pipeline and one implicit
-        transaction committed by the Sync that ends it, two round trips.
+        One statement (its run's index entry included) and one round trip.
         """
         now_ms = int(time.time() * 1000)
         prepared = self._prepare(run_id, expected_next, batch, fence, entry, now_ms=now_ms)
@@ -644,17 +586,7 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             inserted = 0
             try:
                 with pool.connection() as connection:
-                    if not prepared.later:
-                        inserted = prepared.inserted(
-                            connection.execute(prepared.statement, prepared.parameters)
-                        )
-                    else:
-                        assert entry is not None
-                        with _one_transaction(connection):
-                            cursor = connection.execute(prepared.statement, prepared.parameters)
-                            inserted = prepared.inserted(cursor)
-                            if inserted == len(batch):
-                                self._write_entry(connection, run_id, entry, fence, now_ms)
+                    inserted = prepared.inserted(connection.execute(prepared.statement, prepared.parameters))
             except psycopg.errors.UniqueViolation as violation:
                 if entry is not None and _is_dedup(violation):
                     raise self._duplicate(entry.get()) from None

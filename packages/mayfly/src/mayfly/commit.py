@@ -17,7 +17,9 @@ from mayfly.model.errors import CommandRejected, CorruptionError
 from mayfly.model.events import Event
 from mayfly.model.ids import IdSource
 from mayfly.model.state import RunState
-from mayfly.reducer import decide, encode_event, reduce
+from mayfly.reducer import encode_event, reduce
+from mayfly.reducer._draft import Draft
+from mayfly.reducer.decide import decide_draft
 from mayfly.runindex import RUN_INDEX, IndexEntry, RunIndexJournal, index_entry
 
 __all__ = ["Commit", "commit_command", "keeps_run_index", "seal_events"]
@@ -77,17 +79,18 @@ def commit_command(
     :class:`Commit` holds it. A rejected command raises
     :class:`CommandRejected` with nothing written. Journal errors
     (``AppendConflict``, ``FencingRejected``, ``JournalUnavailable``...) propagate
-    with the state untouched; after an error the caller reloads the run from
-    the journal before deciding again (with a journal that keeps the run
-    index, ``state`` has then already been advanced in place and must be
-    discarded). An acknowledgement that does not match the decided records
-    exactly is a :class:`CorruptionError`. A journal that keeps the run index
-    receives the run's new :class:`~mayfly.runindex.IndexEntry` with the
-    records (:meth:`~mayfly.runindex.RunIndexJournal.append_indexed`).
+    with the state untouched; after an error that leaves the outcome unknown
+    (``JournalUnavailable``) the caller reloads the run from the journal
+    before deciding again. An acknowledgement that does not match the decided
+    records exactly is a :class:`CorruptionError`. A journal that keeps the
+    run index receives the run's new :class:`~mayfly.runindex.IndexEntry`
+    with the records (:meth:`~mayfly.runindex.RunIndexJournal.append_indexed`),
+    read off the draft of the decision, so asking for it changes nothing.
     """
-    decision = decide(state, command)
-    if isinstance(decision, Rejection):
-        raise CommandRejected(decision, f"{type(command).__name__} rejected: {decision}")
+    decided = decide_draft(state, command)
+    if isinstance(decided, Rejection):
+        raise CommandRejected(decided, f"{type(command).__name__} rejected: {decided}")
+    decision = decided.events if isinstance(decided, Draft) else decided
     if state is None:
         assert isinstance(command, CreateRun)  # decide rejects everything else for a missing run
         run_id, first = command.run_id, 1
@@ -98,29 +101,20 @@ def commit_command(
         return Commit(state, (), ())
     records = seal_events(run_id, first, decision, ids)
     if keeps_run_index(journal):
-        # The run's index entry is derived from the state after the batch and stored in the same
-        # atomic step. The journal asks for it only once the batch can no longer be refused (the
-        # compare and fencing checks passed), so a refused append leaves the state untouched.
-        reduced: list[RunState] = []
-
-        def advanced() -> RunState:
-            if not reduced:
-                after = state
-                for offset, event in enumerate(decision):
-                    after = reduce(after, event, first + offset)
-                assert after is not None
-                reduced.append(after)
-            return reduced[0]
+        # The run's index entry is the run after the batch, stored in the same atomic step. It is
+        # read off the draft the batch was decided on, so asking for it changes nothing: a journal
+        # may ask before its checks (to send entry and records in one request), and a refused
+        # append still leaves ``state`` as it was.
+        assert isinstance(decided, Draft)  # a decision with events was made on a draft
 
         def entry() -> IndexEntry:
-            return index_entry(advanced())
+            return index_entry(decided)
 
         result = journal.append_indexed(run_id, first, records, fence, entry)
         _check_ack(journal.url, run_id, first, records, result)
-        # An exact re-append asked for no entry (it stores nothing new), but the state still moves on.
-        return Commit(advanced(), tuple(decision), tuple(records))
-    result = journal.append(run_id, first, records, fence)
-    _check_ack(journal.url, run_id, first, records, result)
+    else:
+        result = journal.append(run_id, first, records, fence)
+        _check_ack(journal.url, run_id, first, records, result)
     for offset, event in enumerate(decision):
         state = reduce(state, event, first + offset)
     assert state is not None

@@ -35,9 +35,10 @@ import msgspec
 from mayfly.journal import AppendResult, Feature, JournalRecord
 from mayfly.lease import RecoveryLeaseGuard
 from mayfly.model.errors import InvalidRecord
+from mayfly.model.events import ParentLink
 from mayfly.model.ids import QUEUE_NAME
-from mayfly.model.state import RunState
-from mayfly.reducer.deadlines import next_deadline
+from mayfly.model.state import RunStatus
+from mayfly.reducer.deadlines import DeadlineView, next_deadline
 
 __all__ = [
     "MAX_CLAIM",
@@ -45,6 +46,7 @@ __all__ = [
     "RUN_WAKEUPS",
     "IndexEntry",
     "IndexStatus",
+    "IndexedRun",
     "RunIndexJournal",
     "RunWakeups",
     "WakeupListener",
@@ -121,7 +123,38 @@ def check_claim(limit: object, queues: object) -> tuple[int, tuple[str, ...] | N
 _RANK = {IndexStatus.NEW: 0, IndexStatus.RUNNING: 0, IndexStatus.WAITING: 1, IndexStatus.TERMINAL: 2}
 
 
-def index_entry(state: RunState, *, parked_until: int | None = None, parked: bool = False) -> IndexEntry:
+class IndexedRun(DeadlineView, Protocol):
+    """What :func:`index_entry` reads: a RunState, or a decision's draft (the run after its batch)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def dedup_id(self) -> str | None: ...
+    @property
+    def epoch_ms(self) -> int | None: ...
+    @property
+    def parent(self) -> ParentLink | None: ...
+    @property
+    def status(self) -> RunStatus: ...
+    @property
+    def sequence(self) -> int: ...
+    @property
+    def now(self) -> int: ...
+    @property
+    def attempt_count(self) -> int: ...
+    @property
+    def has_ready(self) -> bool: ...
+    @property
+    def active_count(self) -> int: ...
+    @property
+    def waiting_count(self) -> int: ...
+
+
+def index_entry(state: IndexedRun, *, parked_until: int | None = None, parked: bool = False) -> IndexEntry:
     """The index entry a run in ``state`` has: a pure function of the state (no clock).
 
     A driver that detaches a run whose only work is in parked child runs
@@ -198,14 +231,13 @@ class RunIndexJournal(Protocol):
     ) -> AppendResult:
         """Append like ``append`` and store the run's new entry in the same atomic step.
 
-        ``index()`` returns the entry; call it at most once, and only once the
-        batch can no longer be refused (its compare and fencing checks have
-        passed), before the batch is made durable: it advances the caller's
-        state, so an append refused before it is called leaves that state as
-        it was. An exact re-append (``already_committed``) need not call it.
-        A run's first batch (``expected_next`` 1) follows no state of the
-        caller's, so a backend may ask for its entry before the checks (to
-        send both in one request), storing it only if the batch is appended.
+        ``index()`` returns the entry the run has once the batch is appended.
+        It changes nothing (:func:`mayfly.commit.commit_command` reads it off
+        the draft the batch was decided on), so a backend may ask for it at
+        any point, before its compare and fencing checks too (to send entry
+        and records in one request), and stores it only if the batch is
+        appended; a refused append stores no entry. It costs a little: ask
+        once. An exact re-append (``already_committed``) need not ask at all.
         """
         ...
 

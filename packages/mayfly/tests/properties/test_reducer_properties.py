@@ -5,7 +5,15 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mayfly.model.commands import AdvanceTime, CancelRun, CompleteAttempt, Rejection
+from mayfly.model.commands import (
+    AdvanceTime,
+    AttemptStart,
+    CancelRun,
+    Command,
+    CompleteAttempt,
+    Rejection,
+    StartNodes,
+)
 from mayfly.model.outcomes import (
     Blocked,
     Cancelled,
@@ -19,6 +27,9 @@ from mayfly.model.outcomes import (
 from mayfly.model.spec import DependencyPolicy, FixedBackoff, Node, RetryPolicy, WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState, RunStatus
 from mayfly.reducer import decide
+from mayfly.reducer._draft import Draft
+from mayfly.reducer.decide import decide_draft
+from mayfly.runindex import IndexEntry, index_entry
 from mayfly.testing import ReducerHarness
 
 POLICIES: tuple[DependencyPolicy, ...] = ("all_succeeded", "all_completed", "any_succeeded")
@@ -180,3 +191,43 @@ def test_replay_equals_live_and_decisions_are_deterministic(spec: WorkflowSpec, 
         assert_no_node_ready_with_unmet_policy(run.state)
     assert_replay_equals_live(run)
     assert run.state.open_nodes == sum(not n.status.is_terminal for n in run.state.nodes)
+
+
+def drafted_entry(run: ReducerHarness, command: Command) -> IndexEntry | None:
+    """The index entry read off the draft ``command`` is decided on (``None``: nothing to record)."""
+    drafted = decide_draft(run.replayed(), command)
+    return index_entry(drafted) if isinstance(drafted, Draft) else None
+
+
+@given(spec=graphs(max_nodes=8, retries=True), data=st.data())
+def test_the_entry_read_off_a_draft_is_the_entry_of_the_state_after_its_batch(
+    spec: WorkflowSpec, data: st.DataObject
+) -> None:
+    """A journal may ask for a run's index entry before appending: the draft's view equals the reduced run."""
+    run = ReducerHarness(spec)
+    for _ in range(data.draw(st.integers(1, 40), label="steps")):
+        if run.state.status.is_terminal:
+            break
+        ready = run.state.ready_nodes()
+        running = [(n.node_id, n.attempt_id) for n in run.state.nodes if n.status is NodeStatus.RUNNING]
+        choice = data.draw(st.sampled_from(["start", "complete", "advance", "cancel"]), label="op")
+        command: Command
+        if choice == "start" and ready:
+            chosen = data.draw(st.lists(st.sampled_from(ready), min_size=1, unique=True), label="start")
+            command = StartNodes(tuple(AttemptStart(node_id, run.ids.new_id()) for node_id in chosen))
+        elif choice == "complete" and running:
+            node_id, attempt_id = data.draw(st.sampled_from(running), label="which")
+            offered = tuple(run.ids.new_id() for _ in range(data.draw(st.integers(0, 3), label="offered")))
+            command = CompleteAttempt(
+                node_id, attempt_id or "", data.draw(st.sampled_from(OUTCOMES)), offered
+            )
+        elif choice == "advance":
+            command = AdvanceTime(run.state.now + data.draw(st.integers(0, 60), label="dt"))
+        elif choice == "cancel" and data.draw(st.integers(0, 9), label="rarely") == 0:
+            command = CancelRun("prop", "random cancellation")
+        else:
+            continue
+        expected = drafted_entry(run, command)
+        if isinstance(run.try_execute(command), Rejection) or expected is None:
+            continue
+        assert index_entry(run.state) == expected

@@ -19,7 +19,9 @@ from mayfly.model.outcomes import RetryableFailure, Succeeded
 from mayfly.model.signals import SignalToken
 from mayfly.model.spec import FixedBackoff, RetryPolicy
 from mayfly.model.state import RunState
-from mayfly.reducer import decide, reduce
+from mayfly.reducer import reduce
+from mayfly.reducer._draft import Draft
+from mayfly.reducer.decide import decide_draft
 from mayfly.runindex import IndexEntry, IndexStatus, index_entry, more_claimable
 
 EPOCH = 1_700_000_000_000
@@ -31,12 +33,17 @@ SPEC = workflow(
 
 
 def apply(state: RunState | None, command: Command) -> RunState:
-    events = decide(state, command)
-    assert not isinstance(events, Rejection), events
+    """Decide and reduce ``command``; the entry read off its draft must be the reduced state's."""
+    drafted = decide_draft(state, command)
+    assert not isinstance(drafted, Rejection), drafted
+    expected = index_entry(drafted) if isinstance(drafted, Draft) else None  # before the base moves
+    events = drafted.events if isinstance(drafted, Draft) else drafted
     first = 1 if state is None else state.sequence + 1
     for offset, event in enumerate(events):
         state = reduce(state, event, first + offset)
     assert state is not None
+    if expected is not None:
+        assert index_entry(state) == expected
     return state
 
 

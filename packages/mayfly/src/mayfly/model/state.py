@@ -468,6 +468,11 @@ class RunState:
         return bool(self._ready)
 
     @property
+    def ready_count(self) -> int:
+        """How many nodes are Ready (O(1))."""
+        return len(self._ready)
+
+    @property
     def active_count(self) -> int:
         """How many started attempts have no outcome yet, waiting ones included (O(1))."""
         return len(self._active)

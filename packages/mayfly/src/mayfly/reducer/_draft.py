@@ -17,10 +17,12 @@ import msgspec
 from mayfly.model.events import BudgetExhausted, CancellationRequested, Event, LastOutcome
 from mayfly.model.outcomes import NodeOutcome
 from mayfly.model.signals import ConsumedSignal
-from mayfly.model.state import AttemptRecord, NodeState, RunState, RunStatus
+from mayfly.model.state import AttemptRecord, NodeState, NodeStatus, RunState, RunStatus
 from mayfly.reducer._apply import apply_event
 
 __all__ = ["Draft"]
+
+_WAITING = NodeStatus.WAITING
 
 
 class Draft:
@@ -75,6 +77,10 @@ class Draft:
         self._edges_fired: dict[int, int] = {}
         self._children: dict[str, str] = {}
         self._signals: dict[str, ConsumedSignal] = {}
+        # What the index entry of the run after the batch reads (mayfly.runindex.index_entry).
+        self._ready_delta = 0
+        self._waiting_delta = 0
+        self._new_attempts = 0
 
     def emit(self, event: Event) -> None:
         """Propose ``event``: apply it to the draft and queue it for the batch."""
@@ -104,6 +110,7 @@ class Draft:
 
     def record_attempt(self, record: AttemptRecord, index: int) -> None:
         """Consume an attempt identity in the draft."""
+        self._new_attempts += 1  # the reducer refuses an identity consumed before
         self._attempts[record.attempt_id] = record
         self._active_added[record.attempt_id] = index
         if record.child_run_id is not None:
@@ -118,10 +125,60 @@ class Draft:
             self._active_closed.add(attempt_id)
 
     def set_ready(self, index: int, ready: bool) -> None:
-        """The ready index is not consulted by decisions; the draft does not track it."""
+        """Count a node entering or leaving Ready (decisions never consult the ready index itself)."""
+        self._ready_delta += 1 if ready else -1
 
     def set_waiting(self, index: int, waiting: bool) -> None:
-        """The waiting index is not consulted by decisions; the draft does not track it."""
+        """Count a node entering or leaving Waiting."""
+        self._waiting_delta += 1 if waiting else -1
+
+    # -- the run after the batch, as mayfly.runindex.index_entry reads it -----------------
+
+    @property
+    def queue(self) -> str:
+        """The run's queue (fixed at creation)."""
+        return self.base.queue
+
+    @property
+    def priority(self) -> int:
+        """The run's claim priority (fixed at creation)."""
+        return self.base.priority
+
+    @property
+    def dedup_id(self) -> str | None:
+        """The run's deduplication id (fixed at creation)."""
+        return self.base.dedup_id
+
+    @property
+    def epoch_ms(self) -> int | None:
+        """The run's epoch (fixed at creation)."""
+        return self.base.epoch_ms
+
+    @property
+    def attempt_count(self) -> int:
+        """Attempt identities consumed, the draft's included."""
+        return self.base.attempt_count + self._new_attempts
+
+    @property
+    def has_ready(self) -> bool:
+        """Whether any node is Ready after the draft."""
+        return self.base.ready_count + self._ready_delta > 0
+
+    @property
+    def active_count(self) -> int:
+        """Started attempts without an outcome after the draft."""
+        return self.base.active_count - len(self._active_closed) + len(self._active_added)
+
+    @property
+    def waiting_count(self) -> int:
+        """Nodes parked on an open durable wait after the draft."""
+        return self.base.waiting_count + self._waiting_delta
+
+    def waiting_nodes(self) -> list[NodeState]:
+        """Nodes parked on an open durable wait after the draft, in specification order."""
+        nodes = {node.index: node for node in self.base.waiting_nodes()}
+        nodes.update(self._nodes)
+        return [node for _, node in sorted(nodes.items()) if node.status is _WAITING]
 
     def set_retry(self, index: int, deadline: int | None) -> None:
         """Record a retry change in the draft."""

@@ -6,14 +6,28 @@ turns it into the wall-clock time a waiting run wakes at.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
-from mayfly.model.state import RunState
+from mayfly.model.spec import WorkflowSpec
+from mayfly.model.state import NodeState
 
-__all__ = ["next_deadline"]
+__all__ = ["DeadlineView", "next_deadline"]
 
 
-def next_deadline(state: RunState, *, waits: bool = True, timed: Iterable[int] | None = None) -> int | None:
+class DeadlineView(Protocol):
+    """What :func:`next_deadline` reads: a RunState, or a decision's draft (the run after its batch)."""
+
+    @property
+    def spec(self) -> WorkflowSpec: ...
+    def node(self, index: int) -> NodeState: ...
+    def pending_retries(self) -> Iterator[tuple[int, int]]: ...
+    def waiting_nodes(self) -> list[NodeState]: ...
+
+
+def next_deadline(
+    state: DeadlineView, *, waits: bool = True, timed: Iterable[int] | None = None
+) -> int | None:
     """The earliest virtual time something is due: a retry, an attempt or wait deadline, the elapsed budget.
 
     ``waits=False`` leaves out what only ends a parked run (a wait's expiry,

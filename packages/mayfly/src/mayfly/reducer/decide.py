@@ -69,7 +69,7 @@ _RETRY_PENDING = NodeStatus.RETRY_PENDING
 _RUN_RUNNING = RunStatus.RUNNING
 
 
-__all__ = ["Decision", "decide"]
+__all__ = ["Decision", "decide", "decide_draft"]
 
 Decision = list[Event] | Rejection
 """What ``decide`` returns: the batch to append (possibly empty), or why not."""
@@ -82,6 +82,18 @@ def decide(state: RunState | None, command: Command) -> Decision:
 
     An empty list acknowledges a command with nothing new to record (the
     exact re-delivery of a committed outcome, time advanced to "now").
+    """
+    decision = decide_draft(state, command)
+    return decision.events if isinstance(decision, Draft) else decision
+
+
+def decide_draft(state: RunState | None, command: Command) -> Draft | Decision:
+    """:func:`decide`, keeping the draft a batch was decided on: its ``events``, and the run after them.
+
+    The draft is a read-only view of the run as the batch leaves it (its
+    index entry, :func:`mayfly.runindex.index_entry`, can be known before the
+    batch is appended, without touching ``state``); a decision that records
+    nothing, or a rejection, is returned as :func:`decide` returns it.
     """
     if isinstance(command, CreateRun):
         return _create_run(state, command)
@@ -116,7 +128,7 @@ def _terminal(state: RunState) -> Rejection:
 # -- run creation ---------------------------------------------------------------
 
 
-def _create_run(state: RunState | None, command: CreateRun) -> Decision:
+def _create_run(state: RunState | None, command: CreateRun) -> Draft | Decision:
     if state is not None:
         return Rejection(RejectionCode.RUN_EXISTS, f"run {command.run_id} already exists")
     if not is_uuid(command.run_id):
@@ -190,7 +202,7 @@ def _create_run(state: RunState | None, command: CreateRun) -> Decision:
     for i in initial:
         if not make_ready(draft, i, "initial"):
             break
-    return draft.events
+    return draft
 
 
 def _parent_problem(command: CreateRun) -> Rejection | None:
@@ -214,7 +226,7 @@ def _parent_problem(command: CreateRun) -> Rejection | None:
 # -- starting attempts ----------------------------------------------------------
 
 
-def _start_nodes(state: RunState, command: StartNodes) -> Decision:
+def _start_nodes(state: RunState, command: StartNodes) -> Draft | Decision:
     chosen: set[str] = set()
     for start in command.starts:
         node = state.node_by_id(start.node_id)
@@ -249,7 +261,7 @@ def _start_nodes(state: RunState, command: StartNodes) -> Decision:
     draft = Draft(state)
     _emit_starts(draft, state, command.starts)
     finish(draft)
-    return draft.events
+    return draft
 
 
 def _emit_starts(draft: Draft, state: RunState, starts: tuple[AttemptStart, ...]) -> None:
@@ -326,7 +338,7 @@ def _child_start_problem(state: RunState, node: NodeState, child_run_id: str | N
 # -- completing attempts --------------------------------------------------------
 
 
-def _complete_attempt(state: RunState, command: CompleteAttempt) -> Decision:
+def _complete_attempt(state: RunState, command: CompleteAttempt) -> Draft | Decision:
     record = state.attempt(command.attempt_id)
     if record is None:
         return Rejection(
@@ -358,7 +370,7 @@ def _complete_attempt(state: RunState, command: CompleteAttempt) -> Decision:
     if offered and draft.status is _RUN_RUNNING:
         _start_newly_ready(draft, state, offered)
     finish(draft)
-    return draft.events
+    return draft
 
 
 def _offered_ids_problem(state: RunState, attempt_id: str, offered: tuple[str, ...]) -> Rejection | None:
@@ -415,7 +427,7 @@ def _redelivery(node_id: str, attempt_id: str, committed: NodeOutcome, outcome: 
 _RUN_RESULTS = frozenset({"succeeded", "failed", "blocked", "cancelled"})
 
 
-def _complete_child(state: RunState, command: CompleteChild) -> Decision:
+def _complete_child(state: RunState, command: CompleteChild) -> Draft | Decision:
     record = state.attempt(command.attempt_id)
     if record is None or record.node_id != command.node_id:
         return Rejection(
@@ -456,7 +468,7 @@ def _complete_child(state: RunState, command: CompleteChild) -> Decision:
     )
     commit_outcome(draft, node.index, outcome, command.attempt_id)
     finish(draft)
-    return draft.events
+    return draft
 
 
 def _closed_by_run(outcome: NodeOutcome) -> bool:
@@ -467,7 +479,7 @@ def _closed_by_run(outcome: NodeOutcome) -> bool:
 # -- time -----------------------------------------------------------------------
 
 
-def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
+def _advance_time(state: RunState, command: AdvanceTime) -> Draft | Decision:
     if command.to < state.now:
         return Rejection(
             RejectionCode.TIME_WENT_BACKWARDS,
@@ -480,7 +492,7 @@ def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
     elapsed = state.spec.budgets.max_elapsed_ms
     if elapsed is not None and command.to >= elapsed:
         exhaust_run(draft, BudgetKind.RUN_ELAPSED, elapsed, command.to)
-        return draft.events
+        return draft
     # (deadline, node, kind, attempt): kind 0 = attempt deadline, 1 = signal wait, 2 = retry release.
     due: list[tuple[int, int, int, str]] = []
     for attempt_id, i in state.active_attempts():
@@ -514,13 +526,13 @@ def _advance_time(state: RunState, command: AdvanceTime) -> Decision:
         elif node.status is _RETRY_PENDING and transition_available(draft):
             draft.emit(RetryReleased(node_id=node.node_id, next_attempt=node.attempt + 1, at=draft.now))
     finish(draft)
-    return draft.events
+    return draft
 
 
 # -- cancellation ---------------------------------------------------------------
 
 
-def _cancel_run(state: RunState, command: CancelRun) -> Decision:
+def _cancel_run(state: RunState, command: CancelRun) -> Draft | Decision:
     try:
         check_reason(command.reason, "cancellation reason")
     except (LimitExceeded, ValueError) as exc:
@@ -539,4 +551,4 @@ def _cancel_run(state: RunState, command: CancelRun) -> Decision:
     )
     cancel_open_nodes(draft, "run cancelled")
     draft.emit(RunCompleted(result="cancelled", at=draft.now))
-    return draft.events
+    return draft

@@ -35,7 +35,7 @@ _WAITING = NodeStatus.WAITING
 __all__ = ["deliver_signal", "open_signal_wait"]
 
 
-def open_signal_wait(state: RunState, command: OpenSignalWait) -> list[Event] | Rejection:
+def open_signal_wait(state: RunState, command: OpenSignalWait) -> Draft | list[Event] | Rejection:
     """A running attempt's request to wait for a signal."""
     node = state.node_by_id(command.node_id)
     if node is None:
@@ -70,10 +70,10 @@ def open_signal_wait(state: RunState, command: OpenSignalWait) -> list[Event] | 
             deadline=deadline,
         )
     )
-    return draft.events
+    return draft
 
 
-def deliver_signal(state: RunState, command: DeliverSignal) -> list[Event] | Rejection:
+def deliver_signal(state: RunState, command: DeliverSignal) -> Draft | list[Event] | Rejection:
     """The disposition of a delivered signal (see the module docstring)."""
     node = state.node_by_id(command.node_id)
     if node is None:
@@ -111,7 +111,7 @@ def deliver_signal(state: RunState, command: DeliverSignal) -> list[Event] | Rej
         draft.emit(
             SignalRejected(signal_id=command.signal_id, node_id=command.node_id, reason=reason, at=state.now)
         )
-        return draft.events
+        return draft
     assert wait is not None and node.attempt_id is not None
     draft.emit(
         SignalAccepted(
@@ -123,4 +123,4 @@ def deliver_signal(state: RunState, command: DeliverSignal) -> list[Event] | Rej
             decision=command.decision,
         )
     )
-    return draft.events
+    return draft
