@@ -256,10 +256,10 @@ def test_next_wake_is_the_earliest_future_wake_of_a_waiting_root_run(index: Post
 def test_an_indexed_append_writes_its_entry_in_the_same_transaction(
     index: PostgresJournal, index_url: str
 ) -> None:
-    """A later batch's entry is asked for once its checks passed, a refused one asks for nothing; none writes.
+    """Every indexed batch carries its entry in its own statement: asked for first, stored only if appended.
 
-    A run's first batch has no state before it: its entry goes with it in one statement, so a refused
-    creation asks for its entry too, and stores nothing.
+    Asking for the entry changes nothing (the runtime reads it off the decision's draft), so it is asked
+    for before the statement is sent, also for a batch the statement then refuses, which stores none.
     """
     run = IDS.new_id()
     asked: list[int] = []
@@ -281,12 +281,15 @@ def test_an_indexed_append_writes_its_entry_in_the_same_transaction(
         guard = leases.acquire(run, "w1", 30_000)
         with pytest.raises(FencingRejected):
             index.append_indexed(run, 4, batch(run, 4), guard.fencing_token - 1, make(98))
-        assert asked == [3, 99]
+        assert asked == [3, 99, 98] and index.index_get(run) == entry(
+            run, IndexStatus.RUNNING, NOW, sequence=3
+        )
         index.append_indexed(run, 4, batch(run, 4), guard.fencing_token, make(6))
         guard.release()
     finally:
         leases.close()
-    assert asked == [3, 99, 6] and index.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=6)
+    assert asked == [3, 99, 98, 6]
+    assert index.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=6)
     assert [r.sequence for r in index.read(run)] == list(range(1, 7))
 
 
@@ -449,32 +452,23 @@ def test_a_store_at_migration_1_is_upgraded_in_place_and_keeps_working(index_url
             assert applied_version(admin, schema) == MIGRATIONS[-1][0]
 
 
-def test_a_connection_lost_between_the_records_and_the_entry_commits_neither(
-    index_url: str, server: str
-) -> None:
-    """The appending backend is killed while the entry is computed: nothing was committed, the retry writes both."""
+def test_an_indexed_batch_and_its_entry_land_together(index_url: str) -> None:
+    """The entry is asked for before anything of the batch is written; then batch and entry commit as one."""
     run = IDS.new_id()
     asked: list[int] = []
-    with PostgresJournal(index_url) as journal, psycopg.connect(server, autocommit=True) as admin:
+    with PostgresJournal(index_url) as journal, PostgresJournal(index_url) as other:
 
-        def kill_then_entry() -> IndexEntry:
+        def entry_first() -> IndexEntry:
             asked.append(1)
-            # The batch is inserted, uncommitted, in the appending backend's open transaction.
-            killed = admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                "AND backend_xid IS NOT NULL AND query LIKE %s",
-                (f"%{journal.schema}%records%",),
-            ).fetchall()
-            assert killed == [(True,)]
-            time.sleep(0.2)
-            assert journal.next_sequence(run) == 2, "the records were visible before the entry was written"
+            assert other.next_sequence(run) == 2, "records were written before the entry was asked for"
+            assert other.index_get(run) == entry(run, sequence=1)
             return entry(run, IndexStatus.RUNNING, NOW, sequence=3)
 
         journal.append_indexed(run, 1, batch(run, 1, 1), None, lambda: entry(run, sequence=1))
-        journal.append_indexed(run, 2, batch(run, 2), None, kill_then_entry)
-        assert asked == [1]  # asked once; the retry after the lost connection reused it
-        assert [r.sequence for r in journal.read(run)] == [1, 2, 3, 4]
-        assert journal.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=3)
+        journal.append_indexed(run, 2, batch(run, 2), None, entry_first)
+        assert asked == [1]
+        assert [r.sequence for r in other.read(run)] == [1, 2, 3, 4]
+        assert other.index_get(run) == entry(run, IndexStatus.RUNNING, NOW, sequence=3)
 
 
 def test_a_claim_cut_off_mid_statement_grants_nothing(index_url: str, server: str) -> None:
@@ -542,10 +536,10 @@ def test_a_claim_on_a_lost_connection_raises_journal_unavailable_and_the_next_on
         assert claimed(journal) == [run]
 
 
-def test_an_indexed_append_reusing_an_event_id_is_refused_without_asking_for_the_entry(
+def test_an_indexed_append_reusing_an_event_id_is_refused_and_stores_no_entry(
     index: PostgresJournal,
 ) -> None:
-    """An event id already in the run is a ConflictingRecord; no entry is asked for, the connection is reused."""
+    """An event id already in the run is a ConflictingRecord; its entry is not stored, the connection is reused."""
     run = IDS.new_id()
     first = batch(run, 1)
     index.append_indexed(run, 1, first, None, lambda: entry(run, sequence=3))
@@ -567,15 +561,15 @@ def test_an_indexed_append_reusing_an_event_id_is_refused_without_asking_for_the
 
     with pytest.raises(ConflictingRecord):
         index.append_indexed(run, 4, reused, None, make)
-    assert asked == [] and index.next_sequence(run) == 4 and index.index_get(run) == entry(run, sequence=3)
+    assert asked == [1] and index.next_sequence(run) == 4 and index.index_get(run) == entry(run, sequence=3)
     index.append_indexed(run, 4, batch(run, 4), None, lambda: entry(run, sequence=6))
     assert index.index_get(run) == entry(run, sequence=6)
 
 
-def test_a_claim_during_a_stale_owners_indexed_append_skips_the_run_instead_of_deadlocking(
+def test_a_claim_while_a_stale_owner_prepares_its_append_takes_the_run_and_fences_the_append_out(
     index_url: str,
 ) -> None:
-    """While an append whose lease just expired holds the run, a claim passes it by; once committed it is claimed."""
+    """An owner whose lease expired loses the run to a claim made while it prepared its append: it is fenced out."""
     run = IDS.new_id()
     with PostgresJournal(index_url) as journal, PostgresLeaseStore(index_url) as leases:
         journal.append_indexed(
@@ -590,12 +584,20 @@ def test_a_claim_during_a_stale_owners_indexed_append_skips_the_run_instead_of_d
                 target=lambda: during.append(journal.claim("w2", limit=5, ttl_ms=60_000, now_ms=NOW))
             )
             thread.start()
-            thread.join(timeout=30)  # a claim waiting on this append's locks would never return here
-            assert not thread.is_alive(), "the claim waited on the appending transaction"
+            thread.join(timeout=30)
+            assert not thread.is_alive(), "the claim waited on the stale owner"
             return entry(run, IndexStatus.RUNNING, NOW, sequence=6)
 
-        journal.append_indexed(run, 4, batch(run, 4), stale.fencing_token, claim_meanwhile)
-        assert during == [[]]
-        (guard,) = journal.claim("w2", limit=5, ttl_ms=60_000, now_ms=NOW)
+        with pytest.raises(FencingRejected):
+            journal.append_indexed(run, 4, batch(run, 4), stale.fencing_token, claim_meanwhile)
+        ((guard,),) = during
         assert guard.fencing_token == stale.fencing_token + 1
+        assert journal.next_sequence(run) == 4 and journal.index_get(run) is not None
+        journal.append_indexed(
+            run,
+            4,
+            batch(run, 4),
+            guard.fencing_token,
+            lambda: entry(run, IndexStatus.RUNNING, NOW, sequence=6),
+        )
         guard.release()
