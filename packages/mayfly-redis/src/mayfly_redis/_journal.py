@@ -17,7 +17,6 @@ same script as the window, finds a record missing at the end of the list too.
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, final
@@ -64,8 +63,6 @@ _REMEDY: Final = "restore the run's keys from a replica or backup"
 _LEX_MAX: Final = b"+"
 _DECIMAL: Final = re.compile(rb"[1-9][0-9]{0,18}")
 # A grant is trusted to be the run's only one until this long before its lease would run out.
-_LEASE_MARGIN_S: Final = 0.1
-_REMEMBERED: Final = 4096  # runs whose last acknowledged append (and lease) this journal remembers
 _ANY_RUN: Final = "00000000-0000-7000-8000-000000000000"  # stands in for the run when checking an owner
 # The run index and its features on each layout: a sharded Cluster store keeps the index but cannot
 # enforce a queue's limits across shards (mayfly_redis._layout); an unsharded one keeps no index.
@@ -167,7 +164,6 @@ class RedisJournal(RedisSchedules, JournalBase):
         self._leases = RedisLeaseStore(target.url, store=self._store)
         self._channel = f"{target.prefix}:wakeups:{target.db}"
         # run -> (next sequence, fence, monotonic time until which that fence's lease is surely live)
-        self._granted: dict[str, tuple[int, int, float]] = {}
 
     def relayed(self, relay: Relay) -> WorkflowJournal:
         """Open another journal on the same keys whose connections (to every node) dial ``relay``."""
@@ -232,20 +228,12 @@ class RedisJournal(RedisSchedules, JournalBase):
         fence: int | None,
         entry: Callable[[], IndexEntry],
     ) -> AppendResult:
-        """Append and store the run's entry in one script; ask for the entry only once nothing can refuse.
+        """Append and store the run's entry in one script: one round trip.
 
-        ``entry()`` advances the caller's state, so it is called only once
-        the batch is known to pass the compare and fencing checks. On the hot
-        path that is known without asking: this journal acknowledged the
-        run's previous batch under the same fence, and the lease that fence
-        names still had time left then, so no one else can have been granted
-        the run (nor appended to it) since. Otherwise the script first runs
-        in ``check`` mode (no write; a refusal or an exact replay answers
-        there, with ``entry()`` never called), then writes. The write runs
-        every check again, so a refusal there (a lease lost in between, or an
-        event id reused by another record) stores nothing, though the
-        caller's state was advanced; the caller discards it
-        (``commit_command``).
+        ``entry()`` changes nothing (see
+        :meth:`mayfly.runindex.RunIndexJournal.append_indexed`), so it is asked
+        for before the script is sent; the script runs every check first, and
+        a refusal stores nothing.
         """
         layout = self._layout
         base = layout.run_base(run_id)
@@ -259,41 +247,14 @@ class RedisJournal(RedisSchedules, JournalBase):
         ]
         head: list[Any] = ["" if fence is None else str(fence), str(expected_next), len(batch), run_id]
         elements = [encode_element(record) for record in batch]
-        operation = f"append to run {run_id}"
-        known = self._granted.get(run_id)
-        if (
-            fence is None
-            or known is None
-            or known[0] != expected_next
-            or known[1] != fence
-            or time.monotonic() >= known[2]
-        ):
-            check = [*head, "check", *[""] * 12]
-            reply = self._store.script(operation, self._lua(_scripts.APPEND_INDEXED), keys, check + elements)
-            if _text(reply[0]) != "ok":
-                self._granted.pop(run_id, None)
-                return self._answer(run_id, expected_next, batch, fence, reply)
         fields = self._fields(entry())
-        sent = time.monotonic()
         args = [*head, "write", base, self._channel, *fields, *elements]
-        reply = self._store.script(operation, self._lua(_scripts.APPEND_INDEXED), keys, args)
+        reply = self._store.script(f"append to run {run_id}", self._lua(_scripts.APPEND_INDEXED), keys, args)
         if _text(reply[0]) != "ok":
-            self._granted.pop(run_id, None)
             if _text(reply[0]) == "duplicate":
                 raise DuplicateRun(run_id, fields[0], fields[8], _text(reply[1]))
             return self._answer(run_id, expected_next, batch, fence, reply)
-        left_ms = int(reply[2])
-        if fence is not None and left_ms > 0:
-            self._remember(run_id, int(reply[1]) + 1, fence, sent + left_ms / 1000)
-        else:
-            self._granted.pop(run_id, None)
         return self.acknowledged(run_id, batch)
-
-    def _remember(self, run_id: str, next_sequence: int, fence: int, live_until: float) -> None:
-        granted = self._granted
-        if len(granted) >= _REMEMBERED and run_id not in granted:
-            granted.pop(next(iter(granted)))
-        granted[run_id] = (next_sequence, fence, live_until - _LEASE_MARGIN_S)
 
     def _read(self, run_id: str, after: int, limit: int | None) -> list[JournalRecord]:
         """Records after ``after`` in order, each verified, against the number ever appended.
@@ -504,7 +465,6 @@ class RedisJournal(RedisSchedules, JournalBase):
             wanted = {}
             for _, base in sorted(looked)[:limit]:
                 wanted[base] = wanted.get(base, 0) + 1
-        sent = time.monotonic()
         claimed: list[tuple[str, RecoveryLeaseGuard]] = []
         replies = self._store.scripts(
             "claim runs",
@@ -513,9 +473,9 @@ class RedisJournal(RedisSchedules, JournalBase):
         )
         for reply in replies:
             for offset in range(0, len(reply), 5):
-                run, token, grant, records, member = (_text(item) for item in reply[offset : offset + 5])
+                # The fourth item (the run's record count) is not needed here.
+                run, token, grant, _, member = (_text(item) for item in reply[offset : offset + 5])
                 claimed.append((member, self._leases.adopt(run, owner, ttl, int(token), grant)))
-                self._remember(run, int(records) + 1, int(token), sent + ttl / 1000)
         claimed.sort(key=lambda pair: pair[0])
         return [guard for _, guard in claimed]
 

@@ -363,19 +363,12 @@ end
 
 APPEND_INDEXED: Final = _check_and_append(
     17,
-    # ARGV[5] 'check' (answer whether the batch would be accepted, write nothing) or 'write';
+    # ARGV[5] 'write' (kept in the layout: nothing else is sent there any more);
     # ARGV[6] the prefix, ARGV[7] the wake-up channel, ARGV[8..17] the entry (see put()).
-    # KEYS[5] lease string, KEYS[6] index hash. The reply's third item is the time left on the
-    # lease the fence names (0 if none), so the caller knows how long no one else can append.
+    # KEYS[5] lease string, KEYS[6] index hash (declared for the slot they share).
     # A live entry whose dedup id (ARGV[16]) another live run of its queue holds refuses the whole
     # append: {'duplicate', that run}.
     """
-local holder = redis.call('GET', KEYS[5])
-local left = 0
-if holder and ARGV[1] ~= '' and string.match(holder, '^(%d+) ') == ARGV[1] then
-  left = redis.call('PTTL', KEYS[5])
-end
-if ARGV[5] == 'check' then return {'ok', tostring(length), tostring(left)} end
 if ARGV[16] ~= '' and ARGV[9] ~= 'terminal' then
   local other = live_holder(ARGV[6], ARGV[8], ARGV[16], ARGV[4])
   if other then return {'duplicate', other} end
@@ -383,7 +376,7 @@ end
 """,
     """
 if put(ARGV[6], ARGV[4], ARGV, 8, server_ms()) then redis.call('PUBLISH', ARGV[7], '1') end
-return {'ok', tostring(length + count), tostring(left)}
+return {'ok', tostring(length + count)}
 """,
 ).replace("local E = 17", _INDEX_LIB + "local E = 17", 1)
 
