@@ -67,8 +67,8 @@ _ANY_RUN: Final = "00000000-0000-7000-8000-000000000000"  # stands in for the ru
 # The run index and its features on each layout: a sharded Cluster store keeps the index but cannot
 # enforce a queue's limits across shards (mayfly_redis._layout); an unsharded one keeps no index.
 _FEATURES: Final = {
-    LayoutKind.STANDALONE: "run_index run_wakeups queue_control",
-    LayoutKind.SHARDED: "run_index run_wakeups",
+    LayoutKind.STANDALONE: "run_index run_wakeups append_wakeups queue_control",
+    LayoutKind.SHARDED: "run_index run_wakeups append_wakeups",
     LayoutKind.UNSHARDED: "",
 }
 
@@ -128,7 +128,8 @@ class RedisJournal(RedisSchedules, JournalBase):
     contract ties ``crash_durable`` to a durability of at least ``write``,
     which a non-persistent server does not meet. It also keeps the run index
     (``run_index``, ``run_wakeups``; sharded over slots on a Cluster, see
-    :mod:`mayfly_redis._layout`) and, on a standalone server, enforces queue
+    :mod:`mayfly_redis._layout`), its append script publishes the wake-up of a
+    run it makes claimable (``append_wakeups``), and, on a standalone server, enforces queue
     settings in its claims (``queue_control``; see :mod:`mayfly_redis._index`).
     """
 
