@@ -226,11 +226,11 @@ def test_claimed_guards_renew_and_release_like_acquired_ones(
         guard.renew()
 
 
-def test_appends_store_the_entry_and_a_fenced_append_after_a_reclaim_is_refused_without_asking_for_it(
+def test_appends_store_the_entry_and_a_fenced_append_after_a_reclaim_stores_none(
     journal: RedisJournal, records: Records
 ) -> None:
     """Appends under a claim store their entries; once the run is claimed again the old owner's append is refused
-    before its entry is asked for, and the stored entry is the new owner's."""
+    (its entry, sent with it, is not stored), and the stored entry is the new owner's."""
     run = records.new_id()
     asked: list[int] = []
 
@@ -240,7 +240,7 @@ def test_appends_store_the_entry_and_a_fenced_append_after_a_reclaim_is_refused_
 
     journal.append_indexed(run, 1, records.batch(run, 1), None, lambda: indexed("new", 1))
     (old,) = journal.claim("old", limit=1, ttl_ms=200, now_ms=NOW)
-    for sequence in (2, 3, 4):  # the hot path: each asks for its entry once
+    for sequence in (2, 3, 4):  # each asks for its entry once, sent with its records
         journal.append_indexed(
             run,
             sequence,
@@ -257,20 +257,21 @@ def test_appends_store_the_entry_and_a_fenced_append_after_a_reclaim_is_refused_
         journal.append_indexed(
             run, 5, records.batch(run, 5), old.fencing_token, lambda: indexed("waiting", 5)
         )
-    assert asked == [1, 2, 3, 4]
+    assert asked == [1, 2, 3, 4, 5]
+    assert journal.index_get(run) == entry(run, "running", NOW + 4, sequence=4, started_ms=NOW)
     journal.append_indexed(run, 5, records.batch(run, 5), new.fencing_token, lambda: indexed("terminal", 5))
     assert journal.index_get(run) == entry(run, "terminal", NOW + 5, sequence=5, started_ms=NOW)
     new.release()
     assert claimed(journal) == []
 
 
-def test_a_refused_append_asks_for_no_entry_and_stores_none(journal: RedisJournal, records: Records) -> None:
-    """A compare failure, a fence mismatch or an exact replay never calls entry() and leaves the entry as it was."""
+def test_a_refused_append_stores_no_entry(journal: RedisJournal, records: Records) -> None:
+    """A compare failure, a fence mismatch or an exact replay leaves the stored entry as it was."""
     run = records.new_id()
     batch = records.batch(run, 1)
 
-    def never() -> IndexEntry:
-        raise AssertionError("entry() asked for a refused append")
+    def never() -> IndexEntry:  # asked for (it is sent with the records), never stored
+        return entry(run, "waiting", NOW + 99, sequence=99)
 
     with pytest.raises(AppendConflict):
         journal.append_indexed(run, 2, records.batch(run, 2), None, never)
