@@ -57,6 +57,7 @@ INDEX_FILE: Final = "index.sqlite3"
 _SCHEMA_VERSION: Final = 2
 _REMEMBERED: Final = 4096  # runs whose last written entry is kept in memory
 _FLUSH_AFTER_S: Final = 0.05
+_OPEN_TIMEOUT_S: Final = 30.0
 _COLUMNS: Final = "run_id, queue, status, ready_at, sequence, wake, parent, priority, dedup_id, started_ms"
 _PLACES: Final = ", ".join("?" for _ in _COLUMNS.split(", "))
 _SCHEMA: Final = f"""
@@ -76,7 +77,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE INDEX IF NOT EXISTS runs_claim ON runs (status, ready_at) WHERE parent IS NULL;
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '{_SCHEMA_VERSION}');
 """
-# Version 2 (queue flow control); an index of version 1 gets the columns first (see _upgrade).
+# Version 2 (queue flow control); an index of version 1 gets the columns first (see _prepare).
 _QUEUE_SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS queues (name TEXT PRIMARY KEY, settings TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS claimed (queue TEXT NOT NULL, run_id TEXT NOT NULL, PRIMARY KEY (queue, run_id))
@@ -143,6 +144,47 @@ def _entry(row: tuple[object, ...]) -> IndexEntry:
         ) from None
 
 
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused for a lock another connection holds (worth another try)."""
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
+def _statements(script: str) -> list[str]:
+    return [part.strip() for part in script.split(";") if part.strip()]
+
+
+def _prepare(db: sqlite3.Connection) -> str:
+    """WAL mode, then the schema created, or a version-1 index upgraded, in one write transaction.
+
+    Upgrading a version-1 index to version 2 happens once, in whichever
+    process comes first; the others find version 2 when their turn comes.
+    """
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _statements(_SCHEMA):
+            db.execute(statement)
+        (version,) = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if version == "1":
+            columns = {str(row[1]) for row in db.execute("PRAGMA table_info(runs)")}
+            for column, kind in (("dedup_id", "TEXT"), ("started_ms", "INTEGER")):
+                if column not in columns:
+                    db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+            version = str(_SCHEMA_VERSION)
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+        if version == str(_SCHEMA_VERSION):
+            for statement in _statements(_QUEUE_SCHEMA):
+                db.execute(statement)
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return str(version)
+
+
 class LocalRunIndex:
     """The run index of one ``file://`` store, safe across threads and processes."""
 
@@ -153,42 +195,46 @@ class LocalRunIndex:
         self._written: dict[str, IndexEntry] = {}
         self._dirty: dict[str, IndexEntry] = {}
         self._flushed_at = time.monotonic()
-        try:
-            self._db = sqlite3.connect(
-                self._path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            version = self._upgrade()
-            if version == str(_SCHEMA_VERSION):
-                self._db.executescript(_QUEUE_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise JournalUnavailable(f"cannot open the run index {self._path}: {exc}") from None
+        version = self._open()
         if version != str(_SCHEMA_VERSION):
             raise CorruptionError(
                 f"run index {self._path} has schema version {version}, this Mayfly reads "
                 f"{_SCHEMA_VERSION}; rebuild it with `mayfly index rebuild`"
             )
 
-    def _upgrade(self) -> str:
-        """Bring an index of schema version 1 to version 2 in place (once, whichever process is first)."""
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            (version,) = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if version == "1":
-                columns = {str(row[1]) for row in db.execute("PRAGMA table_info(runs)")}
-                for column, kind in (("dedup_id", "TEXT"), ("started_ms", "INTEGER")):
-                    if column not in columns:
-                        db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
-                version = str(_SCHEMA_VERSION)
-                db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-        return str(version)
+    def _open(self) -> str:
+        """Connect, and create or upgrade the schema in one write transaction; the schema version found.
+
+        SQLite waits out a lock another process holds (``timeout``), but some
+        busy answers come back at once, without waiting: a write that would
+        start from a stale WAL snapshot, a journal-mode switch racing another
+        opener. Opening is retried on those until the same deadline: a worker
+        starting beside busy ones must not die of a lock that clears a
+        millisecond later.
+        """
+        deadline = time.monotonic() + _OPEN_TIMEOUT_S
+        pause = 0.005
+        while True:
+            try:
+                db = sqlite3.connect(
+                    self._path, timeout=_OPEN_TIMEOUT_S, isolation_level=None, check_same_thread=False
+                )
+            except sqlite3.DatabaseError as exc:
+                raise JournalUnavailable(f"cannot open the run index {self._path}: {exc}") from None
+            try:
+                version = _prepare(db)
+            except sqlite3.OperationalError as exc:
+                db.close()
+                if not _busy(exc) or time.monotonic() >= deadline:
+                    raise JournalUnavailable(f"cannot open the run index {self._path}: {exc}") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
+                continue
+            except sqlite3.DatabaseError as exc:
+                db.close()
+                raise JournalUnavailable(f"cannot open the run index {self._path}: {exc}") from None
+            self._db = db
+            return version
 
     @contextmanager
     def _transaction(self, *, synced: bool = False) -> Iterator[sqlite3.Connection]:
