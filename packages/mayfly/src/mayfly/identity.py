@@ -22,7 +22,8 @@ _COUNTER_MAX: Final = (1 << _COUNTER_BITS) - 1
 # A fresh millisecond seeds the counter with 11 random bits, leaving at least
 # 2048 increments of headroom before the counter has to borrow the next ms.
 _SEED_MASK: Final = (1 << (_COUNTER_BITS - 1)) - 1
-_RAND_B_MASK: Final = (1 << 62) - 1
+# The first hex digit of rand_b's 8 random bytes -> that digit under the variant bits 10.
+_VARIANT: Final = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 _MS_MASK: Final = (1 << 48) - 1
 
 
@@ -78,7 +79,7 @@ class Uuid7IdSource:
     advances by one millisecond. Safe to share between threads.
     """
 
-    __slots__ = ("_clock_ms", "_counter", "_last_ms", "_lock", "_random_bytes")
+    __slots__ = ("_clock_ms", "_counter", "_last_ms", "_lock", "_prefix", "_random_bytes")
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class Uuid7IdSource:
         self._lock = threading.Lock()
         self._last_ms = -1
         self._counter = 0
+        self._prefix = ""
 
     def new_id(self) -> str:
         """Return a fresh canonical lowercase UUIDv7 string, greater than every earlier one."""
@@ -99,14 +101,20 @@ class Uuid7IdSource:
             if now > self._last_ms:
                 self._last_ms = now
                 self._counter = int.from_bytes(self._random_bytes(2), "big") & _SEED_MASK
+                self._prefix = ""
             else:
                 self._counter += 1
                 if self._counter > _COUNTER_MAX:
                     self._last_ms += 1
                     self._counter = int.from_bytes(self._random_bytes(2), "big") & _SEED_MASK
-            millis = self._last_ms
+                    self._prefix = ""
+            prefix = self._prefix
+            if not prefix:
+                # The millisecond's 12 hex digits and the version digit, formatted once per millisecond.
+                millis = f"{self._last_ms:012x}"
+                prefix = self._prefix = f"{millis[:8]}-{millis[8:]}-7"
             counter = self._counter
-        rand_b = int.from_bytes(self._random_bytes(8), "big") & _RAND_B_MASK
-        value = (millis << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | rand_b
-        text = f"{value:032x}"
-        return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+        # rand_b: the low 62 bits of 8 random bytes under the variant bits 10, so the first of
+        # their 16 hex digits becomes 8, 9, a or b (its own low two bits kept) and the rest stay.
+        rand = self._random_bytes(8).hex()
+        return f"{prefix}{counter:03x}-{_VARIANT[rand[0]]}{rand[1:4]}-{rand[4:]}"

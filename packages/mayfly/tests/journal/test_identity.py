@@ -54,3 +54,40 @@ def test_clock_stepping_back_keeps_order() -> None:
     source = Uuid7IdSource(clock_ms=lambda: next(times))
     first, second, third = source.new_id(), source.new_id(), source.new_id()
     assert first < second < third
+
+
+def test_each_field_is_the_rfc_9562_layout_of_the_clock_counter_and_random_bytes() -> None:
+    """Built from the clock, the counter and the random bytes exactly as RFC 9562 §5.7 lays them out.
+
+    The id is formatted digit by digit for speed; here it is checked against
+    the 128-bit integer the RFC describes, over random bytes that set every
+    bit of rand_b (the variant bits overwrite the top two).
+    """
+    clock = iter([0x0193_0000_1234] * 3 + [0x0193_0000_1235] * 2 + [0xFFFF_FFFF_FFFF])
+    stream = bytes(range(256)) * 4 + b"\xff" * 64 + b"\x00" * 64
+    drawn = 0
+
+    def random_bytes(count: int) -> bytes:
+        nonlocal drawn
+        chunk = stream[drawn : drawn + count]
+        drawn += count
+        return chunk
+
+    source = Uuid7IdSource(clock_ms=lambda: next(clock), random_bytes=random_bytes)
+    at = 0
+    counter = -1
+    last_ms = -1
+    for _ in range(6):
+        text = source.new_id()
+        ms = uuid.UUID(text).int >> 80
+        if ms != last_ms:  # a new millisecond draws two bytes of counter seed first
+            counter = int.from_bytes(stream[at : at + 2], "big") & ((1 << 11) - 1)
+            at += 2
+            last_ms = ms
+        else:
+            counter += 1
+        rand_b = int.from_bytes(stream[at : at + 8], "big") & ((1 << 62) - 1)
+        at += 8
+        expected = (ms << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | rand_b
+        assert text == str(uuid.UUID(int=expected))
+    assert last_ms == 0xFFFF_FFFF_FFFF
