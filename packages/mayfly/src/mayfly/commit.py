@@ -72,10 +72,12 @@ def commit_command(
     ids: IdSource,
     fence: int | None = None,
 ) -> Commit:
-    """Decide ``command``, append its events atomically, verify the acknowledgement, then reduce.
+    """Decide ``command``, append its events atomically, verify the acknowledgement, then apply them.
 
     ``state`` is the run's current state (``None`` only for :class:`CreateRun`)
-    and is updated in place once the append is acknowledged; the returned
+    and is updated in place once the append is acknowledged (it takes the
+    results of the draft the batch was decided on, equal to reducing the
+    batch: :meth:`~mayfly.reducer._draft.Draft.settle`); the returned
     :class:`Commit` holds it. A rejected command raises
     :class:`CommandRejected` with nothing written. Journal errors
     (``AppendConflict``, ``FencingRejected``, ``JournalUnavailable``...) propagate
@@ -115,8 +117,13 @@ def commit_command(
     else:
         result = journal.append(run_id, first, records, fence)
         _check_ack(journal.url, run_id, first, records, result)
-    for offset, event in enumerate(decision):
-        state = reduce(state, event, first + offset)
+    if isinstance(decided, Draft):
+        # The rules already ran on the draft: the state takes its results instead of reducing the
+        # batch a second time (Draft.settle; a property test holds it equal to reducing).
+        state = decided.settle()
+    else:
+        for offset, event in enumerate(decision):
+            state = reduce(state, event, first + offset)
     assert state is not None
     return Commit(state, tuple(decision), tuple(records))
 

@@ -62,9 +62,11 @@ from mayfly.model.spec import (
     RunBudgets,
     WorkflowSpec,
 )
-from mayfly.model.state import NodeStatus, RunState, RunStatus
+from mayfly.model.state import NodeState, NodeStatus, RunState, RunStatus
 from mayfly.reducer import decide, decode_event, encode_event, reduce, replay, validate
+from mayfly.reducer._draft import Draft
 from mayfly.reducer.children import child_completion, child_create_run
+from mayfly.reducer.decide import decide_draft
 
 settings.register_profile("mayfly", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("mayfly")
@@ -193,6 +195,10 @@ class Driver:
             assert decision == restored
         if isinstance(decision, Rejection):
             return decision
+        # The engine does not reduce a committed batch: the state takes the draft's results
+        # (Draft.settle). On a copy of the state, that must give exactly what reducing gives.
+        drafted = decide_draft(replay(self.history) if self.history else None, command)
+        assert isinstance(drafted, Draft)
         for fact in decision:
             encoded = encode_event(fact)
             assert decode_event(encoded.event_type, encoded.schema_version, encoded.payload) == fact
@@ -200,7 +206,23 @@ class Driver:
             self.history.append(fact)
         check_counters(self.state)
         assert replay(self.history).to_record() == self.state.to_record()
+        assert_same_state(drafted.settle(), self.state)
         return decision
+
+
+def assert_same_state(settled: RunState, reduced: RunState) -> None:
+    """Every field of both states equal, their indexes in the same order (orders are observable)."""
+    for name in RunState.__slots__:
+        mine, theirs = getattr(settled, name), getattr(reduced, name)
+        if name == "nodes":
+            assert len(mine) == len(theirs)
+            for a, b in zip(mine, theirs, strict=True):
+                for field in NodeState.__slots__:
+                    assert getattr(a, field) == getattr(b, field), (name, a.node_id, field)
+        elif isinstance(mine, dict):
+            assert list(mine.items()) == list(theirs.items()), name
+        else:
+            assert mine == theirs, name
 
 
 def check_counters(state: RunState) -> None:

@@ -6,11 +6,17 @@ that ``reduce`` applies to the real state, so it sees their consequences — a
 node released, a run completed — without mutating anything and without a
 second copy of the rules. A draft costs O(what it changes): nodes are
 cloned on first write and every index is an overlay over the base's.
+
+Once the batch is appended, :meth:`Draft.settle` hands the draft's results
+to the base state, so the engine applies the rules to a batch once, not once
+to decide and again to reduce; replay (:func:`mayfly.reducer.reduce`) stays
+the definition, and properties hold the two equal field by field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgspec
 
@@ -23,6 +29,28 @@ from mayfly.reducer._apply import apply_event
 __all__ = ["Draft"]
 
 _WAITING = NodeStatus.WAITING
+# The base's own index updates, replayed by Draft.settle in the order the draft made them.
+_RECORD_ATTEMPT = RunState.record_attempt
+_CLOSE_ATTEMPT = RunState.close_attempt
+_SET_READY = RunState.set_ready
+_SET_WAITING = RunState.set_waiting
+_SET_RETRY = RunState.set_retry
+_SET_PARKED = RunState.set_parked
+_SET_EDGE_FIRED = RunState.set_edge_fired
+_CONSUME_SIGNAL = RunState.consume_signal
+
+
+def _compile_assign() -> Callable[[NodeState, NodeState], None]:
+    """``target``'s fields set to ``source``'s, as straight-line copies (the node keeps its identity)."""
+    lines = ["def assign(target, source):"]
+    lines += [f"    target.{name} = source.{name}" for name in NodeState.__slots__]
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)  # source built above from the slot names only
+    assign: Callable[[NodeState, NodeState], None] = namespace["assign"]
+    return assign
+
+
+_assign_node = _compile_assign()
 
 
 class Draft:
@@ -81,6 +109,8 @@ class Draft:
         self._ready_delta = 0
         self._waiting_delta = 0
         self._new_attempts = 0
+        # Every index update, in order, for settle to make on the base: (RunState method, its arguments).
+        self._log: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
 
     def emit(self, event: Event) -> None:
         """Propose ``event``: apply it to the draft and queue it for the batch."""
@@ -111,6 +141,7 @@ class Draft:
     def record_attempt(self, record: AttemptRecord, index: int) -> None:
         """Consume an attempt identity in the draft."""
         self._new_attempts += 1  # the reducer refuses an identity consumed before
+        self._log.append((_RECORD_ATTEMPT, (record, index)))
         self._attempts[record.attempt_id] = record
         self._active_added[record.attempt_id] = index
         if record.child_run_id is not None:
@@ -120,6 +151,7 @@ class Draft:
         """Commit an attempt outcome in the draft."""
         record = self.attempt(attempt_id)
         assert record is not None
+        self._log.append((_CLOSE_ATTEMPT, (attempt_id, outcome)))
         self._attempts[attempt_id] = msgspec.structs.replace(record, outcome=outcome)
         if self._active_added.pop(attempt_id, None) is None:
             self._active_closed.add(attempt_id)
@@ -127,10 +159,12 @@ class Draft:
     def set_ready(self, index: int, ready: bool) -> None:
         """Count a node entering or leaving Ready (decisions never consult the ready index itself)."""
         self._ready_delta += 1 if ready else -1
+        self._log.append((_SET_READY, (index, ready)))
 
     def set_waiting(self, index: int, waiting: bool) -> None:
         """Count a node entering or leaving Waiting."""
         self._waiting_delta += 1 if waiting else -1
+        self._log.append((_SET_WAITING, (index, waiting)))
 
     # -- the run after the batch, as mayfly.runindex.index_entry reads it -----------------
 
@@ -183,6 +217,7 @@ class Draft:
     def set_retry(self, index: int, deadline: int | None) -> None:
         """Record a retry change in the draft."""
         self._retries[index] = deadline
+        self._log.append((_SET_RETRY, (index, deadline)))
 
     def active_attempts(self) -> Iterator[tuple[str, int]]:
         """Active attempts as the draft sees them, in start order."""
@@ -203,6 +238,7 @@ class Draft:
     def set_parked(self, index: int, parked: bool) -> None:
         """Record a parked-index change in the draft."""
         self._parked[index] = parked
+        self._log.append((_SET_PARKED, (index, parked)))
 
     def parked_nodes(self) -> list[int]:
         """Parked nodes as the draft sees them, in specification order."""
@@ -218,6 +254,7 @@ class Draft:
     def set_edge_fired(self, edge: int, source_sequence: int) -> None:
         """Record an edge activation in the draft."""
         self._edges_fired[edge] = source_sequence
+        self._log.append((_SET_EDGE_FIRED, (edge, source_sequence)))
 
     def child_attempt(self, child_run_id: str) -> str | None:
         """The attempt that started ``child_run_id``, as the draft sees it."""
@@ -232,3 +269,38 @@ class Draft:
     def consume_signal(self, record: ConsumedSignal) -> None:
         """Consume a signal id in the draft."""
         self._signals[record.signal_id] = record
+        self._log.append((_CONSUME_SIGNAL, (record,)))
+
+    # -- adopting the draft once its batch is appended ------------------------------------
+
+    def settle(self) -> RunState:
+        """Make the base the state that reducing this draft's events would make it, and return it.
+
+        Call it once the draft's batch is acknowledged, instead of reducing the
+        batch again: the rules already ran on the draft (:meth:`emit`), so the
+        base takes the draft's results, each changed node's fields copied into
+        the base's node (which keeps its identity), every index update made in
+        the draft's order, then the run's scalars. The draft is spent after it.
+        """
+        base = self.base
+        nodes = base.nodes
+        for index, node in self._nodes.items():
+            _assign_node(nodes[index], node)
+        for update, arguments in self._log:
+            update(base, *arguments)
+        base.status = self.status
+        base.sequence = self.sequence
+        base.now = self.now
+        base.attempts_used = self.attempts_used
+        base.transitions_used = self.transitions_used
+        base.open_nodes = self.open_nodes
+        base.n_failed = self.n_failed
+        base.n_blocked = self.n_blocked
+        base.n_cancelled = self.n_cancelled
+        base.n_idle = self.n_idle
+        base.last_outcome = self.last_outcome
+        base.exhausted = self.exhausted
+        base.cancellation = self.cancellation
+        self._nodes = {}
+        self._log = []
+        return base

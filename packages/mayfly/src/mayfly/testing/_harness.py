@@ -21,7 +21,9 @@ from mayfly.model.json import JsonValue
 from mayfly.model.outcomes import NodeOutcome
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import NodeStatus, RunState
-from mayfly.reducer import decide, reduce, replay
+from mayfly.reducer import reduce, replay
+from mayfly.reducer._draft import Draft
+from mayfly.reducer.decide import decide_draft
 
 __all__ = ["ReducerHarness", "ScriptExhausted"]
 
@@ -52,14 +54,24 @@ class ReducerHarness:
         return self._state
 
     def try_execute(self, command: Command) -> list[Event] | Rejection:
-        """Decide and, if accepted, reduce ``command``; return its events or the rejection."""
-        decision = decide(self._state, command)
-        if isinstance(decision, Rejection):
+        """Decide and, if accepted, apply ``command``; return its events or the rejection.
+
+        The state moves on as the engine's does after an append: it takes the
+        results of the draft the events were decided on (the rules ran once,
+        there); :meth:`replayed` reduces the history from scratch instead.
+        """
+        drafted = decide_draft(self._state, command)
+        if isinstance(drafted, Rejection):
+            return drafted
+        if isinstance(drafted, Draft):
+            decision = list(drafted.events)
+            self._state = drafted.settle()
+            self.history.extend(decision)
             return decision
-        for event in decision:
+        for event in drafted:
             self._state = reduce(self._state, event, len(self.history) + 1)
             self.history.append(event)
-        return decision
+        return drafted
 
     def execute(self, command: Command) -> list[Event]:
         """Like :meth:`try_execute`, but a rejection raises :class:`CommandRejected`."""
