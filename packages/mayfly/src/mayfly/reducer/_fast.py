@@ -1,0 +1,154 @@
+"""Fast rules: the hot events of a :class:`RunState`'s history, applied without the general machinery.
+
+A replay is mostly ``NodeReady``, ``NodeStarted`` and ``NodeOutcomeCommitted``
+on nodes that never wait, retry, call a child or take part in an edge. For
+those, the rules below make exactly the changes the general rules of
+:mod:`mayfly.reducer._apply` make, written straight against the state's own
+fields instead of through :class:`~mayfly.reducer._apply.RunView` and
+``_set_status``. Anything else — a check that fails, a budget about to run
+out, a node with a :class:`~mayfly.model.state.NodeDetail`, an outcome that
+is not an ordinary terminal one — is handed, before anything is changed, to
+the general rule, which applies it or raises its :class:`CorruptionError`.
+So the general rules stay the one definition of every check and message, and
+``tests/reducer/test_fast.py`` proves both give equal states over generated
+histories.
+
+Only :func:`mayfly.reducer.reduce` and the replay loop use these, and only on
+a :class:`RunState` (a decision's draft always takes the general rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mayfly.model.events import LastOutcome, NodeOutcomeCommitted, NodeReady, NodeStarted
+from mayfly.model.outcomes import NodeOutcomeKind
+from mayfly.model.state import AttemptRecord, NodeStatus, RunState, count_terminal
+from mayfly.reducer._apply import apply_event
+
+__all__ = ["FAST_RULES", "FastRule"]
+
+FastRule = Callable[[RunState, Any, int], None]
+"""Applies one event, committed at the given sequence, to a running :class:`RunState`."""
+
+_PENDING = NodeStatus.PENDING
+_READY = NodeStatus.READY
+_RUNNING = NodeStatus.RUNNING
+_SUCCEEDED = NodeStatus.SUCCEEDED
+_RETRY_PENDING = NodeStatus.RETRY_PENDING
+
+# Outcome kinds that end a node's activation with a terminal status, and that status.
+_TERMINAL_KIND = {
+    NodeOutcomeKind.SUCCEEDED: NodeStatus.SUCCEEDED,
+    NodeOutcomeKind.BLOCKED: NodeStatus.BLOCKED,
+    NodeOutcomeKind.CANCELLED: NodeStatus.CANCELLED,
+    NodeOutcomeKind.SKIPPED: NodeStatus.SKIPPED,
+}
+_PERMANENT_FAILURE = NodeOutcomeKind.PERMANENT_FAILURE
+_FAILED = NodeStatus.FAILED
+
+
+def _node_ready(run: RunState, event: NodeReady, seq: int) -> None:
+    i = run.index.get(event.node_id)
+    node = None if i is None else run.nodes[i]
+    if (
+        node is None
+        or node.status is not _PENDING
+        or run.transitions_used >= run.spec.budgets.max_transitions
+    ):
+        apply_event(run, event, seq)
+        return
+    node.attempt = 0
+    # _set_status(Pending -> Ready): the node stops being idle, and parked if it has no depends_on.
+    run.n_idle -= 1
+    if not node.prereqs:  # prereqs == len(spec.depends_on)
+        run._parked.pop(node.index, None)
+    node.status = _READY
+    run._ready[node.index] = None
+    run.transitions_used += 1
+    run.sequence = seq
+
+
+def _node_started(run: RunState, event: NodeStarted, seq: int) -> None:
+    i = run.index.get(event.node_id)
+    node = None if i is None else run.nodes[i]
+    attempt_id = event.attempt_id
+    attempts = run._attempts
+    if (
+        node is None
+        or node.status is not _READY
+        or node.spec.child is not None
+        or attempt_id in attempts
+        or event.attempt != node.attempt + 1
+        or run.attempts_used >= run.spec.budgets.max_attempts
+    ):
+        apply_event(run, event, seq)
+        return
+    index = node.index
+    # _set_status(Ready -> Running): it only leaves the ready index.
+    del run._ready[index]
+    node.status = _RUNNING
+    node.attempt = event.attempt
+    node.total_attempts += 1
+    node.attempt_id = attempt_id
+    node.attempt_deadline = event.deadline
+    attempts[attempt_id] = AttemptRecord(attempt_id, node.spec.id)
+    run._active[attempt_id] = index
+    run.attempts_used += 1
+    run.sequence = seq
+
+
+def _outcome_committed(run: RunState, event: NodeOutcomeCommitted, seq: int) -> None:
+    attempt_id = event.attempt_id
+    i = run.index.get(event.node_id)
+    node = None if i is None else run.nodes[i]
+    record = None if attempt_id is None else run._attempts.get(attempt_id)
+    outcome = event.outcome
+    kind = outcome.kind
+    status = _TERMINAL_KIND.get(kind)
+    if kind is _PERMANENT_FAILURE and node is not None and kind not in node.spec.retry.retry_on:
+        status = _FAILED
+    if (
+        node is None
+        or record is None
+        or status is None
+        or node.detail is not None
+        or node.status is not _RUNNING
+        or node.attempt_id != attempt_id
+        or record.outcome is not None
+        or record.node_id != node.spec.id
+    ):
+        apply_event(run, event, seq)
+        return
+    # close_attempt, then the node's activation ends (every field cleared here but the
+    # attempt's lives in the node's detail, which this node does not have). The record keeps
+    # its own id, the dict key's string, not the event's equal copy (one per attempt is kept).
+    attempt_id = record.attempt_id
+    run._attempts[attempt_id] = AttemptRecord(attempt_id, record.node_id, outcome, record.child_run_id)
+    del run._active[attempt_id]
+    node.attempt_id = None
+    node.attempt_deadline = None
+    node.last_outcome = outcome
+    run.last_outcome = LastOutcome(record.node_id, kind, attempt_id)
+    # _set_status(Running -> terminal): no retry to clear (no detail), one node less open.
+    node.status = status
+    run.open_nodes -= 1
+    if status is _SUCCEEDED:
+        # count_terminal for a success without edges: every dependent has one more succeeded prereq.
+        nodes = run.nodes
+        for d in node.dependents:
+            dep = nodes[d]
+            dep.done_prereqs += 1
+            dep.succeeded_prereqs += 1
+    else:
+        count_terminal(run, node)
+    run.sequence = seq
+
+
+FAST_RULES: dict[type[Any], FastRule] = {
+    NodeReady: _node_ready,
+    NodeStarted: _node_started,
+    NodeOutcomeCommitted: _outcome_committed,
+}
+"""The fast rule of each hot event type; every other type takes the general rules."""
