@@ -1,8 +1,9 @@
-"""The fast rules of a RunState's hot events against the general rules they shortcut (differential)."""
+"""The fast rules of the replay loop against the general rules they shortcut (differential)."""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, NamedTuple
 
 import msgspec
 import pytest
@@ -15,10 +16,18 @@ from mayfly.model.commands import (
     CancelRun,
     Command,
     CompleteAttempt,
+    CompleteChild,
     StartNodes,
 )
 from mayfly.model.errors import CorruptionError
-from mayfly.model.events import Event, NodeOutcomeCommitted, NodeReady, NodeStarted
+from mayfly.model.events import (
+    Event,
+    NodeOutcomeCommitted,
+    NodeReady,
+    NodeStarted,
+    RunCompleted,
+    RunCreated,
+)
 from mayfly.model.outcomes import (
     Blocked,
     Cancelled,
@@ -31,6 +40,8 @@ from mayfly.model.outcomes import (
     Succeeded,
 )
 from mayfly.model.spec import (
+    ChildCall,
+    ChildDefinition,
     Edge,
     FixedBackoff,
     Node,
@@ -41,10 +52,12 @@ from mayfly.model.spec import (
     WorkflowSpec,
 )
 from mayfly.model.state import NodeDetail, RunState
-from mayfly.reducer import reduce, validate
-from mayfly.reducer._apply import apply_event, new_state
-from mayfly.reducer._fast import FAST_RULES
+from mayfly.reducer import encode_event, reduce, reduce_encoded, validate
+from mayfly.reducer._apply import apply_event
 from mayfly.testing import ReducerHarness
+
+HOT = (NodeReady, NodeStarted, NodeOutcomeCommitted)
+LEAF = ChildDefinition("leaf", 1, (Node("w", handler="w@1"),))
 
 settings.register_profile("mayfly", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("mayfly")
@@ -77,12 +90,24 @@ def dump(state: RunState) -> dict[str, Any]:
     return {"run": run, "nodes": nodes}
 
 
-def general(state: RunState | None, event: Event, sequence: int) -> RunState:
-    """``reduce`` through the general rules only, as before the fast rules existed."""
-    if state is None:
-        return reduce(None, event, sequence)
-    apply_event(state, event, sequence)
-    return state
+def out_of_order(sequence: int, after: int) -> CorruptionError:
+    return CorruptionError(f"record {sequence} after {after}")
+
+
+class Record(NamedTuple):
+    sequence: int
+    event_type: str
+    schema_version: int
+    payload: bytes
+
+
+def fast(state: RunState | None, event: Event, sequence: int) -> RunState:
+    """The replay loop, which takes the fast rules, on the one record of ``event``."""
+    encoded = encode_event(event)
+    record = Record(sequence, encoded.event_type, encoded.schema_version, encoded.payload)
+    reduced = reduce_encoded(state, [record], out_of_order=out_of_order)
+    assert reduced is not None
+    return reduced
 
 
 def outcome_of(result: RunState | str) -> Any:
@@ -92,7 +117,7 @@ def outcome_of(result: RunState | str) -> Any:
 def apply_both(history: list[Event]) -> tuple[list[Any], list[Any]]:
     """Each step's state (or its CorruptionError's text) through the fast rules and the general ones."""
     steps: tuple[list[Any], list[Any]] = ([], [])
-    for rules, out in zip((reduce, general), steps, strict=True):
+    for rules, out in zip((fast, reduce), steps, strict=True):
         state: RunState | None = None
         for sequence, event in enumerate(history, 1):
             try:
@@ -119,11 +144,18 @@ def specs(draw: st.DrawFn) -> WorkflowSpec:
                 ]
             )
         )
-        retry = RetryPolicy(max_attempts=draw(st.integers(1, 3)), backoff=FixedBackoff(5), retry_on=kinds)
+        retry = RetryPolicy(
+            max_attempts=draw(st.integers(1, 3)),
+            backoff=FixedBackoff(5),
+            retry_on=kinds,
+            attempt_deadline_ms=draw(st.sampled_from([None, 7, 100])),
+        )
+        child = draw(st.integers(0, 4)) == 0
         nodes.append(
             Node(
                 f"n{i}",
-                handler="h@1",
+                handler=None if child else "h@1",
+                child=ChildCall("leaf", 1, "propagate") if child else None,
                 depends_on=tuple(f"n{d}" for d in sorted(deps)),
                 policy=draw(st.sampled_from(["all_succeeded", "all_completed", "any_succeeded"])),
                 retry=retry,
@@ -138,7 +170,9 @@ def specs(draw: st.DrawFn) -> WorkflowSpec:
     budgets = RunBudgets(max_attempts=draw(st.integers(1, 12)), max_transitions=draw(st.integers(1, 20)))
     targets = {edge.target for edge in edges}
     initial = tuple(n.id for n in nodes if not n.depends_on and n.id not in targets) or ("n0",)
-    spec = WorkflowSpec("fast", 1, tuple(nodes), edges=tuple(edges), initial=initial, budgets=budgets)
+    spec = WorkflowSpec(
+        "fast", 1, tuple(nodes), edges=tuple(edges), initial=initial, budgets=budgets, catalog=(LEAF,)
+    )
     assume(validate(spec) == [])
     return spec
 
@@ -159,8 +193,12 @@ def drive(spec: WorkflowSpec, data: st.DataObject) -> list[Event]:
             command = StartNodes(tuple(AttemptStart(n, run.ids.new_id()) for n in picked))
         elif op == "complete" and active:
             attempt_id, i = data.draw(st.sampled_from(active))
-            outcome = data.draw(st.sampled_from(OUTCOMES))
-            command = CompleteAttempt(state.node(i).node_id, attempt_id, outcome)
+            node = state.node(i)
+            if node.child_run_id is not None:
+                result = data.draw(st.sampled_from(["succeeded", "failed", "cancelled"]))
+                command = CompleteChild(node.node_id, attempt_id, node.child_run_id, result)
+            else:
+                command = CompleteAttempt(node.node_id, attempt_id, data.draw(st.sampled_from(OUTCOMES)))
         elif op == "cancel":
             command = CancelRun(reason="t", requester="t")
         else:
@@ -171,9 +209,12 @@ def drive(spec: WorkflowSpec, data: st.DataObject) -> list[Event]:
 
 def corrupt(history: list[Event], data: st.DataObject) -> list[Event]:
     """The history with one hot event duplicated, dropped, moved or changed."""
-    hot = [k for k, event in enumerate(history) if type(event) in FAST_RULES]
+    hot = [k for k, event in enumerate(history) if type(event) in HOT]
     if not hot:
         return history
+    created = history[0]
+    assert isinstance(created, RunCreated)
+    node_ids = st.sampled_from([n.id for n in created.spec.nodes] + ["nx"])
     k = data.draw(st.sampled_from(hot))
     event = history[k]
     how = data.draw(st.sampled_from(["duplicate", "drop", "move", "change"]))
@@ -196,10 +237,14 @@ def corrupt(history: list[Event], data: st.DataObject) -> list[Event]:
         changed[k] = msgspec.structs.replace(event, **{field: value[field]})
     elif isinstance(event, NodeOutcomeCommitted):
         field = data.draw(st.sampled_from(["node_id", "attempt_id", "outcome"]))
-        value = {"node_id": "n0", "attempt_id": None, "outcome": data.draw(st.sampled_from(OUTCOMES))}[field]
+        value = {
+            "node_id": data.draw(node_ids),
+            "attempt_id": None,
+            "outcome": data.draw(st.sampled_from(OUTCOMES)),
+        }[field]
         changed[k] = msgspec.structs.replace(event, **{field: value})
     elif isinstance(event, NodeReady):
-        changed[k] = msgspec.structs.replace(event, node_id=data.draw(st.sampled_from(["n0", "nx"])))
+        changed[k] = msgspec.structs.replace(event, node_id=data.draw(node_ids))
     return changed
 
 
@@ -240,21 +285,20 @@ def test_plain_nodes_take_only_the_fast_rules(monkeypatch: pytest.MonkeyPatch) -
     run.run_script(
         {"a": [Succeeded()], "b": [Succeeded()], "c": [PermanentFailure(reason="x")], "d": [Skipped()]}
     )
-    hot = [(k, e) for k, e in enumerate(run.history, 1) if type(e) in FAST_RULES]
-    assert len(hot) == 12
+    assert sum(type(e) in HOT for e in run.history) == 12
+    general: list[Event] = []
 
-    def refuse(*args: object) -> None:
-        raise AssertionError(f"general rule applied to {args[1]}")
+    def record_general(state: RunState, event: Event, sequence: int) -> None:
+        general.append(event)
+        apply_event(state, event, sequence)
 
-    monkeypatch.setattr("mayfly.reducer._fast.apply_event", refuse)
-    state = new_state(run.history[0])  # type: ignore[arg-type]
-    for sequence, event in enumerate(run.history[1:], 2):
-        rule = FAST_RULES.get(type(event))
-        if rule is None:
-            apply_event(state, event, sequence)
-        else:
-            rule(state, event, sequence)
-    assert state.to_record() == run.state.to_record()
+    monkeypatch.setattr(importlib.import_module("mayfly.reducer.reduce"), "apply_event", record_general)
+    monkeypatch.setattr(importlib.import_module("mayfly.reducer._fast"), "apply_event", record_general)
+    state = None
+    for sequence, event in enumerate(run.history, 1):
+        state = fast(state, event, sequence)
+    assert state is not None and state.to_record() == run.state.to_record()
+    assert [type(e) for e in general] == [RunCompleted]  # RunCreated starts the state, before any rule
 
 
 @pytest.mark.parametrize(
@@ -283,3 +327,15 @@ def test_a_hot_event_past_a_budget_is_corruption_through_either_rules(
     fast, slow = apply_both(history)
     assert fast == slow
     assert isinstance(fast[-1], str) and fast[-1].endswith(problem), fast[-1]
+
+
+def test_a_child_call_node_started_as_a_handler_is_corruption_through_either_rules() -> None:
+    """NodeStarted on a ready child-call node fails in replay with the general rule's message."""
+    nodes = (Node("a", child=ChildCall("leaf", 1, "propagate")),)
+    run = ReducerHarness(WorkflowSpec("fast", 1, nodes, catalog=(LEAF,)))
+    history = [*run.history, NodeStarted("a", "00000000-0000-7000-8000-0000000000aa", 1, 0)]
+    fast_steps, slow_steps = apply_both(history)
+    assert fast_steps == slow_steps
+    assert isinstance(fast_steps[-1], str) and fast_steps[-1].endswith(
+        "node 'a' calls a child workflow; it starts with ChildStarted"
+    )

@@ -13,8 +13,11 @@ So the general rules stay the one definition of every check and message, and
 ``tests/reducer/test_fast.py`` proves both give equal states over generated
 histories.
 
-Only :func:`mayfly.reducer.reduce` and the replay loop use these, and only on
-a :class:`RunState` (a decision's draft always takes the general rules).
+Only the replay loop (:func:`mayfly.reducer.reduce_encoded`) uses these:
+:func:`~mayfly.reducer.reduce`, the live path, and a decision's draft take the
+general rules, so every test that a replay equals the live state also compares
+the fast rules with the general ones. The rules are closures over one state's
+indexes (:func:`bind_fast_rules`), bound once per replay.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.state import AttemptRecord, NodeStatus, RunState, count_terminal
 from mayfly.reducer._apply import apply_event
 
-__all__ = ["FAST_RULES", "FastRule"]
+__all__ = ["FastRule", "bind_fast_rules"]
 
-FastRule = Callable[[RunState, Any, int], None]
-"""Applies one event, committed at the given sequence, to a running :class:`RunState`."""
+FastRule = Callable[[Any, int], None]
+"""Applies one event, committed at the given sequence, to the running state it was bound to."""
 
 _PENDING = NodeStatus.PENDING
 _READY = NodeStatus.READY
@@ -49,106 +52,108 @@ _PERMANENT_FAILURE = NodeOutcomeKind.PERMANENT_FAILURE
 _FAILED = NodeStatus.FAILED
 
 
-def _node_ready(run: RunState, event: NodeReady, seq: int) -> None:
-    i = run.index.get(event.node_id)
-    node = None if i is None else run.nodes[i]
-    if (
-        node is None
-        or node.status is not _PENDING
-        or run.transitions_used >= run.spec.budgets.max_transitions
-    ):
-        apply_event(run, event, seq)
-        return
-    node.attempt = 0
-    # _set_status(Pending -> Ready): the node stops being idle, and parked if it has no depends_on.
-    run.n_idle -= 1
-    if not node.prereqs:  # prereqs == len(spec.depends_on)
-        run._parked.pop(node.index, None)
-    node.status = _READY
-    run._ready[node.index] = None
-    run.transitions_used += 1
-    run.sequence = seq
+def bind_fast_rules(run: RunState) -> dict[type[Any], FastRule]:
+    """The fast rule of each hot event type, bound to ``run`` (every other type takes the general rules).
 
-
-def _node_started(run: RunState, event: NodeStarted, seq: int) -> None:
-    i = run.index.get(event.node_id)
-    node = None if i is None else run.nodes[i]
-    attempt_id = event.attempt_id
+    The rules hold ``run``'s indexes, which a state keeps for its lifetime, and
+    must only be called while ``run`` is running (as :func:`apply_event` checks).
+    """
+    index = run.index
+    nodes = run.nodes
+    ready = run._ready
+    parked = run._parked
     attempts = run._attempts
-    if (
-        node is None
-        or node.status is not _READY
-        or node.spec.child is not None
-        or attempt_id in attempts
-        or event.attempt != node.attempt + 1
-        or run.attempts_used >= run.spec.budgets.max_attempts
-    ):
-        apply_event(run, event, seq)
-        return
-    index = node.index
-    # _set_status(Ready -> Running): it only leaves the ready index.
-    del run._ready[index]
-    node.status = _RUNNING
-    node.attempt = event.attempt
-    node.total_attempts += 1
-    node.attempt_id = attempt_id
-    node.attempt_deadline = event.deadline
-    attempts[attempt_id] = AttemptRecord(attempt_id, node.spec.id)
-    run._active[attempt_id] = index
-    run.attempts_used += 1
-    run.sequence = seq
+    active = run._active
+    max_transitions = run.spec.budgets.max_transitions
+    max_attempts = run.spec.budgets.max_attempts
+    terminal_kind = _TERMINAL_KIND
+    general = apply_event
 
+    def node_ready(event: NodeReady, seq: int) -> None:
+        i = index.get(event.node_id)
+        node = None if i is None else nodes[i]
+        if node is None or node.status is not _PENDING or run.transitions_used >= max_transitions:
+            general(run, event, seq)
+            return
+        node.attempt = 0
+        # _set_status(Pending -> Ready): the node stops being idle, and parked if it has no depends_on.
+        run.n_idle -= 1
+        if not node.prereqs:  # prereqs == len(spec.depends_on)
+            parked.pop(node.index, None)
+        node.status = _READY
+        ready[node.index] = None
+        run.transitions_used += 1
+        run.sequence = seq
 
-def _outcome_committed(run: RunState, event: NodeOutcomeCommitted, seq: int) -> None:
-    attempt_id = event.attempt_id
-    i = run.index.get(event.node_id)
-    node = None if i is None else run.nodes[i]
-    record = None if attempt_id is None else run._attempts.get(attempt_id)
-    outcome = event.outcome
-    kind = outcome.kind
-    status = _TERMINAL_KIND.get(kind)
-    if kind is _PERMANENT_FAILURE and node is not None and kind not in node.spec.retry.retry_on:
-        status = _FAILED
-    if (
-        node is None
-        or record is None
-        or status is None
-        or node.detail is not None
-        or node.status is not _RUNNING
-        or node.attempt_id != attempt_id
-        or record.outcome is not None
-        or record.node_id != node.spec.id
-    ):
-        apply_event(run, event, seq)
-        return
-    # close_attempt, then the node's activation ends (every field cleared here but the
-    # attempt's lives in the node's detail, which this node does not have). The record keeps
-    # its own id, the dict key's string, not the event's equal copy (one per attempt is kept).
-    attempt_id = record.attempt_id
-    run._attempts[attempt_id] = AttemptRecord(attempt_id, record.node_id, outcome, record.child_run_id)
-    del run._active[attempt_id]
-    node.attempt_id = None
-    node.attempt_deadline = None
-    node.last_outcome = outcome
-    run.last_outcome = LastOutcome(record.node_id, kind, attempt_id)
-    # _set_status(Running -> terminal): no retry to clear (no detail), one node less open.
-    node.status = status
-    run.open_nodes -= 1
-    if status is _SUCCEEDED:
-        # count_terminal for a success without edges: every dependent has one more succeeded prereq.
-        nodes = run.nodes
-        for d in node.dependents:
-            dep = nodes[d]
-            dep.done_prereqs += 1
-            dep.succeeded_prereqs += 1
-    else:
-        count_terminal(run, node)
-    run.sequence = seq
+    def node_started(event: NodeStarted, seq: int) -> None:
+        i = index.get(event.node_id)
+        node = None if i is None else nodes[i]
+        attempt_id = event.attempt_id
+        if (
+            node is None
+            or node.status is not _READY
+            or node.spec.child is not None
+            or attempt_id in attempts
+            or event.attempt != node.attempt + 1
+            or run.attempts_used >= max_attempts
+        ):
+            general(run, event, seq)
+            return
+        # _set_status(Ready -> Running): it only leaves the ready index.
+        del ready[node.index]
+        node.status = _RUNNING
+        node.attempt = event.attempt
+        node.total_attempts += 1
+        node.attempt_id = attempt_id
+        node.attempt_deadline = event.deadline
+        attempts[attempt_id] = AttemptRecord(attempt_id, node.spec.id)
+        active[attempt_id] = node.index
+        run.attempts_used += 1
+        run.sequence = seq
 
+    def outcome_committed(event: NodeOutcomeCommitted, seq: int) -> None:
+        attempt_id = event.attempt_id
+        i = index.get(event.node_id)
+        node = None if i is None else nodes[i]
+        record = None if attempt_id is None else attempts.get(attempt_id)
+        outcome = event.outcome
+        kind = outcome.kind
+        status = terminal_kind.get(kind)
+        if kind is _PERMANENT_FAILURE and node is not None and kind not in node.spec.retry.retry_on:
+            status = _FAILED
+        if (
+            node is None
+            or record is None
+            or status is None
+            or node.detail is not None
+            or node.status is not _RUNNING
+            or node.attempt_id != attempt_id
+            or record.outcome is not None
+            or record.node_id != node.spec.id
+        ):
+            general(run, event, seq)
+            return
+        # close_attempt, then the node's activation ends (every field cleared here but the
+        # attempt's lives in the node's detail, which this node does not have). The record keeps
+        # its own id, the dict key's string, not the event's equal copy (one per attempt is kept).
+        attempt_id = record.attempt_id
+        attempts[attempt_id] = AttemptRecord(attempt_id, record.node_id, outcome, record.child_run_id)
+        del active[attempt_id]
+        node.attempt_id = None
+        node.attempt_deadline = None
+        node.last_outcome = outcome
+        run.last_outcome = LastOutcome(record.node_id, kind, attempt_id)
+        # _set_status(Running -> terminal): no retry to clear (no detail), one node less open.
+        node.status = status
+        run.open_nodes -= 1
+        if status is _SUCCEEDED:
+            # count_terminal for a success without edges: every dependent has one more succeeded prereq.
+            for d in node.dependents:
+                dep = nodes[d]
+                dep.done_prereqs += 1
+                dep.succeeded_prereqs += 1
+        else:
+            count_terminal(run, node)
+        run.sequence = seq
 
-FAST_RULES: dict[type[Any], FastRule] = {
-    NodeReady: _node_ready,
-    NodeStarted: _node_started,
-    NodeOutcomeCommitted: _outcome_committed,
-}
-"""The fast rule of each hot event type; every other type takes the general rules."""
+    return {NodeReady: node_ready, NodeStarted: node_started, NodeOutcomeCommitted: outcome_committed}
