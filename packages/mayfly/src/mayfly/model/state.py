@@ -479,13 +479,21 @@ class RunState:
         self.n_blocked = 0
         self.n_cancelled = 0
         nodes = spec.nodes
-        index = {node.id: i for i, node in enumerate(nodes)}
+        # One int object per position, shared by every index below: positions past 256 are not
+        # cached by Python, and an int per index entry, node and dependent cost 64 B a node.
+        positions = list(range(len(nodes)))
+        index = dict(zip([node.id for node in nodes], positions, strict=True))
         # Only the nodes that have dependents or edges get lists: most have neither, and a list per
         # node made building a 100k-node state allocate (and the collector walk) 300k of them.
         dependents: dict[int, list[int]] = {}
-        for i, node in enumerate(nodes):
+        for i, node in zip(positions, nodes, strict=True):
             for prereq in node.depends_on:
-                dependents.setdefault(index[prereq], []).append(i)
+                prereq_at = index[prereq]
+                listed = dependents.get(prereq_at)
+                if listed is None:
+                    dependents[prereq_at] = [i]
+                else:
+                    listed.append(i)
         out_edges: dict[int, list[int]] = {}
         edge_targets: dict[int, list[int]] = {}
         in_edges: dict[int, int] = {}
@@ -495,10 +503,13 @@ class RunState:
             edge_targets.setdefault(source, []).append(target)
             in_edges[target] = in_edges.get(target, 0) + 1
         self.index = index
+        # Equal dependent tuples are shared (every branch of a fan-out has the same one).
+        shared: dict[tuple[int, ...], tuple[int, ...]] = {(): ()}
         with collector_paused():
             self.nodes = [
-                NodeState(i, node, len(node.depends_on), tuple(dependents.get(i, ())))
-                for i, node in enumerate(nodes)
+                NodeState(i, node, len(node.depends_on), shared.setdefault(deps, deps))
+                for i, node in zip(positions, nodes, strict=True)
+                for deps in (tuple(dependents.get(i, ())),)
             ]
         for i in {*out_edges, *in_edges}:
             detail = self.nodes[i].detail = NodeDetail()
@@ -512,7 +523,9 @@ class RunState:
         self._ready: dict[int, None] = {}
         self._retries: dict[int, int] = {}
         # Every node starts Pending: parked exactly when nothing but an edge can start it (is_parked).
-        self._parked: dict[int, None] = {i: None for i, node in enumerate(nodes) if not node.depends_on}
+        self._parked: dict[int, None] = {
+            i: None for i, node in zip(positions, nodes, strict=True) if not node.depends_on
+        }
         self._edges_fired = [0] * len(spec.edges)
         self._children: dict[str, str] = {}
         self._signals: dict[str, ConsumedSignal] = {}
