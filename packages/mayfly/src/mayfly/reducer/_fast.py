@@ -41,13 +41,14 @@ _RUNNING = NodeStatus.RUNNING
 _SUCCEEDED = NodeStatus.SUCCEEDED
 _RETRY_PENDING = NodeStatus.RETRY_PENDING
 
-# Outcome kinds that end a node's activation with a terminal status, and that status.
+# Outcome kinds (besides success and permanent failure) that end a node's activation with a terminal
+# status, and that status; keyed by the member's id, as hashing an Enum member is a Python-level call.
 _TERMINAL_KIND = {
-    NodeOutcomeKind.SUCCEEDED: NodeStatus.SUCCEEDED,
-    NodeOutcomeKind.BLOCKED: NodeStatus.BLOCKED,
-    NodeOutcomeKind.CANCELLED: NodeStatus.CANCELLED,
-    NodeOutcomeKind.SKIPPED: NodeStatus.SKIPPED,
+    id(NodeOutcomeKind.BLOCKED): NodeStatus.BLOCKED,
+    id(NodeOutcomeKind.CANCELLED): NodeStatus.CANCELLED,
+    id(NodeOutcomeKind.SKIPPED): NodeStatus.SKIPPED,
 }
+_KIND_SUCCEEDED = NodeOutcomeKind.SUCCEEDED
 _PERMANENT_FAILURE = NodeOutcomeKind.PERMANENT_FAILURE
 _FAILED = NodeStatus.FAILED
 
@@ -118,9 +119,13 @@ def bind_fast_rules(run: RunState) -> dict[type[Any], FastRule]:
         record = None if attempt_id is None else attempts.get(attempt_id)
         outcome = event.outcome
         kind = outcome.kind
-        status = terminal_kind.get(kind)
-        if kind is _PERMANENT_FAILURE and node is not None and kind not in node.spec.retry.retry_on:
-            status = _FAILED
+        if kind is _KIND_SUCCEEDED:
+            status: NodeStatus | None = _SUCCEEDED
+        elif kind is _PERMANENT_FAILURE:
+            # Retried when the policy names it (is_retry_class): the general rule decides then.
+            status = None if node is None or kind in node.spec.retry.retry_on else _FAILED
+        else:
+            status = terminal_kind.get(id(kind))
         if (
             node is None
             or record is None
