@@ -120,15 +120,20 @@ def reduce_encoded(
     running = _RUN_RUNNING
     for record in remaining:
         sequence = record.sequence
-        if sequence != after + 1:
+        # A difference, not ``after + 1``: past 256 every sum would be a new int object.
+        if sequence - after != 1:
             raise out_of_order(sequence, after)
         known = table.get(record.event_type)
-        if known is not None and known[0] == record.schema_version:
-            try:
-                event = known[1](record.payload)
-            except _DECODE_ERRORS:
-                event = _decode(record, upcasters)  # only to raise the error decode_event gives
-            rule = known[2]
+        if known is not None:
+            version, decode, rule = known
+            if version == record.schema_version:
+                try:
+                    event = decode(record.payload)
+                except _DECODE_ERRORS:
+                    event = _decode(record, upcasters)  # only to raise the error decode_event gives
+            else:
+                event = _decode(record, upcasters)
+                rule = None
         else:
             event = _decode(record, upcasters)
             rule = None
