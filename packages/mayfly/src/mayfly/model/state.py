@@ -154,9 +154,10 @@ class NodeDetail:
 
     Most nodes of a large run never wait, retry, call a child, fail with a
     cause or take part in an edge; keeping these fields out of every node
-    saved a finished run about 100 B per node. A node
-    gets one when one of them is first set to a value other than its default,
-    or when it is built with edges, and keeps it.
+    saved a finished run about 100 B per node. A node gets one when one of
+    them is first set to a value other than its default, or when it is built
+    with edges, and keeps it. The replay's fast rules
+    (:mod:`mayfly.reducer._fast`) only take nodes without one.
     """
 
     __slots__ = (

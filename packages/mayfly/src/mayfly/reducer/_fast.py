@@ -10,10 +10,11 @@ out, a node with a :class:`~mayfly.model.state.NodeDetail`, an outcome that
 is not an ordinary terminal one — is handed, before anything is changed, to
 the general rule, which applies it or raises its :class:`CorruptionError`.
 So the general rules stay the one definition of every check and message, and
-``tests/reducer/test_fast.py`` proves both give equal states over generated
-histories.
+``tests/reducer/test_fast.py`` shows both give equal states (indexes and
+counters included) and equal errors over generated and corrupted histories.
 
-Only the replay loop (:func:`mayfly.reducer.reduce_encoded`) uses these:
+Only the replay loops use these (:func:`mayfly.reducer.replay` and
+:func:`mayfly.reducer.reduce_encoded`, which recovery runs):
 :func:`~mayfly.reducer.reduce`, the live path, and a decision's draft take the
 general rules, so every test that a replay equals the live state also compares
 the fast rules with the general ones. The rules are closures over one state's
