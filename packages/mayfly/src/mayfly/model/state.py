@@ -505,12 +505,15 @@ class RunState:
             in_edges[target] = in_edges.get(target, 0) + 1
         self.index = index
         # Equal dependent tuples are shared (every branch of a fan-out has the same one).
-        shared: dict[tuple[int, ...], tuple[int, ...]] = {(): ()}
+        shared: dict[tuple[int, ...], tuple[int, ...]] = {}
+        dependent_tuples = {
+            i: shared.setdefault(listed, listed)
+            for i, listed in zip(dependents, map(tuple, dependents.values()), strict=True)
+        }
         with collector_paused():
             self.nodes = [
-                NodeState(i, node, len(node.depends_on), shared.setdefault(deps, deps))
+                NodeState(i, node, len(node.depends_on), dependent_tuples.get(i, ()))
                 for i, node in zip(positions, nodes, strict=True)
-                for deps in (tuple(dependents.get(i, ())),)
             ]
         for i in {*out_edges, *in_edges}:
             detail = self.nodes[i].detail = NodeDetail()
