@@ -837,9 +837,10 @@ def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
             dep.blocked_prereqs += 1
         elif status is _CANCELLED:
             dep.cancelled_prereqs += 1
-    if not node.in_edges:
+    detail = node.detail  # None: no edges (read directly: most nodes have none)
+    if detail is not None and not detail.in_edges:
         # No edge can re-activate this node, so its edges can never fire again.
-        for t in node.edge_targets:
+        for t in detail.edge_targets:
             run.node_mut(t).closed_in += 1
 
 
@@ -864,6 +865,7 @@ def uncount_terminal(run: _TerminalCounts, node: NodeState) -> None:
             dep.blocked_prereqs -= 1
         elif status is _CANCELLED:
             dep.cancelled_prereqs -= 1
-    if not node.in_edges:
-        for t in node.edge_targets:
+    detail = node.detail
+    if detail is not None and not detail.in_edges:
+        for t in detail.edge_targets:
             run.node_mut(t).closed_in -= 1
