@@ -227,7 +227,7 @@ def main() -> None:
     )
     base = 0.0
     for name, spec in shapes:
-        row = measure(name, spec, args.repeat if len(spec.nodes) < 50_000 else 1)
+        row = measure(name, spec, args.repeat)
         us = float(row["us_per_event"])
         base = base or us
         print(
