@@ -40,7 +40,6 @@ _PENDING = NodeStatus.PENDING
 _READY = NodeStatus.READY
 _RUNNING = NodeStatus.RUNNING
 _SUCCEEDED = NodeStatus.SUCCEEDED
-_RETRY_PENDING = NodeStatus.RETRY_PENDING
 
 # Outcome kinds (besides success and permanent failure) that end a node's activation with a terminal
 # status, and that status; keyed by the member's id, as hashing an Enum member is a Python-level call.
