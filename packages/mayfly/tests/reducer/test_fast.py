@@ -27,6 +27,7 @@ from mayfly.model.events import (
     NodeStarted,
     RunCompleted,
     RunCreated,
+    RunResult,
 )
 from mayfly.model.outcomes import (
     Blocked,
@@ -43,6 +44,7 @@ from mayfly.model.spec import (
     ChildCall,
     ChildDefinition,
     Edge,
+    EdgePredicate,
     FixedBackoff,
     Node,
     OnAnyOutcome,
@@ -57,6 +59,8 @@ from mayfly.reducer._apply import apply_event
 from mayfly.testing import ReducerHarness
 
 HOT = (NodeReady, NodeStarted, NodeOutcomeCommitted)
+RESULTS: tuple[RunResult, ...] = ("succeeded", "failed", "cancelled")
+WHENS: tuple[EdgePredicate, ...] = (OnAnyOutcome(), OnOutcome(NodeOutcomeKind.CHANGES_REQUESTED))
 LEAF = ChildDefinition("leaf", 1, (Node("w", handler="w@1"),))
 
 settings.register_profile("mayfly", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -161,7 +165,7 @@ def specs(draw: st.DrawFn) -> WorkflowSpec:
     if count > 1 and draw(st.booleans()):
         for _ in range(draw(st.integers(1, 2))):
             source, target = draw(st.integers(1, count - 1)), draw(st.integers(0, count - 1))
-            when = draw(st.sampled_from([OnAnyOutcome(), OnOutcome(NodeOutcomeKind.CHANGES_REQUESTED)]))
+            when = draw(st.sampled_from(WHENS))
             edges.append(Edge(f"n{source}", f"n{target}", when))
     budgets = RunBudgets(max_attempts=draw(st.integers(1, 12)), max_transitions=draw(st.integers(1, 20)))
     targets = {edge.target for edge in edges}
@@ -191,7 +195,7 @@ def drive(spec: WorkflowSpec, data: st.DataObject) -> list[Event]:
             attempt_id, i = data.draw(st.sampled_from(active))
             node = state.node(i)
             if node.child_run_id is not None:
-                result = data.draw(st.sampled_from(["succeeded", "failed", "cancelled"]))
+                result = data.draw(st.sampled_from(RESULTS))
                 command = CompleteChild(node.node_id, attempt_id, node.child_run_id, result)
             else:
                 command = CompleteAttempt(node.node_id, attempt_id, data.draw(st.sampled_from(OUTCOMES)))
@@ -225,20 +229,20 @@ def corrupt(history: list[Event], data: st.DataObject) -> list[Event]:
     elif isinstance(event, NodeStarted):
         used = [e.attempt_id for e in history if isinstance(e, NodeStarted)]
         field = data.draw(st.sampled_from(["node_id", "attempt", "attempt_id"]))
-        value = {
-            "node_id": "n0",
+        value: dict[str, Any] = {
+            "node_id": data.draw(node_ids),
             "attempt": event.attempt + 1,
             "attempt_id": data.draw(st.sampled_from(used)),
         }
         changed[k] = msgspec.structs.replace(event, **{field: value[field]})
     elif isinstance(event, NodeOutcomeCommitted):
         field = data.draw(st.sampled_from(["node_id", "attempt_id", "outcome"]))
-        value = {
+        replaced: dict[str, Any] = {
             "node_id": data.draw(node_ids),
             "attempt_id": None,
             "outcome": data.draw(st.sampled_from(OUTCOMES)),
-        }[field]
-        changed[k] = msgspec.structs.replace(event, **{field: value})
+        }
+        changed[k] = msgspec.structs.replace(event, **{field: replaced[field]})
     elif isinstance(event, NodeReady):
         changed[k] = msgspec.structs.replace(event, node_id=data.draw(node_ids))
     return changed
