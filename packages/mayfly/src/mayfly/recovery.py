@@ -50,7 +50,7 @@ from mayfly.model.json import content_hash
 from mayfly.model.signals import AcceptedSignal
 from mayfly.model.spec import Node, WorkflowSpec
 from mayfly.model.state import RunState, collector_paused
-from mayfly.reducer import Upcaster, decode_event, reduce
+from mayfly.reducer import Upcaster, reduce_encoded
 from mayfly.reducer.children import catalog_entry
 from mayfly.runindex import RUN_INDEX, IndexEntry, index_entry
 from mayfly.snapshot import restore_snapshot
@@ -200,19 +200,12 @@ def replay_records(
     a replay allocates per event but frees nothing cyclic, and with it running
     each event of a long history cost more than one of a short history.
     """
-    after = 0 if state is None else state.sequence
+
+    def out_of_order(sequence: int, after: int) -> CorruptionError:
+        return CorruptionError(f"journal {url} returned run {run_id} sequence {sequence} after {after}")
+
     with collector_paused():
-        for record in records:
-            sequence = record.sequence
-            if sequence != after + 1:
-                raise CorruptionError(
-                    f"journal {url} returned run {run_id} sequence {sequence} after {after}"
-                )
-            event = decode_event(
-                record.event_type, record.schema_version, record.payload, upcasters=upcasters
-            )
-            state = reduce(state, event, sequence)
-            after = sequence
+        state = reduce_encoded(state, records, out_of_order=out_of_order, upcasters=upcasters)
     assert state is not None
     return state
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import pytest
@@ -17,7 +17,7 @@ from mayfly.model.events import (
     VirtualTimeAdvanced,
 )
 from mayfly.model.outcomes import PermanentFailure, Succeeded
-from mayfly.reducer import decode_event, encode_event, reduce, replay
+from mayfly.reducer import decode_event, encode_event, reduce, reduce_encoded, replay
 from mayfly.testing import ReducerHarness
 
 
@@ -159,3 +159,87 @@ def test_upcasters_lift_older_versions_step_by_step(monkeypatch: pytest.MonkeyPa
     assert calls == ["1->2", "2->3"]
     with pytest.raises(CompatibilityError, match="no upcaster registered for NodeReady v2 -> v3"):
         decode_event("NodeReady", 1, old, upcasters={("NodeReady", 1): v1_to_v2})
+
+
+class Record(NamedTuple):
+    sequence: int
+    event_type: str
+    schema_version: int
+    payload: bytes
+
+
+def records_of(run: ReducerHarness) -> list[Record]:
+    encoded = [encode_event(event) for event in run.history]
+    return [Record(k, e.event_type, e.schema_version, e.payload) for k, e in enumerate(encoded, 1)]
+
+
+def out_of_order(sequence: int, after: int) -> CorruptionError:
+    return CorruptionError(f"record {sequence} after {after}")
+
+
+def test_reduce_encoded_equals_decoding_and_reducing_each_record() -> None:
+    """The fused loop derives the state replaying the decoded events derives, from scratch or a prefix."""
+    run = finished_run()
+    records = records_of(run)
+    state = reduce_encoded(None, records, out_of_order=out_of_order)
+    assert state is not None and state.to_record() == replay(run.history).to_record()
+    prefix = reduce_encoded(None, records[:3], out_of_order=out_of_order)
+    assert prefix is not None
+    rest = reduce_encoded(prefix, records[3:], out_of_order=out_of_order)
+    assert rest is prefix and rest.to_record() == state.to_record()
+    assert reduce_encoded(None, [], out_of_order=out_of_order) is None
+
+
+@pytest.mark.parametrize(
+    ("event_type", "version", "payload"),
+    [
+        ("NodeReady", 1, b'{"type":"NodeReady","node_id":7,"cause":"initial"}'),
+        ("NodeReady", 1, b'{"type":"NodeReady",'),
+        ("NodeReady", 2, b'{"type":"NodeReady","node_id":"b","cause":"initial"}'),
+        ("NodeTeleported", 1, b'{"type":"NodeTeleported"}'),
+        ("SignalAccepted", 1, b'{"type":"SignalAccepted","decision":' + b"[" * 5000 + b"]" * 5000 + b"}"),
+    ],
+)
+def test_reduce_encoded_fails_a_bad_record_exactly_as_decode_event(
+    event_type: str, version: int, payload: bytes
+) -> None:
+    """A record that does not decode raises decode_event's own error type and text."""
+    records = records_of(finished_run())
+    with pytest.raises((CorruptionError, CompatibilityError)) as expected:
+        decode_event(event_type, version, payload)
+    bad = Record(len(records) + 1, event_type, version, payload)
+    with pytest.raises(type(expected.value)) as raised:
+        reduce_encoded(None, [*records, bad], out_of_order=out_of_order)
+    assert str(raised.value) == str(expected.value)
+
+
+def test_reduce_encoded_reports_a_record_out_of_order_and_reduces_by_the_rules() -> None:
+    """A sequence that does not follow raises the caller's error; a contradictory event, reduce's."""
+    records = records_of(finished_run())
+    with pytest.raises(CorruptionError, match=r"^record 5 after 3$"):
+        reduce_encoded(None, [*records[:3], records[4]], out_of_order=out_of_order)
+    again = Record(len(records) + 1, records[2].event_type, 1, records[2].payload)
+    with pytest.raises(CorruptionError) as raised:
+        reduce_encoded(None, [*records, again], out_of_order=out_of_order)
+    state = replay(finished_run().history)
+    with pytest.raises(CorruptionError) as expected:
+        reduce(state, decode_event(again.event_type, 1, again.payload), again.sequence)
+    assert str(raised.value) == str(expected.value)
+
+
+def test_reduce_encoded_upcasts_older_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record at an older version goes through the registered upcasters, as decode_event does."""
+    from mayfly.reducer import codec
+
+    run = finished_run()
+    records = records_of(run)
+    monkeypatch.setitem(codec.EVENT_SCHEMA_VERSIONS, "NodeReady", 2)
+    lifted: list[str] = []
+
+    def v1_to_v2(body: dict[str, Any]) -> dict[str, Any]:
+        lifted.append(body["node_id"])
+        return body
+
+    state = reduce_encoded(None, records, out_of_order=out_of_order, upcasters={("NodeReady", 1): v1_to_v2})
+    assert state is not None and state.to_record() == run.state.to_record()
+    assert lifted == [e.node_id for e in run.history if isinstance(e, NodeReady)]

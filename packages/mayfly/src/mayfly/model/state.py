@@ -16,7 +16,7 @@ import functools
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 import msgspec
 import msgspec.structs
@@ -36,6 +36,7 @@ from mayfly.model.spec import Node, WorkflowSpec
 __all__ = [
     "STATE_SCHEMA_VERSION",
     "AttemptRecord",
+    "NodeDetail",
     "NodeRecord",
     "NodeState",
     "NodeStatus",
@@ -47,6 +48,8 @@ __all__ = [
     "is_parked",
     "uncount_terminal",
 ]
+
+_T = TypeVar("_T")
 
 STATE_SCHEMA_VERSION = 1
 """Version of :class:`RunStateRecord`, the serialized state."""
@@ -146,37 +149,137 @@ _SUCCEEDED = NodeStatus.SUCCEEDED
 _WAITING = NodeStatus.WAITING
 
 
+class NodeDetail:
+    """The rarely set part of a :class:`NodeState`, created only for a node that needs it.
+
+    Most nodes of a large run never wait, retry, call a child, fail with a
+    cause or take part in an edge; keeping these fields out of every node
+    saved a finished run about 100 B per node. A node gets one when one of
+    them is first set to a value other than its default, or when it is built
+    with edges, and keeps it. The replay's fast rules
+    (:mod:`mayfly.reducer._fast`) only take nodes without one.
+    """
+
+    __slots__ = (
+        "blocked_prereqs",
+        "cancelled_prereqs",
+        "child_run_id",
+        "closed_in",
+        "edge_targets",
+        "failure",
+        "in_edges",
+        "out_edges",
+        "outcome_seq",
+        "paused_deadline",
+        "retry_deadline",
+        "signal",
+        "wait",
+        "wait_expired",
+    )
+
+    def __init__(self) -> None:
+        self.retry_deadline: int | None = None
+        self.failure: FailureCause | None = None
+        self.blocked_prereqs = 0
+        self.cancelled_prereqs = 0
+        self.out_edges: tuple[int, ...] = ()
+        self.edge_targets: tuple[int, ...] = ()
+        self.in_edges = 0
+        self.closed_in = 0
+        self.outcome_seq = 0
+        self.child_run_id: str | None = None
+        self.wait: SignalWait | None = None
+        self.signal: AcceptedSignal | None = None
+        self.paused_deadline: int | None = None
+        self.wait_expired = False
+
+    def copy(self) -> NodeDetail:
+        """A shallow copy (every field holds an immutable value)."""
+        return _copy_detail(self)
+
+
+class _Detail(Generic[_T]):
+    """A :class:`NodeState` attribute stored in its :class:`NodeDetail` (its default while it has none)."""
+
+    __slots__ = ("default", "name")
+
+    def __init__(self, default: _T) -> None:
+        self.default = default
+        self.name = ""
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, node: None, owner: type[Any]) -> _Detail[_T]: ...
+    @overload
+    def __get__(self, node: NodeState, owner: type[Any]) -> _T: ...
+    def __get__(self, node: NodeState | None, owner: type[Any]) -> _T | _Detail[_T]:
+        if node is None:
+            return self
+        detail = node.detail
+        if detail is None:
+            return self.default
+        value: _T = getattr(detail, self.name)
+        return value
+
+    def __set__(self, node: NodeState, value: _T) -> None:
+        detail = node.detail
+        if detail is None:
+            if value == self.default:
+                return
+            detail = node.detail = NodeDetail()
+        setattr(detail, self.name, value)
+
+
 class NodeState:
-    """The mutable state of one node inside :class:`RunState`."""
+    """The mutable state of one node inside :class:`RunState`.
+
+    The fields every attempt touches are slots of their own; the rest live in
+    a :class:`NodeDetail` created on first use (``detail``), behind attributes
+    of the same names, so that a node that only ran and finished stays small.
+    """
 
     __slots__ = (
         "attempt",
         "attempt_deadline",
         "attempt_id",
-        "blocked_prereqs",
-        "cancelled_prereqs",
-        "child_run_id",
-        "closed_in",
         "dependents",
+        "detail",
         "done_prereqs",
-        "edge_targets",
-        "failure",
-        "in_edges",
         "index",
         "last_outcome",
-        "out_edges",
-        "outcome_seq",
-        "paused_deadline",
         "prereqs",
-        "retry_deadline",
-        "signal",
         "spec",
         "status",
         "succeeded_prereqs",
         "total_attempts",
-        "wait",
-        "wait_expired",
     )
+
+    retry_deadline = _Detail[int | None](None)
+    failure = _Detail[FailureCause | None](None)
+    blocked_prereqs = _Detail[int](0)
+    cancelled_prereqs = _Detail[int](0)
+    out_edges = _Detail[tuple[int, ...]](())
+    """Positions of the edges leaving this node, in specification order."""
+    edge_targets = _Detail[tuple[int, ...]](())
+    """The target node index of each edge in ``out_edges``."""
+    in_edges = _Detail[int](0)
+    """How many edges enter this node."""
+    closed_in = _Detail[int](0)
+    """Incoming edges that can never fire again: their source finished and has no incoming edge."""
+    outcome_seq = _Detail[int](0)
+    """Sequence of the outcome that ended this node's last activation (tracked for edge sources)."""
+    child_run_id = _Detail[str | None](None)
+    """The child run of the active attempt, until its completion is recorded."""
+    wait = _Detail[SignalWait | None](None)
+    """The open durable wait of the active attempt (status Waiting)."""
+    signal = _Detail[AcceptedSignal | None](None)
+    """The signal the active attempt accepted; the resumed handler receives it."""
+    paused_deadline = _Detail[int | None](None)
+    """Milliseconds left on the attempt deadline, paused while the node waits."""
+    wait_expired = _Detail[bool](False)
+    """Whether this node's last wait ended by expiring (a later delivery is rejected as expired)."""
 
     def __init__(
         self,
@@ -184,10 +287,6 @@ class NodeState:
         spec: Node,
         prereqs: int,
         dependents: tuple[int, ...],
-        *,
-        out_edges: tuple[int, ...] = (),
-        edge_targets: tuple[int, ...] = (),
-        in_edges: int = 0,
     ) -> None:
         self.index = index
         self.spec = spec
@@ -197,35 +296,13 @@ class NodeState:
         self.total_attempts = 0
         self.attempt_id: str | None = None
         self.attempt_deadline: int | None = None
-        self.retry_deadline: int | None = None
         self.last_outcome: NodeOutcome | None = None
-        self.failure: FailureCause | None = None
         self.prereqs = prereqs
         self.done_prereqs = 0
         self.succeeded_prereqs = 0
-        self.blocked_prereqs = 0
-        self.cancelled_prereqs = 0
         self.dependents = dependents
-        self.out_edges = out_edges
-        """Positions of the edges leaving this node, in specification order."""
-        self.edge_targets = edge_targets
-        """The target node index of each edge in ``out_edges``."""
-        self.in_edges = in_edges
-        """How many edges enter this node."""
-        self.closed_in = 0
-        """Incoming edges that can never fire again: their source finished and has no incoming edge."""
-        self.outcome_seq = 0
-        """Sequence of the outcome that ended this node's last activation (tracked for edge sources)."""
-        self.child_run_id: str | None = None
-        """The child run of the active attempt, until its completion is recorded."""
-        self.wait: SignalWait | None = None
-        """The open durable wait of the active attempt (status Waiting)."""
-        self.signal: AcceptedSignal | None = None
-        """The signal the active attempt accepted; the resumed handler receives it."""
-        self.paused_deadline: int | None = None
-        """Milliseconds left on the attempt deadline, paused while the node waits."""
-        self.wait_expired = False
-        """Whether this node's last wait ended by expiring (a later delivery is rejected as expired)."""
+        self.detail: NodeDetail | None = None
+        """The node's rarely set fields, ``None`` while every one has its default."""
 
     @property
     def node_id(self) -> str:
@@ -233,25 +310,35 @@ class NodeState:
         return self.spec.id
 
     def clone(self) -> NodeState:
-        """A shallow copy (specs and dependents are immutable and shared)."""
+        """A shallow copy (specs and dependents are immutable and shared; the detail is copied)."""
         return _clone_node(self)
 
     def __repr__(self) -> str:
         return f"<NodeState {self.spec.id} {self.status.value} attempt={self.attempt}>"
 
 
-def _compile_clone() -> Callable[[NodeState], NodeState]:
-    """``NodeState`` shallow copy as straight-line attribute copies (a getattr/setattr loop cost 3x more)."""
-    lines = ["def clone(node):", "    copy = new(NodeState)"]
-    lines += [f"    copy.{name} = node.{name}" for name in NodeState.__slots__]
+def _compile_copy(
+    cls: type[_T], slots: tuple[str, ...], skip: str = "", tail: tuple[str, ...] = ()
+) -> Callable[[_T], _T]:
+    """A shallow copy of a slotted ``cls`` as straight-line attribute copies (a loop cost 3x more)."""
+    lines = ["def copy_of(obj):", "    copy = new(cls)"]
+    lines += [f"    copy.{name} = obj.{name}" for name in slots if name != skip]
+    lines += [f"    {line}" for line in tail]
     lines.append("    return copy")
-    namespace: dict[str, Any] = {"new": object.__new__, "NodeState": NodeState}
+    namespace: dict[str, Any] = {"new": object.__new__, "cls": cls}
     exec("\n".join(lines), namespace)  # source built above from the slot names only
-    clone: Callable[[NodeState], NodeState] = namespace["clone"]
-    return clone
+    copy_of: Callable[[_T], _T] = namespace["copy_of"]
+    return copy_of
 
 
-_clone_node = _compile_clone()
+_copy_detail = _compile_copy(NodeDetail, NodeDetail.__slots__)
+# The detail is mutable: a clone (a decision's draft) must never write into its base's.
+_clone_node = _compile_copy(
+    NodeState,
+    NodeState.__slots__,
+    skip="detail",
+    tail=("detail = obj.detail", "copy.detail = None if detail is None else detail.copy()"),
+)
 
 
 # gc=False (here and on NodeRecord): frozen values that cannot form reference cycles; a run holds one per
@@ -393,13 +480,21 @@ class RunState:
         self.n_blocked = 0
         self.n_cancelled = 0
         nodes = spec.nodes
-        index = {node.id: i for i, node in enumerate(nodes)}
+        # One int object per position, shared by every index below: positions past 256 are not
+        # cached by Python, and an int per index entry, node and dependent cost 64 B a node.
+        positions = list(range(len(nodes)))
+        index = dict(zip([node.id for node in nodes], positions, strict=True))
         # Only the nodes that have dependents or edges get lists: most have neither, and a list per
         # node made building a 100k-node state allocate (and the collector walk) 300k of them.
         dependents: dict[int, list[int]] = {}
-        for i, node in enumerate(nodes):
+        for i, node in zip(positions, nodes, strict=True):
             for prereq in node.depends_on:
-                dependents.setdefault(index[prereq], []).append(i)
+                prereq_at = index[prereq]
+                listed = dependents.get(prereq_at)
+                if listed is None:
+                    dependents[prereq_at] = [i]
+                else:
+                    listed.append(i)
         out_edges: dict[int, list[int]] = {}
         edge_targets: dict[int, list[int]] = {}
         in_edges: dict[int, int] = {}
@@ -409,19 +504,22 @@ class RunState:
             edge_targets.setdefault(source, []).append(target)
             in_edges[target] = in_edges.get(target, 0) + 1
         self.index = index
+        # Equal dependent tuples are shared (every branch of a fan-out has the same one).
+        shared: dict[tuple[int, ...], tuple[int, ...]] = {}
+        dependent_tuples = {
+            i: shared.setdefault(listed, listed)
+            for i, listed in zip(dependents, map(tuple, dependents.values()), strict=True)
+        }
         with collector_paused():
             self.nodes = [
-                NodeState(
-                    i,
-                    node,
-                    len(node.depends_on),
-                    tuple(dependents.get(i, ())),
-                    out_edges=tuple(out_edges.get(i, ())),
-                    edge_targets=tuple(edge_targets.get(i, ())),
-                    in_edges=in_edges.get(i, 0),
-                )
-                for i, node in enumerate(nodes)
+                NodeState(i, node, len(node.depends_on), dependent_tuples.get(i, ()))
+                for i, node in zip(positions, nodes, strict=True)
             ]
+        for i in {*out_edges, *in_edges}:
+            detail = self.nodes[i].detail = NodeDetail()
+            detail.out_edges = tuple(out_edges.get(i, ()))
+            detail.edge_targets = tuple(edge_targets.get(i, ()))
+            detail.in_edges = in_edges.get(i, 0)
         self.open_nodes = len(self.nodes)
         self.n_idle = len(self.nodes)
         self._attempts: dict[str, AttemptRecord] = {}
@@ -429,7 +527,9 @@ class RunState:
         self._ready: dict[int, None] = {}
         self._retries: dict[int, int] = {}
         # Every node starts Pending: parked exactly when nothing but an edge can start it (is_parked).
-        self._parked: dict[int, None] = {i: None for i, node in enumerate(nodes) if not node.depends_on}
+        self._parked: dict[int, None] = {
+            i: None for i, node in zip(positions, nodes, strict=True) if not node.depends_on
+        }
         self._edges_fired = [0] * len(spec.edges)
         self._children: dict[str, str] = {}
         self._signals: dict[str, ConsumedSignal] = {}
@@ -737,9 +837,10 @@ def count_terminal(run: _TerminalCounts, node: NodeState) -> None:
             dep.blocked_prereqs += 1
         elif status is _CANCELLED:
             dep.cancelled_prereqs += 1
-    if not node.in_edges:
+    detail = node.detail  # None: no edges (read directly: most nodes have none)
+    if detail is not None and not detail.in_edges:
         # No edge can re-activate this node, so its edges can never fire again.
-        for t in node.edge_targets:
+        for t in detail.edge_targets:
             run.node_mut(t).closed_in += 1
 
 
@@ -764,6 +865,7 @@ def uncount_terminal(run: _TerminalCounts, node: NodeState) -> None:
             dep.blocked_prereqs -= 1
         elif status is _CANCELLED:
             dep.cancelled_prereqs -= 1
-    if not node.in_edges:
-        for t in node.edge_targets:
+    detail = node.detail
+    if detail is not None and not detail.in_edges:
+        for t in detail.edge_targets:
             run.node_mut(t).closed_in -= 1

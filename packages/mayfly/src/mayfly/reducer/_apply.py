@@ -51,6 +51,7 @@ from mayfly.model.signals import AcceptedSignal, ConsumedSignal, SignalWait
 from mayfly.model.spec import WorkflowSpec
 from mayfly.model.state import (
     AttemptRecord,
+    NodeDetail,
     NodeState,
     NodeStatus,
     RunState,
@@ -234,8 +235,9 @@ def _set_status(run: RunView, node: NodeState, status: NodeStatus) -> None:
     elif status is _WAITING:
         run.set_waiting(node.index, True)
     if id(status) in _TERMINAL:
-        if node.retry_deadline is not None:
-            node.retry_deadline = None
+        detail = node.detail  # None: no retry scheduled (read directly: most nodes have none)
+        if detail is not None and detail.retry_deadline is not None:
+            detail.retry_deadline = None
             run.set_retry(node.index, None)
         run.open_nodes -= 1
         count_terminal(run, node)
@@ -385,13 +387,15 @@ def _outcome_committed(run: RunView, event: NodeOutcomeCommitted, seq: int) -> N
         run.close_attempt(event.attempt_id, outcome)
         node.attempt_id = None
         node.attempt_deadline = None
-        node.child_run_id = None
-        node.wait = None
-        node.signal = None
-        node.paused_deadline = None
-        if node.out_edges:
-            # The activation fingerprint's source half; only edge sources need it.
-            node.outcome_seq = seq
+        detail = node.detail  # None: every field below already has its default (most nodes)
+        if detail is not None:
+            detail.child_run_id = None
+            detail.wait = None
+            detail.signal = None
+            detail.paused_deadline = None
+            if detail.out_edges:
+                # The activation fingerprint's source half; only edge sources need it.
+                detail.outcome_seq = seq
     elif node.attempt_id is not None:
         raise _corrupt(seq, event, f"node {node.node_id!r} has active attempt {node.attempt_id}")
     node.last_outcome = outcome
@@ -416,23 +420,27 @@ def _node_failed(run: RunView, event: NodeFailed, seq: int) -> None:
 
 def _retry_scheduled(run: RunView, event: RetryScheduled, seq: int) -> None:
     node = _node(run, seq, event, event.node_id)
-    if node.status is not _RETRY_PENDING or node.retry_deadline is not None:
+    detail = node.detail  # the retry deadline's home (read directly, not through the node's attribute)
+    if node.status is not _RETRY_PENDING or (detail is not None and detail.retry_deadline is not None):
         raise _corrupt(seq, event, f"node {node.node_id!r} is not awaiting a retry decision")
     if event.next_attempt != node.attempt + 1 or event.deadline < run.now:
         raise _corrupt(seq, event, "retry attempt or deadline does not follow the current attempt")
-    node.retry_deadline = event.deadline
+    if detail is None:
+        detail = node.detail = NodeDetail()
+    detail.retry_deadline = event.deadline
     run.set_retry(node.index, event.deadline)
     _consume_transition(run, seq, event)
 
 
 def _retry_released(run: RunView, event: RetryReleased, seq: int) -> None:
     node = _node(run, seq, event, event.node_id)
-    deadline = node.retry_deadline
-    if node.status is not _RETRY_PENDING or deadline is None:
+    detail = node.detail
+    deadline = None if detail is None else detail.retry_deadline
+    if node.status is not _RETRY_PENDING or detail is None or deadline is None:
         raise _corrupt(seq, event, f"node {node.node_id!r} has no scheduled retry")
     if event.at < deadline or event.at != run.now or event.next_attempt != node.attempt + 1:
         raise _corrupt(seq, event, f"retry released at {event.at} before its deadline {deadline}")
-    node.retry_deadline = None
+    detail.retry_deadline = None
     run.set_retry(node.index, None)
     _set_status(run, node, _READY)
     _consume_transition(run, seq, event)

@@ -105,12 +105,13 @@ def _fire_edges(draft: Draft, i: int) -> bool:
     """
     node = draft.node(i)
     outcome = node.last_outcome
-    if not node.out_edges or outcome is None or draft.status is not _RUN_RUNNING:
+    detail = node.detail  # only a node with a detail has edges (read directly: most nodes have none)
+    if detail is None or not detail.out_edges or outcome is None or draft.status is not _RUN_RUNNING:
         return False
     edges = draft.spec.edges
     matched = False
     groups: set[str] = set()
-    for k in node.out_edges:
+    for k in detail.out_edges:
         edge = edges[k]
         if edge.exclusive is not None and edge.exclusive in groups:
             continue
@@ -124,7 +125,7 @@ def _fire_edges(draft: Draft, i: int) -> bool:
         if not transition_available(draft):
             break
         draft.emit(
-            EdgeActivated(edge=k, source=node.node_id, target=edge.target, source_sequence=node.outcome_seq)
+            EdgeActivated(edge=k, source=node.node_id, target=edge.target, source_sequence=detail.outcome_seq)
         )
     return matched
 
@@ -223,10 +224,10 @@ def _settle(draft: Draft, start: int) -> None:
             elif verdict is not None:
                 draft.emit(NodeOutcomeCommitted(node_id=dep.node_id, outcome=verdict, at=draft.now))
                 work.append(d)
-        node = draft.node(i)
-        if not node.in_edges:
+        detail = draft.node(i).detail  # None: no edges (most nodes)
+        if detail is not None and not detail.in_edges:
             # Its edges were evaluated (or never will be) and it can never run again.
-            for t in node.edge_targets:
+            for t in detail.edge_targets:
                 if _close_if_unreachable(draft, t):
                     work.append(t)
 

@@ -18,7 +18,7 @@ import msgspec
 from mayfly.model.errors import CompatibilityError, CorruptionError, one_line
 from mayfly.model.events import EVENT_SCHEMA_VERSIONS, EVENT_TYPES, Event
 
-__all__ = ["EncodedEvent", "Upcaster", "decode_event", "encode_event"]
+__all__ = ["EncodedEvent", "Upcaster", "current_decoders", "decode_event", "encode_event"]
 
 Upcaster: TypeAlias = Callable[[dict[str, Any]], dict[str, Any]]
 """Lifts one event payload (decoded to a dict) from version N to version N + 1."""
@@ -41,6 +41,16 @@ def encode_event(event: Event) -> EncodedEvent:
     """Encode ``event`` as compact JSON at the schema version this code writes."""
     name = type(event).__name__
     return EncodedEvent(name, EVENT_SCHEMA_VERSIONS[name], _ENCODER.encode(event))
+
+
+def current_decoders() -> dict[str, tuple[int, Callable[[bytes], Event]]]:
+    """Each event type's current schema version and the bare decode of a payload written at it.
+
+    For loops that decode many records: a payload at that version needs no
+    upcasting, and one that fails to decode must be decoded again through
+    :func:`decode_event`, which raises the error it deserves.
+    """
+    return {name: (EVENT_SCHEMA_VERSIONS[name], _DECODERS[name].decode) for name in _DECODERS}
 
 
 def decode_event(
