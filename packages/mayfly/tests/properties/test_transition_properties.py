@@ -62,7 +62,7 @@ from mayfly.model.spec import (
     RunBudgets,
     WorkflowSpec,
 )
-from mayfly.model.state import NodeState, NodeStatus, RunState, RunStatus
+from mayfly.model.state import NodeDetail, NodeState, NodeStatus, RunState, RunStatus
 from mayfly.reducer import decide, decode_event, encode_event, reduce, replay, validate
 from mayfly.reducer._draft import Draft
 from mayfly.reducer.children import child_completion, child_create_run
@@ -217,12 +217,21 @@ def assert_same_state(settled: RunState, reduced: RunState) -> None:
         if name == "nodes":
             assert len(mine) == len(theirs)
             for a, b in zip(mine, theirs, strict=True):
-                for field in NodeState.__slots__:
-                    assert getattr(a, field) == getattr(b, field), (name, a.node_id, field)
+                assert_same_fields(a, b, (a.node_id,))
         elif isinstance(mine, dict):
             assert list(mine.items()) == list(theirs.items()), name
         else:
             assert mine == theirs, name
+
+
+def assert_same_fields(mine: object, theirs: object, where: tuple[str, ...]) -> None:
+    """The same slot values, looking inside the state's own slotted parts (a node's detail)."""
+    if isinstance(mine, NodeState | NodeDetail) or isinstance(theirs, NodeState | NodeDetail):
+        assert type(mine) is type(theirs), where
+        for field in NodeState.__slots__ if isinstance(mine, NodeState) else NodeDetail.__slots__:
+            assert_same_fields(getattr(mine, field), getattr(theirs, field), (*where, field))
+    else:
+        assert mine == theirs, where
 
 
 def check_counters(state: RunState) -> None:
