@@ -50,6 +50,14 @@ def test_reason_limit_counts_utf8_bytes_not_characters() -> None:
     assert info.value.observed == 4098
 
 
+def test_an_ascii_reason_may_fill_4_kib_exactly_but_not_one_byte_more() -> None:
+    """ASCII counts one byte a character: 4,096 are accepted, 4,097 refused with the observed size."""
+    assert RetryableFailure(reason="x" * MAX_REASON_BYTES).reason
+    with pytest.raises(LimitExceeded) as info:
+        RetryableFailure(reason="x" * (MAX_REASON_BYTES + 1))
+    assert (info.value.limit, info.value.observed) == (MAX_REASON_BYTES, MAX_REASON_BYTES + 1)
+
+
 def test_reason_with_lone_surrogate_is_not_utf8() -> None:
     """A reason that cannot be encoded as UTF-8 is rejected, not mangled."""
     with pytest.raises(ValueError, match="UTF-8"):

@@ -111,7 +111,8 @@ class Succeeded(BaseOutcome, tag="succeeded", frozen=True):
     output: JsonValue = None
 
     def __post_init__(self) -> None:
-        _check_evidence(self.evidence)
+        if self.evidence and len(self.evidence) > MAX_EVIDENCE_REFS:
+            _check_evidence(self.evidence)
         if self.output is not None:
             try:
                 size = len(_OUTPUT_ENCODER.encode(self.output))
@@ -130,8 +131,13 @@ class _WithReason(BaseOutcome, frozen=True):
     reason: str = ""  # a field here: recorded, bounded to 4 KiB, part of the payload
 
     def __post_init__(self) -> None:
-        _check_evidence(self.evidence)
-        check_reason(self.reason)
+        # Every decoded outcome runs this (replay, snapshots): the common case, ASCII within the
+        # bound, is settled by two C calls; anything else gets check_reason's exact UTF-8 count.
+        if self.evidence and len(self.evidence) > MAX_EVIDENCE_REFS:
+            _check_evidence(self.evidence)
+        reason = self.reason
+        if not (reason.isascii() and len(reason) <= MAX_REASON_BYTES):
+            check_reason(reason)
 
 
 class ChangesRequested(_WithReason, tag="changes_requested", frozen=True):
