@@ -748,15 +748,25 @@ class RunState:
             node.total_attempts = saved.total_attempts
             node.attempt_id = saved.attempt_id
             node.attempt_deadline = saved.attempt_deadline
-            node.retry_deadline = saved.retry_deadline
             node.last_outcome = saved.last_outcome
-            node.failure = saved.failure
-            node.outcome_seq = saved.outcome_seq
-            node.child_run_id = saved.child_run_id
-            node.wait = saved.wait
-            node.signal = saved.signal
-            node.paused_deadline = saved.paused_deadline
-            node.wait_expired = saved.wait_expired
+            # The rare fields (a NodeDetail's) hold their defaults on a new node: only the others
+            # are set, so most nodes never pay for the detail's attribute calls.
+            if saved.retry_deadline is not None:
+                node.retry_deadline = saved.retry_deadline
+            if saved.failure is not None:
+                node.failure = saved.failure
+            if saved.outcome_seq:
+                node.outcome_seq = saved.outcome_seq
+            if saved.child_run_id is not None:
+                node.child_run_id = saved.child_run_id
+            if saved.wait is not None:
+                node.wait = saved.wait
+            if saved.signal is not None:
+                node.signal = saved.signal
+            if saved.paused_deadline is not None:
+                node.paused_deadline = saved.paused_deadline
+            if saved.wait_expired:
+                node.wait_expired = saved.wait_expired
         if record.edges_fired:
             if len(record.edges_fired) != len(state._edges_fired):
                 raise ValueError("state record edge activations do not match its specification's edges")
