@@ -146,8 +146,7 @@ def _entry(row: tuple[object, ...]) -> IndexEntry:
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
     """Whether SQLite refused for a lock another connection holds (worth another try)."""
-    text = str(exc)
-    return "locked" in text or "busy" in text
+    return exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _statements(script: str) -> list[str]:

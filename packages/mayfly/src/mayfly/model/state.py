@@ -44,6 +44,7 @@ __all__ = [
     "RunStateRecord",
     "RunStatus",
     "collector_paused",
+    "compile_assign",
     "count_terminal",
     "is_parked",
     "uncount_terminal",
@@ -329,6 +330,21 @@ def _compile_copy(
     exec("\n".join(lines), namespace)  # source built above from the slot names only
     copy_of: Callable[[_T], _T] = namespace["copy_of"]
     return copy_of
+
+
+def compile_assign(fields: tuple[str, ...]) -> Callable[[Any, Any], None]:
+    """``assign(target, source)``: each of ``fields`` set on ``target`` to ``source``'s, straight-line.
+
+    For the reducer's draft (:mod:`mayfly.reducer._draft`), which hands a
+    run's scalars and its changed nodes' fields back and forth, keeping the
+    objects' identity; straight-line for the reason ``_compile_copy`` is.
+    """
+    lines = ["def assign(target, source):"]
+    lines += [f"    target.{name} = source.{name}" for name in fields]
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)  # source built above from the field names only
+    assign: Callable[[Any, Any], None] = namespace["assign"]
+    return assign
 
 
 _copy_detail = _compile_copy(NodeDetail, NodeDetail.__slots__)

@@ -23,7 +23,7 @@ import msgspec
 from mayfly.model.events import BudgetExhausted, CancellationRequested, Event, LastOutcome
 from mayfly.model.outcomes import NodeOutcome
 from mayfly.model.signals import ConsumedSignal
-from mayfly.model.state import AttemptRecord, NodeState, NodeStatus, RunState, RunStatus
+from mayfly.model.state import AttemptRecord, NodeState, NodeStatus, RunState, RunStatus, compile_assign
 from mayfly.reducer._apply import apply_event
 
 __all__ = ["Draft"]
@@ -40,17 +40,25 @@ _SET_EDGE_FIRED = RunState.set_edge_fired
 _CONSUME_SIGNAL = RunState.consume_signal
 
 
-def _compile_assign() -> Callable[[NodeState, NodeState], None]:
-    """``target``'s fields set to ``source``'s, as straight-line copies (the node keeps its identity)."""
-    lines = ["def assign(target, source):"]
-    lines += [f"    target.{name} = source.{name}" for name in NodeState.__slots__]
-    namespace: dict[str, Any] = {}
-    exec("\n".join(lines), namespace)  # source built above from the slot names only
-    assign: Callable[[NodeState, NodeState], None] = namespace["assign"]
-    return assign
-
-
-_assign_node = _compile_assign()
+# A changed node's fields, copied into the base's node; the run's scalars a decision reads and
+# changes, copied from the base into a draft and back (a getattr/setattr loop cost 2x).
+_assign_node = compile_assign(NodeState.__slots__)
+_SCALARS = (
+    "status",
+    "sequence",
+    "now",
+    "attempts_used",
+    "transitions_used",
+    "open_nodes",
+    "n_failed",
+    "n_blocked",
+    "n_cancelled",
+    "n_idle",
+    "last_outcome",
+    "exhausted",
+    "cancellation",
+)
+_assign_scalars = compile_assign(_SCALARS)
 
 
 class Draft:
@@ -81,20 +89,7 @@ class Draft:
         self.spec = base.spec
         self.parent = base.parent
         self.index = base.index
-        # The scalars a decision reads and changes, copied one by one (a getattr/setattr loop cost 2x).
-        self.status = base.status
-        self.sequence = base.sequence
-        self.now = base.now
-        self.attempts_used = base.attempts_used
-        self.transitions_used = base.transitions_used
-        self.open_nodes = base.open_nodes
-        self.n_failed = base.n_failed
-        self.n_blocked = base.n_blocked
-        self.n_cancelled = base.n_cancelled
-        self.n_idle = base.n_idle
-        self.last_outcome = base.last_outcome
-        self.exhausted = base.exhausted
-        self.cancellation = base.cancellation
+        _assign_scalars(self, base)
         self.events: list[Event] = []
         self._nodes: dict[int, NodeState] = {}
         self._attempts: dict[str, AttemptRecord] = {}
@@ -288,19 +283,7 @@ class Draft:
             _assign_node(nodes[index], node)
         for update, arguments in self._log:
             update(base, *arguments)
-        base.status = self.status
-        base.sequence = self.sequence
-        base.now = self.now
-        base.attempts_used = self.attempts_used
-        base.transitions_used = self.transitions_used
-        base.open_nodes = self.open_nodes
-        base.n_failed = self.n_failed
-        base.n_blocked = self.n_blocked
-        base.n_cancelled = self.n_cancelled
-        base.n_idle = self.n_idle
-        base.last_outcome = self.last_outcome
-        base.exhausted = self.exhausted
-        base.cancellation = self.cancellation
+        _assign_scalars(base, self)
         self._nodes = {}
         self._log = []
         return base
