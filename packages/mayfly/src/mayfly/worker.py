@@ -245,6 +245,7 @@ class Worker:
             free = self.concurrency - len(self._active)
             wake_in_ms = self._fire_schedules(self.poll_interval_ms)
             if free > 0:
+                asked_ms = current_hub().now_ms()  # the leases are surely held until this plus the TTL
                 try:
                     guards = self._claim(free)
                     failures = 0
@@ -255,7 +256,7 @@ class Worker:
                     self._emit("error", error=f"claim failed: {exc}; retrying in {wake_in_ms} ms")
                     guards = []
                 for guard in guards:
-                    self._start(guard)
+                    self._start(guard, asked_ms)
                 if guards and len(guards) == free:
                     continue  # more may be claimable at once
                 if not failures:
@@ -476,23 +477,23 @@ class Worker:
 
     # -- one claimed run ---------------------------------------------------------------
 
-    def _start(self, guard: RecoveryLeaseGuard) -> None:
+    def _start(self, guard: RecoveryLeaseGuard, asked_ms: int) -> None:
         self.claimed += 1
         run_id = guard.run_id
-        task: Task[None] = spawn(self._drive, guard, name=f"worker run {run_id}")
+        task: Task[None] = spawn(self._drive, guard, asked_ms, name=f"worker run {run_id}")
         self._active[run_id] = task
 
-    def _drive(self, guard: RecoveryLeaseGuard) -> None:
+    def _drive(self, guard: RecoveryLeaseGuard, asked_ms: int) -> None:
         run_id = guard.run_id
         started = time.monotonic()
         try:
-            self._drive_claimed(guard, started)
+            self._drive_claimed(guard, started, asked_ms)
         finally:
             self._active.pop(run_id, None)
             self._queue_of.pop(run_id, None)
             self._done.send(None)
 
-    def _drive_claimed(self, guard: RecoveryLeaseGuard, started: float) -> None:
+    def _drive_claimed(self, guard: RecoveryLeaseGuard, started: float, asked_ms: int) -> None:
         runtime = self.runtime
         run_id = guard.run_id
         try:
@@ -527,6 +528,7 @@ class Worker:
                 detach_on_wait=True,
                 drivers=runtime._drivers,
                 detach_after_ms=self.poll_interval_ms,
+                lease_asked_ms=asked_ms,
             )
             if self._stops:
                 driver.request_drain()

@@ -462,3 +462,99 @@ def test_a_lease_lost_while_a_handler_runs_stops_the_run_at_once_and_cancels_the
         runtime.execute(spec)
     assert leases.renewals == [3_000, 6_000]  # the keeper's two renewals; the second one failed
     assert finished == []  # the handler was cancelled, not left to run out its hour
+
+
+class Partition:
+    """A network partition on the hub's virtual clock: from ``start`` until ``start + length`` ms."""
+
+    def __init__(self, length_ms: int) -> None:
+        self.length_ms = length_ms
+        self.start: int | None = None
+
+    def hold(self) -> None:
+        """Park until the partition heals (at once if there is none now)."""
+        if self.start is not None and now_ms() < self.start + self.length_ms:
+            sleep((self.start + self.length_ms - now_ms()) / 1000)
+
+
+class HeldUpJournal:
+    """A real journal whose append that starts node ``b`` commits, then has its answer held up by a partition."""
+
+    def __init__(self, inner: LocalWorkflowJournal, partition: Partition) -> None:
+        self._inner = inner
+        self._partition = partition
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _held(self, batch: Any) -> bool:
+        return any(
+            r.event_type == "NodeStarted"
+            and decode_event(r.event_type, r.schema_version, r.payload).node_id == "b"
+            for r in batch
+        )
+
+    def append(self, run_id: str, expected_next: int, batch: Any, **kwargs: Any) -> Any:
+        result = self._inner.append(run_id, expected_next, batch, **kwargs)
+        if self._held(batch):
+            self._partition.start = now_ms()  # committed; the answer is lost in the partition
+            self._partition.hold()
+        return result
+
+    def append_indexed(self, run_id: str, expected_next: int, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._inner.append_indexed(run_id, expected_next, batch, *args, **kwargs)
+        if self._held(batch):
+            self._partition.start = now_ms()
+            self._partition.hold()
+        return result
+
+
+class PartitionedGuard(CountingGuard):
+    """A lease guard cut off by the partition: a renewal sent during it is answered after the heal (later than
+    the held-up append's answer) and finds the run taken over."""
+
+    def __init__(self, guard: RecoveryLeaseGuard, renewals: list[int], partition: Partition) -> None:
+        super().__init__(guard, renewals)
+        self._partition = partition
+
+    def renew(self, ttl_ms: int) -> None:
+        self._renewals.append(now_ms())
+        if self._partition.start is not None:
+            self._partition.hold()
+            sleep(0.5)
+            raise LeaseLost("recovery lease expired during the partition and was taken over by w-2 (test)")
+        self._guard.renew(ttl_ms)
+
+
+def test_a_commit_answered_after_the_lease_could_have_lapsed_starts_no_handler(tmp_path: Path) -> None:
+    """The append that starts b commits under the lease, but its answer comes 3 TTLs later (a partition).
+
+    Meanwhile another worker may have taken the run over and run b to success: b must not start here. The
+    driver confirms its lease before starting a handler, and stops with LeaseLost."""
+    url = f"file://{tmp_path}/j?durability=write"
+    partition = Partition(length_ms=27_000)
+    store = LocalLeaseStore(url)
+    renewals: list[int] = []
+    registry = HandlerRegistry()
+    invoked: list[str] = []
+
+    @registry.handler("step")
+    def step(req: HandlerRequest) -> Succeeded:
+        invoked.append(req.node_id)
+        return Succeeded()
+
+    class Leases(CountingLeases):
+        def acquire(self, run_id: str, owner: str, ttl_ms: int) -> RecoveryLeaseGuard:
+            return PartitionedGuard(store.acquire(run_id, owner, ttl_ms), renewals, partition)  # type: ignore[return-value]
+
+    journal = HeldUpJournal(LocalWorkflowJournal(url), partition)
+    runtime = WorkflowRuntime(journal, registry, leases=Leases(url), lease_ttl_ms=9_000, clock=VirtualClock)  # type: ignore[arg-type]
+    spec = WorkflowSpec(
+        workflow_id="adv.partition",
+        version=1,
+        nodes=(Node("a", handler="step@1"), Node("b", handler="step@1", depends_on=("a",))),
+    )
+    with pytest.raises(LeaseLost, match="taken over"):
+        runtime.execute(spec)
+    assert invoked == ["a"]  # b's start is committed (the next owner runs it), but it never ran here
+    assert partition.start is not None and renewals and renewals[-1] >= partition.start

@@ -40,7 +40,7 @@ from mayfly.model.commands import (
     RejectionCode,
     StartNodes,
 )
-from mayfly.model.errors import CommandRejected, MayflyError
+from mayfly.model.errors import CommandRejected, LeaseLost, MayflyError, TaskCancelled
 from mayfly.model.events import ChildStarted, Event, NodeOutcomeCommitted, NodeStarted, SignalAccepted
 from mayfly.model.outcomes import PermanentFailure, RetryableFailure
 from mayfly.model.signals import SignalToken
@@ -67,6 +67,9 @@ __all__ = ["RunDriver", "SignalRequest", "cancel_run_cascade"]
 
 _Work = HandlerResult | ChildReport
 
+_CONFIRM_TRIES = 3
+"""Renewals tried before a handler starts on a lease whose renewals keep coming back late."""
+
 FINAL_SNAPSHOT_RECORDS = 100
 """A run that ends writes a last snapshot only if at least this many records (or ``snapshot_every``,
 if fewer) followed its previous one: a short tail replays in well under a millisecond, while a
@@ -90,6 +93,10 @@ class RunDriver:
     as the run's epoch. ``detach_after_ms`` (a worker's mode) also detaches a
     run that has nothing to do for longer than that: a retry backoff or a
     deadline further away, so its slot is freed and the run index wakes it.
+    ``lease_asked_ms`` is the hub time at which the lease's grant was asked
+    for (now, by default): the lease is known to be held until that time
+    plus the TTL, and no handler starts once that point is near without a
+    renewal first (see :meth:`_confirm_lease`).
     """
 
     def __init__(
@@ -104,6 +111,7 @@ class RunDriver:
         outer: RunDriver | None = None,
         wall_ms: int | None = None,
         detach_after_ms: int | None = None,
+        lease_asked_ms: int | None = None,
     ) -> None:
         self.context = context
         self.state = state
@@ -121,6 +129,11 @@ class RunDriver:
         wall = self.hub.clock.wall_ms() if wall_ms is None else wall_ms
         self._origin = self.hub.now_ms() - run_time_at(state, wall)
         self._renewed_at = self.hub.now_ms()
+        # Until when the lease is surely held, on the hub's clock: the time its grant or last
+        # renewal was asked for, plus the TTL (the store counts the TTL from a later moment).
+        asked = self._renewed_at if lease_asked_ms is None else lease_asked_ms
+        self._held_until = asked + context.lease_ttl_ms
+        self._renewing: HubEvent | None = None
         self._keeper: Task[None] | None = None
         self._lease_error: Exception | None = None
         self._since_snapshot = 0
@@ -405,6 +418,7 @@ class RunDriver:
             self._run_inline(index, attempt_id)
 
     def _run_inline(self, index: int, attempt_id: str) -> None:
+        self._confirm_lease()
         entry, request = handler_request(
             self.state, index, attempt_id, current_task().cancellation, self.context.registry
         )
@@ -427,6 +441,8 @@ class RunDriver:
             sleep(self.context.lease_ttl_ms / 3 / 1000)
             try:
                 self._renew_if_due()
+            except TaskCancelled:
+                return
             except Exception as error:  # the driver raises it
                 self._lease_error = error
                 self._done.send(_WAKE)
@@ -446,6 +462,7 @@ class RunDriver:
         return waiting
 
     def _launch(self, index: int, attempt_id: str) -> None:
+        self._confirm_lease()
         node = self.state.node(index)
         # Named for the handler too, so a hub diagnostic (a cooperative handler hogging it) says whose.
         name = f"{node.node_id}#{node.attempt} handler {node.spec.handler}"
@@ -546,11 +563,60 @@ class RunDriver:
             self.outer._renew_if_due()  # an inline child blocks its parent's loop: renew for it
         if self.lease is None:
             return
-        now = self.hub.now_ms()
-        ttl_ms = self.context.lease_ttl_ms
-        if now - self._renewed_at >= ttl_ms // 3:
-            self._renewed_at = now  # first: the keeper and the loop never renew at once
-            self.lease.renew(ttl_ms)
+        if self.hub.now_ms() - self._renewed_at >= self.context.lease_ttl_ms // 3:
+            self._renew()
+
+    def _renew(self) -> None:
+        """Renew the lease now; a renewal already under way is waited for instead of doubled.
+
+        A failed renewal is kept: the driver stops with it (here, or at its
+        next step when the keeper's renewal failed).
+        """
+        assert self.lease is not None
+        if self._renewing is not None:
+            self._renewing.wait()
+        else:
+            asked = self._renewed_at = self.hub.now_ms()  # first: the keeper and the loop never renew at once
+            ttl_ms = self.context.lease_ttl_ms
+            renewing = self._renewing = HubEvent()
+            try:
+                self.lease.renew(ttl_ms)
+                self._held_until = max(self._held_until, asked + ttl_ms)
+            except TaskCancelled:
+                raise  # the renewing task was stopped, not the lease: a waiter renews itself
+            except Exception as error:
+                self._lease_error = error
+            finally:
+                self._renewing = None
+                renewing.set()
+        if self._lease_error is not None:
+            raise self._lease_error
+
+    def _confirm_lease(self) -> None:
+        """Before a handler starts: renew first if the lease may lapse within half its TTL.
+
+        A commit under the lease's fencing token proves nobody took the run
+        over before it committed, not that the lease is still held when its
+        answer arrives. An answer held up longer than the TTL (a network
+        partition, a stalled process) may find the lease expired and the run
+        taken over: the new owner may have run the attempt to success meanwhile,
+        and starting it here again would repeat its effects. So a handler starts
+        only while the lease is surely held for a while yet, on this process's
+        monotonic clock; otherwise a renewal confirms it first, or the driver
+        stops with ``LeaseLost`` (the run is the new owner's).
+        """
+        if self.lease is None:
+            return
+        margin = self.context.lease_ttl_ms // 2
+        for _ in range(_CONFIRM_TRIES):
+            if self.hub.now_ms() < self._held_until - margin:
+                return
+            self._renew()
+        raise LeaseLost(
+            f"recovery lease of run {self.state.run_id} could not be confirmed before starting a handler: "
+            f"{_CONFIRM_TRIES} renewals each took more than half the lease TTL "
+            f"({self.context.lease_ttl_ms} ms); the run is left to whichever worker holds it next"
+        )
 
     def _finished(self, task: Task[_Work]) -> None:
         node_id, attempt_id = self._task_attempt.pop(task)

@@ -506,6 +506,7 @@ class WorkflowRuntime:
     def _create_and_drive(
         self, spec: WorkflowSpec, input: JsonValue, run_id: str, concurrent: bool, detach: bool
     ) -> RunResult:
+        asked_ms = current_hub().now_ms()
         lease = self.leases.acquire(run_id, self.owner, self.lease_ttl_ms)
         # The run's epoch: virtual time 0 is now, in the wall time of the injected clock.
         epoch_ms = current_hub().clock.wall_ms()
@@ -527,7 +528,9 @@ class WorkflowRuntime:
                 raise CommandRejected(rejection, f"CreateRun rejected: {rejection}") from None
             if self.observer is not None:
                 self.observer(commit.state, commit.events)
-            driver = self._driver(commit.state, lease, concurrent, detach, wall_ms=epoch_ms)
+            driver = self._driver(
+                commit.state, lease, concurrent, detach, wall_ms=epoch_ms, asked_ms=asked_ms
+            )
             return self._drive(driver, ())
         finally:
             lease.release()
@@ -539,6 +542,7 @@ class WorkflowRuntime:
         detach: bool,
         on_recovery: Callable[[RunState, tuple[RecoveryEffect, ...]], None] | None = None,
     ) -> RunResult:
+        asked_ms = current_hub().now_ms()
         session = resume_run(
             self.journal,
             self.leases,
@@ -554,11 +558,18 @@ class WorkflowRuntime:
             if on_recovery is not None:
                 on_recovery(session.state, session.effects)
             notify_recovery(self.observer, session.state, session.effects)
-            driver = self._driver(session.state, session.lease, concurrent, detach)
+            driver = self._driver(session.state, session.lease, concurrent, detach, asked_ms=asked_ms)
             return self._drive(driver, session.effects)
 
     def _driver(
-        self, state: RunState, lease: Any, concurrent: bool, detach: bool, *, wall_ms: int | None = None
+        self,
+        state: RunState,
+        lease: Any,
+        concurrent: bool,
+        detach: bool,
+        *,
+        wall_ms: int | None = None,
+        asked_ms: int | None = None,
     ) -> RunDriver:
         return RunDriver(
             self._context(),
@@ -568,6 +579,7 @@ class WorkflowRuntime:
             detach_on_wait=detach,
             drivers=self._drivers,
             wall_ms=wall_ms,
+            lease_asked_ms=asked_ms,
         )
 
     def _context(self) -> DriveContext:
