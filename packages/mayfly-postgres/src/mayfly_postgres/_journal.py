@@ -24,6 +24,11 @@ for before the statement is sent: asking changes nothing) upserted by the
 same statement only if it inserted the batch, and, for a run claimable at
 once without a lease (a creation, a run left for the workers), a ``NOTIFY``
 to listening workers: one round trip, one commit.
+
+The append statements go on the wire through libpq directly, prepared once
+per session (:mod:`mayfly_postgres._wire`): psycopg's general machinery
+around a statement cost several times what the statement's own client work
+does. A group commit sends many runs' statements in one such pipeline.
 """
 
 from __future__ import annotations
@@ -33,11 +38,10 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any, Final, TypeAlias, final
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 from mayfly.backend import JournalBase
 from mayfly.errors import (
@@ -77,6 +81,7 @@ from mayfly_postgres._pool import HubConnection, in_hub_task, is_transient, paus
 from mayfly_postgres._schedules import PostgresSchedules, ScheduleStatements
 from mayfly_postgres._store import Store, open_store, rendered
 from mayfly_postgres._tails import TailStatements, read_tails
+from mayfly_postgres._wire import WireStatement, send_together
 
 __all__ = ["PostgresJournal", "RunSummary", "relayed_url"]
 
@@ -145,42 +150,21 @@ def _inspection(batch: Sequence[JournalRecord]) -> tuple[str | None, str | None]
 class _Prepared:
     """One append's statement and parameters, as sent alone or in a group."""
 
-    __slots__ = ("counted", "parameters", "statement")
+    __slots__ = ("counted", "statement", "values")
 
-    def __init__(self, statement: bytes, parameters: dict[str, Any], *, counted: bool) -> None:
+    def __init__(self, statement: WireStatement, parameters: dict[str, Any], *, counted: bool) -> None:
         self.statement = statement
-        self.parameters = parameters
+        self.values = statement.values(parameters)
         self.counted = counted
         """Whether the statement answers with the count of records inserted (else its row count says it)."""
 
-    def inserted(self, cursor: psycopg.Cursor[Any]) -> int:
+    def inserted(self, result: pq.abc.PGresult) -> int:
         """How many records the statement inserted."""
         if not self.counted:
-            return cursor.rowcount
-        row = cursor.fetchone()
-        assert row is not None  # the statement answers with one row
-        return int(row[0])
-
-
-@contextmanager
-def _one_transaction(connection: HubConnection) -> Iterator[None]:
-    """A pipeline whose statements run in one implicit transaction, committed by the Sync ending it.
-
-    The Sync is sent however the block ends (psycopg ends a pipeline so), so
-    a block that ends with an error of the client's own, or of the server's
-    that is not the server refusing a statement, closes the connection first:
-    the transaction ends with the session and nothing of it commits. A
-    statement the server refused has already doomed the transaction.
-    """
-    with connection.pipeline():
-        try:
-            yield
-        except BaseException as error:
-            if not (
-                isinstance(error, psycopg.Error) and error.sqlstate is not None and not connection.broken
-            ):
-                connection.close()
-            raise
+            return result.command_tuples or 0
+        count = result.get_value(0, 0)
+        assert count is not None  # the statement answers with one row, a count
+        return int(count)
 
 
 def _is_dedup(violation: psycopg.errors.UniqueViolation) -> bool:
@@ -277,8 +261,13 @@ class _Statements:
             "%(checksums)s::text[]) AS v WHERE EXISTS (SELECT FROM bump)"
         ).format(records=records)
         # A run row may exist before its first record (a lease grant creates it with its fence).
-        self.append_first = rendered(sql.SQL("WITH ") + self._first_bump(runs, "") + sql.SQL(" ") + insert)
-        self.append_next = rendered(sql.SQL("WITH ") + self._next_bump(runs, "") + sql.SQL(" ") + insert)
+        # The appends go on the wire as prepared statements (mayfly_postgres._wire).
+        self.append_first = WireStatement(
+            rendered(sql.SQL("WITH ") + self._first_bump(runs, "") + sql.SQL(" ") + insert)
+        )
+        self.append_next = WireStatement(
+            rendered(sql.SQL("WITH ") + self._next_bump(runs, "") + sql.SQL(" ") + insert)
+        )
         # An indexed append: the same after locking the run's index entry (the uncorrelated subquery is
         # a one-time filter, run before the run row is locked, so appends and claims lock entry then
         # run: no deadlock), carrying the run's entry, upserted only if the batch was inserted, and
@@ -292,11 +281,11 @@ class _Statements:
         appended = sql.SQL(", appended AS (") + insert + sql.SQL(" RETURNING 1)")
         count = sql.SQL(" SELECT (SELECT count(*) FROM appended)")
         told = sql.SQL(" SELECT (SELECT count(*) FROM appended), (SELECT count(*) FROM told)")
-        self.indexed: dict[tuple[bool, bool], bytes] = {}
+        self.indexed: dict[tuple[bool, bool], WireStatement] = {}
         for first, bump in ((True, first_locked), (False, next_locked)):
             put = locked + bump + appended + sql.SQL(", ") + index.put_appended
-            self.indexed[first, False] = rendered(put + count)
-            self.indexed[first, True] = rendered(put + sql.SQL(", ") + index.announce + told)
+            self.indexed[first, False] = WireStatement(rendered(put + count))
+            self.indexed[first, True] = WireStatement(rendered(put + sql.SQL(", ") + index.announce + told))
         # One statement, one snapshot: the run row and every stored record the batch names,
         # by event id or by sequence, whole, so a re-append is compared with verified records.
         self.diagnose = sql.SQL(
@@ -525,9 +514,8 @@ class PostgresJournal(PostgresSchedules, JournalBase):
         known whether it was).
         """
         with self._store.pool.connection() as connection:
-            with _one_transaction(connection):
-                cursors = [connection.execute(p.statement, p.parameters) for _, p in sent]
-            return [p.inserted(cursor) for (_, p), cursor in zip(sent, cursors, strict=True)]
+            results = send_together(connection, [(p.statement, p.values) for _, p in sent])
+        return [p.inserted(result) for (_, p), result in zip(sent, results, strict=True)]
 
     def _prepare(
         self,
@@ -586,7 +574,8 @@ class PostgresJournal(PostgresSchedules, JournalBase):
             inserted = 0
             try:
                 with pool.connection() as connection:
-                    inserted = prepared.inserted(connection.execute(prepared.statement, prepared.parameters))
+                    (result,) = send_together(connection, [(prepared.statement, prepared.values)])
+                    inserted = prepared.inserted(result)
             except psycopg.errors.UniqueViolation as violation:
                 if entry is not None and _is_dedup(violation):
                     raise self._duplicate(entry.get()) from None

@@ -85,6 +85,8 @@ class HubConnection(psycopg.Connection[tuple[Any, ...]]):
     cooperative: bool = False
     _poller: Any = None  # select.poll of this connection's socket, made on its first cooperative wait
     _polled = -1  # the descriptor it watches
+    wire_prepared: set[bytes] | None = None
+    """The names of the statements prepared on this session by :mod:`mayfly_postgres._wire`."""
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         """Consume a psycopg generator, parking the hub task on the socket between its steps.
