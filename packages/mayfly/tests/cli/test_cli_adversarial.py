@@ -380,3 +380,13 @@ def test_integers_too_long_for_json_are_usage_errors_that_change_nothing(cli: Cl
             "pass it as a string\n"
         )
         assert journal.read(run_id) == before
+
+
+def test_a_double_dash_as_a_json_argument_is_a_usage_error(cli: Cli) -> None:
+    """`--input=--` and `--decision=--` (which Python 3.11's argparse hands over as an empty list, not "--") are
+    one usage line each, and write nothing."""
+    _, err = cli("run", cli.spec("ok@1"), "--handlers", str(cli.root / "handlers.py"), "--input=--", code=2)
+    assert err == "mayfly: error: --input is not valid JSON: got '--'\n"
+    run_id = cli.parked()
+    _, err = cli("signal", run_id, "a", "--token", TOKEN, "--decision=--", code=2)
+    assert err == "mayfly: error: --decision is not valid JSON: got '--'\n"

@@ -337,10 +337,13 @@ def _loads(text: str, what: str) -> Any:
     return json.loads(text, parse_constant=constant, parse_float=number, parse_int=integer)
 
 
-def parse_json(text: str | None, what: str) -> Any:
+def parse_json(text: str | list[str] | None, what: str) -> Any:
     """Decode a JSON argument (``None`` stays ``None``); bad JSON is one usage line naming ``what``."""
     if text is None:
         return None
+    if not isinstance(text, str):
+        # Python 3.11's argparse drops a "--" from an option's value, so `--input=--` arrives as [].
+        raise UsageError(f"{what} is not valid JSON: got '--'")
     try:
         return _loads(text, what)
     except json.JSONDecodeError as exc:
@@ -352,8 +355,10 @@ def parse_json(text: str | None, what: str) -> Any:
 _WORD = re.compile(r"[^\s\[\]{}\"',:]+")
 
 
-def parse_decision(text: str) -> Any:
+def parse_decision(text: str | list[str]) -> Any:
     """A signal decision: JSON when it decodes as JSON, else a bare word such as ``approve`` or ``no``."""
+    if not isinstance(text, str):
+        return parse_json(text, "--decision")  # argparse's [] for `--decision=--`: the usage error
     try:
         return _loads(text, "--decision")
     except json.JSONDecodeError:
