@@ -13,6 +13,7 @@ from mayfly.model.errors import InvalidJSONValue, LimitExceeded, SpecValidationE
 from mayfly.model.outcomes import NodeOutcomeKind
 from mayfly.model.spec import ExponentialBackoff, Node, RetryPolicy, RunBudgets, WorkflowSpec
 from mayfly.reducer import check_input, ensure_valid, validate
+from mayfly.reducer.validate import validate_and_hash
 
 
 def messages(spec: WorkflowSpec) -> list[str]:
@@ -201,3 +202,26 @@ def test_a_spec_that_would_replay_differently_is_invalid(node: Node, issue: str)
     """A Python-built spec whose JSON would read back as another spec, or not at all, fails validation."""
     (found,) = messages(workflow(node))
     assert found.startswith(issue)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_spec_is_refused_even_after_its_json_twin_was_accepted(value: float) -> None:
+    """A non-finite input is written as null, so its spec has the JSON of a valid one: validating that twin
+    first (memoised by its JSON) must not let the non-finite one through, then or later."""
+    twin = workflow(Node("a", handler="a@1", input={"x": None}))
+    bad = workflow(Node("a", handler="a@1", input={"x": value}))
+    assert twin.to_json() == bad.to_json()
+    for _ in range(2):
+        assert validate(twin) == []
+        (found,) = messages(bad)
+        assert found.startswith("nodes[a].input: input is not JSON: it contains the non-finite number")
+
+
+def test_a_spec_validated_again_gets_the_same_answer_and_hash() -> None:
+    """The memo of specs validated before answers exactly what a first validation does."""
+    spec = workflow(
+        Node("a", handler="a@1", input={"n": [1, 2.5, "x"]}), Node("b", handler="b@1", depends_on=("a",))
+    )
+    first = validate_and_hash(spec)
+    again = validate_and_hash(WorkflowSpec.from_json(spec.to_json()))
+    assert first == again == ([], spec.content_hash())

@@ -99,10 +99,13 @@ def validate_and_hash(spec: WorkflowSpec) -> tuple[list[ValidationIssue], str | 
 
     The hash is :meth:`WorkflowSpec.content_hash`, computed over the same
     canonical JSON the validation writes, so creating a run hashes its spec
-    once. A spec whose canonical JSON was validated before (a runtime
-    validates before it creates the run, and creating validates again) has
-    its graph checks answered from a small memo: they depend only on that
-    JSON, since every spec checked here reads back unchanged from it.
+    once. A spec equal to one decoded from a canonical JSON validated
+    before (a runtime validates before it creates the run, and creating
+    validates again; an application submits one spec many times) is answered
+    from a small memo: whether it reads back unchanged, its hash and its
+    graph's issues depend only on that JSON then. A spec that JSON does not
+    show exactly (a NaN, which the encoder writes as ``null``) is never
+    equal to the decoded one, so it is checked in full every time.
     """
     # Python-built structs skip msgspec's type checks; a JSON round trip applies them
     # with located messages ("Expected `int`, got `str` - at `$.nodes[0].retry`"). The
@@ -111,6 +114,9 @@ def validate_and_hash(spec: WorkflowSpec) -> tuple[list[ValidationIssue], str | 
     # one value and replay as another.
     try:
         written = spec.to_json()
+        known = _VALID.get(written)
+        if known is not None and known[0] == spec:
+            return list(known[1]), known[2]
         decoded = msgspec.json.decode(written, type=WorkflowSpec)
         # ``written`` leaves out exactly the fields that equal their defaults, and those decode as
         # the default objects themselves: the decoded spec encodes as ``written`` again, as it is,
@@ -137,18 +143,32 @@ def validate_and_hash(spec: WorkflowSpec) -> tuple[list[ValidationIssue], str | 
     digest = hashlib.sha256(written)
     spec_hash = "sha256:" + digest.hexdigest()
     key = digest.digest()
-    known = _CHECKED.get(key)
-    if known is None:
-        known = _CHECKED[key] = tuple(_check_graph(spec))
+    if decoded != spec:
+        # Values the JSON does not show as they are (a NaN input reads back as null): the graph checks
+        # look at this spec itself, never at a memo of its JSON's twin.
+        return _check_graph(spec), spec_hash
+    checked = _CHECKED.get(key)
+    if checked is None:
+        checked = _CHECKED[key] = tuple(_check_graph(spec))
         if len(_CHECKED) > _CHECKED_LIMIT:
             del _CHECKED[next(iter(_CHECKED))]  # the oldest
-    return list(known), spec_hash
+    if len(written) <= _VALID_BYTES:
+        _VALID[written] = (decoded, checked, spec_hash)
+        if len(_VALID) > _CHECKED_LIMIT:
+            del _VALID[next(iter(_VALID))]  # the oldest
+    return list(checked), spec_hash
 
 
 # The issues of specs checked lately, by the SHA-256 of their canonical JSON. Bounded; a cache of
 # a pure function of that JSON, so what it returns never depends on what was checked before.
 _CHECKED: dict[bytes, tuple[ValidationIssue, ...]] = {}
 _CHECKED_LIMIT = 64
+# The whole answer, by the canonical JSON itself, with the spec decoded from it: for a spec equal to that
+# one, whether it reads back unchanged, its hash and its graph's issues are all functions of that JSON, so
+# an application that submits one spec many times pays its decode, re-encode and hash once (about a
+# quarter of a run's creation). Bounded in entries and in the size of a key.
+_VALID: dict[bytes, tuple[WorkflowSpec, tuple[ValidationIssue, ...], str]] = {}
+_VALID_BYTES = 64 * 1024
 
 
 def _check_graph(spec: WorkflowSpec) -> list[ValidationIssue]:
