@@ -120,28 +120,31 @@ def _send(
     except BaseException:
         connection.close()
         raise
+    # The results in the order sent: each parse's (if any), then its statement's.
     answers: list[pq.abc.PGresult] = []
     refused: psycopg.Error | None = None
     position = 0
     for (statement, _), parse in zip(sends, parsed, strict=True):
         if parse:
-            result = results[position]
-            position += 1
-            if result.status == pq.ExecStatus.COMMAND_OK:
+            if results[position].status == pq.ExecStatus.COMMAND_OK:
                 prepared.add(statement.name)
-            elif refused is None and result.status == pq.ExecStatus.FATAL_ERROR:
-                refused = pg_errors.error_from_result(result, encoding=connection.pgconn._encoding)
-        result = results[position]
+            refused = refused or _refusal(results[position], connection)
+            position += 1
+        answers.append(results[position])
+        refused = refused or _refusal(results[position], connection)
         position += 1
-        if result.status not in _OK and refused is None:
-            if result.status == pq.ExecStatus.FATAL_ERROR:
-                refused = pg_errors.error_from_result(result, encoding=connection.pgconn._encoding)
-            else:
-                refused = psycopg.errors.PipelineAborted(f"unexpected result status {result.status!r}")
-        answers.append(result)
     if refused is not None:
         raise refused
     return answers
+
+
+def _refusal(result: pq.abc.PGresult, connection: HubConnection) -> psycopg.Error | None:
+    """The error a result reports (the server's own, typed), or ``None`` for a success."""
+    if result.status in _OK:
+        return None
+    if result.status == pq.ExecStatus.FATAL_ERROR:
+        return pg_errors.error_from_result(result, encoding=connection.pgconn._encoding)
+    return psycopg.errors.PipelineAborted(f"unexpected result status {result.status!r}")
 
 
 def _to_parse(sends: Sequence[tuple[WireStatement, list[bytes | None]]], prepared: set[bytes]) -> list[bool]:

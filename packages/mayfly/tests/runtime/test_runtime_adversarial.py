@@ -487,26 +487,22 @@ class HeldUpJournal:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def _held(self, batch: Any) -> bool:
-        return any(
+    def _answer(self, batch: Any, result: Any) -> Any:
+        """``result`` at once, or, for the batch that starts ``b``, once the partition that begins now heals."""
+        if any(
             r.event_type == "NodeStarted"
             and decode_event(r.event_type, r.schema_version, r.payload).node_id == "b"
             for r in batch
-        )
-
-    def append(self, run_id: str, expected_next: int, batch: Any, **kwargs: Any) -> Any:
-        result = self._inner.append(run_id, expected_next, batch, **kwargs)
-        if self._held(batch):
+        ):
             self._partition.start = now_ms()  # committed; the answer is lost in the partition
             self._partition.hold()
         return result
 
+    def append(self, run_id: str, expected_next: int, batch: Any, **kwargs: Any) -> Any:
+        return self._answer(batch, self._inner.append(run_id, expected_next, batch, **kwargs))
+
     def append_indexed(self, run_id: str, expected_next: int, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        result = self._inner.append_indexed(run_id, expected_next, batch, *args, **kwargs)
-        if self._held(batch):
-            self._partition.start = now_ms()
-            self._partition.hold()
-        return result
+        return self._answer(batch, self._inner.append_indexed(run_id, expected_next, batch, *args, **kwargs))
 
 
 class PartitionedGuard(CountingGuard):

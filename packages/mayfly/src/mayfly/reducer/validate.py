@@ -114,9 +114,10 @@ def validate_and_hash(spec: WorkflowSpec) -> tuple[list[ValidationIssue], str | 
     # one value and replay as another.
     try:
         written = spec.to_json()
-        known = _VALID.get(written)
+        digest = hashlib.sha256(written)
+        known = _CHECKED.get(digest.digest())
         if known is not None and known[0] == spec:
-            return list(known[1]), known[2]
+            return list(known[1]), "sha256:" + digest.hexdigest()
         decoded = msgspec.json.decode(written, type=WorkflowSpec)
         # ``written`` leaves out exactly the fields that equal their defaults, and those decode as
         # the default objects themselves: the decoded spec encodes as ``written`` again, as it is,
@@ -140,35 +141,27 @@ def validate_and_hash(spec: WorkflowSpec) -> tuple[list[ValidationIssue], str | 
                 "represent (a NaN or infinity, an object that is not a JSON value)",
             )
         ], None
-    digest = hashlib.sha256(written)
     spec_hash = "sha256:" + digest.hexdigest()
-    key = digest.digest()
     if decoded != spec:
         # Values the JSON does not show as they are (a NaN input reads back as null): the graph checks
         # look at this spec itself, never at a memo of its JSON's twin.
         return _check_graph(spec), spec_hash
-    checked = _CHECKED.get(key)
-    if checked is None:
-        checked = _CHECKED[key] = tuple(_check_graph(spec))
-        if len(_CHECKED) > _CHECKED_LIMIT:
-            del _CHECKED[next(iter(_CHECKED))]  # the oldest
-    if len(written) <= _VALID_BYTES:
-        _VALID[written] = (decoded, checked, spec_hash)
-        if len(_VALID) > _CHECKED_LIMIT:
-            del _VALID[next(iter(_VALID))]  # the oldest
+    # A spec too large to keep decoded has only its graph's issues remembered (known[0] is None).
+    checked = known[1] if known is not None else tuple(_check_graph(spec))
+    _CHECKED[digest.digest()] = (decoded if len(written) <= _KEPT_BYTES else None, checked)
+    if len(_CHECKED) > _CHECKED_LIMIT:
+        del _CHECKED[next(iter(_CHECKED))]  # the oldest
     return list(checked), spec_hash
 
 
-# The issues of specs checked lately, by the SHA-256 of their canonical JSON. Bounded; a cache of
-# a pure function of that JSON, so what it returns never depends on what was checked before.
-_CHECKED: dict[bytes, tuple[ValidationIssue, ...]] = {}
+# Specs validated lately, by the SHA-256 of their canonical JSON: the spec decoded from it and its
+# graph's issues. For a spec equal to that decoded one, whether it reads back unchanged, its hash and
+# its issues are all functions of that JSON, so what the memo returns never depends on what was checked
+# before, and an application that submits one spec many times pays its decode, re-encode and graph
+# checks once. Bounded in entries; a spec whose JSON is over _KEPT_BYTES is not kept decoded.
+_CHECKED: dict[bytes, tuple[WorkflowSpec | None, tuple[ValidationIssue, ...]]] = {}
 _CHECKED_LIMIT = 64
-# The whole answer, by the canonical JSON itself, with the spec decoded from it: for a spec equal to that
-# one, whether it reads back unchanged, its hash and its graph's issues are all functions of that JSON, so
-# an application that submits one spec many times pays its decode, re-encode and hash once (about a
-# quarter of a run's creation). Bounded in entries and in the size of a key.
-_VALID: dict[bytes, tuple[WorkflowSpec, tuple[ValidationIssue, ...], str]] = {}
-_VALID_BYTES = 64 * 1024
+_KEPT_BYTES = 64 * 1024
 
 
 def _check_graph(spec: WorkflowSpec) -> list[ValidationIssue]:
