@@ -545,17 +545,28 @@ class Worker:
                 runtime._drivers.pop(run_id, None)
             elapsed = time.monotonic() - started
             if final.status.is_terminal:
+                if final.sequence == state.sequence:
+                    # Nothing appended since the claim, so no append wrote the run's entry either: the
+                    # stored one may be the runnable entry a crash left after the run's last frames.
+                    self.index.index_put([index_entry(final)])
                 self.ended += 1
                 self._emit("ended", run_id=run_id, status=final.status.value, seconds=round(elapsed, 3))
                 return
-            self._park(driver, final)
+            self._park(driver, final, appended=final.sequence != state.sequence)
             self._emit("parked", run_id=run_id, waiting=sorted(driver.waits()), seconds=round(elapsed, 3))
 
-    def _park(self, driver: RunDriver, state: RunState) -> None:
-        """Record the detached run's entry: a run whose only work is parked children waits for them."""
+    def _park(self, driver: RunDriver, state: RunState, *, appended: bool) -> None:
+        """Record the detached run's entry: a run whose only work is parked children waits for them.
+
+        Otherwise the last append wrote the entry the state has, unless the
+        driver appended nothing: then the stored entry is put right, since it
+        may be the runnable one a crash left (claimed on every poll).
+        """
         children = driver.children.parked_runs()
         if not children:
-            return  # the last append already wrote the entry the state has
+            if not appended:
+                self.index.index_put([index_entry(state)])
+            return
         wakes = [entry.ready_at_ms for entry in self._entries(children) if entry.ready_at_ms is not None]
         self.index.index_put([index_entry(state, parked=True, parked_until=min(wakes, default=None))])
 

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from mayfly import HandlerRegistry, Node, RetryableFailure, Succeeded, WorkflowSpec
@@ -184,3 +185,59 @@ def test_start_creates_nothing_for_a_run_id_another_process_leased_first(tmp_pat
         handle = runtime.start(chain("raced", "x@1"), run_id=run_id)
     assert handle.run_id == run_id
     assert runtime.journal.next_sequence(run_id) == 1  # nothing written: the lease holder creates it
+
+
+def _left_runnable(runtime: WorkflowRuntime, run_id: str) -> None:
+    """The entry a SIGKILL leaves between a run's frames and its exact entry: runnable, at the run's sequence.
+
+    The file journal writes a *more claimable* entry before the frames and the
+    exact one after them, so a crash in between leaves this one behind.
+    """
+    stored = runtime.journal.index_get(run_id)
+    assert stored is not None
+    runtime.journal.index_put([msgspec.structs.replace(stored, status=IndexStatus.RUNNING, ready_at_ms=0)])
+    assert runtime.journal.index_get(run_id).status is IndexStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_a_finished_run_left_claimable_by_a_crash_is_claimed_once_and_does_not_starve_the_queue(
+    tmp_path: Path,
+) -> None:
+    """A run that ended but whose index entry a crash left runnable is claimed once, its entry set to terminal.
+
+    Found by the simulator's SIGKILL family under load: a one-slot worker
+    claimed such a run first on every poll (the oldest entry) and found
+    nothing to do, and the runs behind it never ran.
+    """
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+    reg.register("ok", 1, lambda req: Succeeded())
+    runtime = WorkflowRuntime(url, reg)
+    ended = runtime.execute(chain("ended", "ok@1"))
+    assert ended.status.value == "succeeded"
+    _left_runnable(runtime, ended.run_id)
+    waiting = runtime.start(chain("behind", "ok@1"))
+    log = serve_until(
+        Worker(url, reg, poll_interval_ms=20, concurrency=1),
+        lambda log: any(e["run_id"] == waiting.run_id for e in events(log, "ended")),
+        timeout=10.0,
+    )
+    assert waiting.status() == "succeeded"
+    assert [e["run_id"] for e in events(log, "claimed")].count(ended.run_id) == 1
+    assert runtime.journal.index_get(ended.run_id).status is IndexStatus.TERMINAL  # type: ignore[union-attr]
+
+
+def test_a_waiting_run_left_claimable_by_a_crash_is_parked_with_its_true_entry(tmp_path: Path) -> None:
+    """A run waiting for a signal whose entry a crash left runnable is claimed once and then waits in the index."""
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+    reg.register("wait", 1, lambda req: WaitForSignal("ok", new_signal_token(), timeout_ms=3_600_000))
+    runtime = WorkflowRuntime(url, reg)
+    handle = runtime.start(chain("parked", "wait@1"))
+    serve_until(Worker(url, reg, poll_interval_ms=20), lambda log: bool(events(log, "parked")))
+    assert runtime.journal.index_get(handle.run_id).status is IndexStatus.WAITING  # type: ignore[union-attr]
+    _left_runnable(runtime, handle.run_id)
+    began = time.monotonic()
+    log = serve_until(Worker(url, reg, poll_interval_ms=20), lambda log: time.monotonic() - began > 0.5)
+    assert len(events(log, "claimed")) == 1  # not once per poll
+    entry = runtime.journal.index_get(handle.run_id)
+    assert entry is not None and entry.status is IndexStatus.WAITING and entry.ready_at_ms is not None

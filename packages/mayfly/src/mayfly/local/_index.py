@@ -14,7 +14,7 @@ exclusive ``flock``:
 
 A crash between the frames and step 2 leaves an entry at least as claimable
 as the truth: a worker claims the run, finds less to do, and the append it
-makes (or the parked entry it puts) corrects it. A wake-up is never lost,
+makes corrects it (or, when it has nothing to append, the entry it puts). A wake-up is never lost,
 and the hot path (a run that stays runnable) costs no extra fsync.
 
 WAL mode lets readers (``claim``, ``next_wake``) run beside a writer; every
