@@ -65,6 +65,7 @@ __all__ = ["Worker", "WorkerUnsupported"]
 
 _BACKOFF_MS = (100, 200, 500, 1_000, 2_000, 5_000)
 _MAX_OFFLOAD_WORKERS = 64
+_SKIP_AT_MOST = 64  # refused runs one poll's claim holds back to reach the runs behind them
 
 
 class WorkerUnsupported(MayflyError):
@@ -265,28 +266,62 @@ class Worker:
         self._drain()
 
     def _claim(self, free: int) -> list[RecoveryLeaseGuard]:
+        """Claim up to ``free`` runs this worker can drive, skipping the ones it refused before.
+
+        A run this worker lacks handlers for stays claimable (another worker
+        has them) and, being older, comes first in claim order: each one
+        claimed is held back, not released, while the claim goes on, so the
+        next claim reaches the runs behind it; then they are all released.
+        At most ``_SKIP_AT_MOST`` are skipped in one poll.
+        """
         now = self.runtime._wall_ms()
         ttl = self.runtime.lease_ttl_ms
-        if self._control is None:
-            guards = self.index.claim(self.owner, limit=free, ttl_ms=ttl, now_ms=now, queues=self.queues)
-        else:
+        if self._control is not None:
             self._read_caps()
-            held = Counter(self._queue_of[run] for run in self._active if run in self._queue_of)
-            # The backend enforces every queue limit in the claim: global ones from its settings, this
-            # worker's from what it says it holds.
-            guards = self._control_claim(free, ttl, now, dict(held))
         taken: list[RecoveryLeaseGuard] = []
-        for guard in guards:
-            if guard.run_id in self._refused or guard.run_id in self._active:
-                guard.release()  # not for this worker: another one (with the handlers) takes it
-            else:
-                taken.append(guard)
-                if self._caps:
-                    # Learn the run's queue now, not when its task reads it, so the next claim counts it.
-                    entry = self.index.index_get(guard.run_id)
-                    if entry is not None:
-                        self._queue_of[guard.run_id] = entry.queue
+        skipped: list[RecoveryLeaseGuard] = []
+        try:
+            while len(taken) < free:
+                want = free - len(taken)
+                guards = self._claim_some(want, ttl, now, taken)
+                skips = 0
+                for guard in guards:
+                    if guard.run_id in self._refused or guard.run_id in self._active:
+                        skipped.append(guard)  # not for this worker: another one (with the handlers) takes it
+                        skips += 1
+                    else:
+                        taken.append(guard)
+                        if self._caps:
+                            # Learn the run's queue now, not when its task reads it: the next claim counts it.
+                            entry = self.index.index_get(guard.run_id)
+                            if entry is not None:
+                                self._queue_of[guard.run_id] = entry.queue
+                if not skips or len(guards) < want:
+                    break
+                if len(skipped) >= _SKIP_AT_MOST:
+                    self._note(
+                        "skipped",
+                        f"more than {_SKIP_AT_MOST} runs this worker lacks handlers for come before the runs "
+                        "it can drive; it skips that many per poll, so give them a queue of their own and "
+                        "start this worker with --queue for its runs",
+                        skipped=len(skipped),
+                    )
+                    break
+        finally:
+            for guard in skipped:
+                guard.release()
         return taken
+
+    def _claim_some(
+        self, limit: int, ttl: int, now: int, taken: Sequence[RecoveryLeaseGuard]
+    ) -> list[RecoveryLeaseGuard]:
+        if self._control is None:
+            return self.index.claim(self.owner, limit=limit, ttl_ms=ttl, now_ms=now, queues=self.queues)
+        holding = [*self._active, *(guard.run_id for guard in taken)]
+        held = Counter(self._queue_of[run] for run in holding if run in self._queue_of)
+        # The backend enforces every queue limit in the claim: global ones from its settings, this
+        # worker's from what it says it holds.
+        return self._control_claim(limit, ttl, now, dict(held))
 
     def _control_claim(self, free: int, ttl: int, now: int, held: dict[str, int]) -> list[RecoveryLeaseGuard]:
         claim: Callable[..., list[RecoveryLeaseGuard]] = self.index.claim
@@ -341,7 +376,7 @@ class Worker:
         self._stored = {name: entry for name, entry in stored.items() if name not in code_names}
 
     def _note(self, key: str, message: str, **fields: Any) -> None:
-        """Log a schedule problem once (a problem that persists is not logged at every poll)."""
+        """Log a problem once (a schedule's, say: one that persists is not logged at every poll)."""
         if key not in self._schedule_notes:
             self._schedule_notes.add(key)
             self._emit("error", error=message, **fields)

@@ -241,3 +241,43 @@ def test_a_waiting_run_left_claimable_by_a_crash_is_parked_with_its_true_entry(t
     assert len(events(log, "claimed")) == 1  # not once per poll
     entry = runtime.journal.index_get(handle.run_id)
     assert entry is not None and entry.status is IndexStatus.WAITING and entry.ready_at_ms is not None
+
+
+def test_runs_the_worker_lacks_handlers_for_do_not_starve_a_worker_with_fewer_slots(tmp_path: Path) -> None:
+    """Older runs this worker refuses (another worker has their handlers) do not keep it from the runs behind."""
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+    reg.register("known", 1, lambda req: Succeeded())
+    runtime = WorkflowRuntime(url, reg)
+    aliens = [runtime.start(chain(f"alien{i}", "missing@1")).run_id for i in range(3)]
+    served = runtime.start(chain("known", "known@1"))
+    log = serve_until(
+        Worker(url, reg, poll_interval_ms=20, concurrency=1),
+        lambda log: bool(events(log, "ended")),
+        timeout=10.0,
+    )
+    assert served.status() == "succeeded"
+    assert sorted(e["run_id"] for e in events(log, "refused")) == sorted(aliens)
+    # Each refused run is leased once to learn it is not this worker's, then left to others at once.
+    for alien in aliens:
+        runtime.leases.acquire(alien, "another", 1_000).release()
+
+
+def test_a_worker_says_once_when_more_refused_runs_come_first_than_it_skips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the bound of refused runs one poll skips, the worker says so once and names the fix (queues)."""
+    monkeypatch.setattr("mayfly.worker._SKIP_AT_MOST", 2)
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+    reg.register("known", 1, lambda req: Succeeded())
+    runtime = WorkflowRuntime(url, reg)
+    for i in range(3):
+        runtime.start(chain(f"alien{i}", "missing@1"))
+    runtime.start(chain("known", "known@1"))
+    began = time.monotonic()
+    log = serve_until(
+        Worker(url, reg, poll_interval_ms=20, concurrency=1), lambda log: time.monotonic() - began > 0.5
+    )
+    (said,) = [e for e in events(log, "error") if "lacks handlers" in e["error"]]
+    assert "--queue" in said["error"] and said["skipped"] == 2
