@@ -66,6 +66,7 @@ __all__ = ["Worker", "WorkerUnsupported"]
 _BACKOFF_MS = (100, 200, 500, 1_000, 2_000, 5_000)
 _MAX_OFFLOAD_WORKERS = 64
 _SKIP_AT_MOST = 64  # refused runs one poll's claim holds back to reach the runs behind them
+_REFUSED_KEPT = 10_000  # refused runs a worker remembers
 
 
 class WorkerUnsupported(MayflyError):
@@ -127,7 +128,7 @@ class Worker:
         self.grace_ms = grace_ms
         self._log = log if log is not None else _text_log(sys.stderr)
         self._active: dict[str, Task[None]] = {}
-        self._refused: set[str] = set()
+        self._refused: dict[str, None] = {}  # runs it will not drive, oldest first (_REFUSED_KEPT at most)
         self._done: Channel[Any] = Channel()
         self._stops = 0
         self._hogs: set[str] = set()
@@ -512,6 +513,18 @@ class Worker:
 
     # -- one claimed run ---------------------------------------------------------------
 
+    def _refuse(self, run_id: str) -> None:
+        """Remember a run this worker will not drive; past ``_REFUSED_KEPT``, the oldest is forgotten.
+
+        A long-lived worker in a fleet whose workers have different handlers
+        would otherwise remember every run it ever refused; one it forgot is
+        claimed and refused (and logged) once more if it is still there.
+        """
+        refused = self._refused
+        refused[run_id] = None
+        if len(refused) > _REFUSED_KEPT:
+            del refused[next(iter(refused))]
+
     def _start(self, guard: RecoveryLeaseGuard, asked_ms: int) -> None:
         self.claimed += 1
         run_id = guard.run_id
@@ -539,11 +552,11 @@ class Worker:
                 upcasters=runtime.upcasters,
             )
         except ResumeRefused as refused:
-            self._refused.add(run_id)
+            self._refuse(run_id)
             self._emit("refused", run_id=run_id, error=str(refused))
             return
         except CorruptionError as exc:
-            self._refused.add(run_id)
+            self._refuse(run_id)
             self._emit("error", run_id=run_id, error=f"run {run_id} is unreadable and left alone: {exc}")
             return
         except (JournalUnavailable, OSError) as exc:

@@ -281,3 +281,14 @@ def test_a_worker_says_once_when_more_refused_runs_come_first_than_it_skips(
     )
     (said,) = [e for e in events(log, "error") if "lacks handlers" in e["error"]]
     assert "--queue" in said["error"] and said["skipped"] == 2
+
+
+def test_a_worker_remembers_a_bounded_number_of_refused_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs a worker refused are remembered up to a bound, the oldest forgotten first (no unbounded growth)."""
+    monkeypatch.setattr("mayfly.worker._REFUSED_KEPT", 2)
+    worker = Worker(f"file://{tmp_path}/store?durability=write", HandlerRegistry())
+    for run in ("r1", "r2", "r3"):
+        worker._refuse(run)
+    assert list(worker._refused) == ["r2", "r3"]
