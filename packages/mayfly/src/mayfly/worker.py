@@ -564,6 +564,7 @@ class Worker:
             return
         with session:
             state = session.state
+            loaded = state.sequence  # the driver may advance ``state`` itself
             notify_recovery(runtime.observer, state, session.effects)
             self._queue_of[run_id] = state.queue
             self._emit("claimed", run_id=run_id, queue=state.queue, status=state.status.value)
@@ -593,14 +594,14 @@ class Worker:
                 runtime._drivers.pop(run_id, None)
             elapsed = time.monotonic() - started
             if final.status.is_terminal:
-                if final.sequence == state.sequence:
+                if final.sequence == loaded:
                     # Nothing appended since the claim, so no append wrote the run's entry either: the
                     # stored one may be the runnable entry a crash left after the run's last frames.
                     self.index.index_put([index_entry(final)])
                 self.ended += 1
                 self._emit("ended", run_id=run_id, status=final.status.value, seconds=round(elapsed, 3))
                 return
-            self._park(driver, final, appended=final.sequence != state.sequence)
+            self._park(driver, final, appended=final.sequence != loaded)
             self._emit("parked", run_id=run_id, waiting=sorted(driver.waits()), seconds=round(elapsed, 3))
 
     def _park(self, driver: RunDriver, state: RunState, *, appended: bool) -> None:

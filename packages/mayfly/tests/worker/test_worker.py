@@ -292,3 +292,19 @@ def test_a_worker_remembers_a_bounded_number_of_refused_runs(
     for run in ("r1", "r2", "r3"):
         worker._refuse(run)
     assert list(worker._refused) == ["r2", "r3"]
+
+
+def test_a_worker_writes_no_extra_index_entry_for_runs_whose_appends_wrote_it(tmp_path: Path) -> None:
+    """Runs the worker drives and ends get their entries from their appends alone (no extra write per run)."""
+    url = f"file://{tmp_path}/store?durability=write"
+    reg = HandlerRegistry()
+    reg.register("ok", 1, lambda req: Succeeded())
+    runtime = WorkflowRuntime(url, reg)
+    for i in range(3):
+        runtime.start(chain(f"plain{i}", "ok@1", "ok@1"))
+    worker = Worker(url, reg, poll_interval_ms=20)
+    puts: list[Any] = []
+    put = worker.index.index_put
+    worker.index.index_put = lambda entries: (puts.append(entries), put(entries))[1]  # type: ignore[method-assign]
+    serve_until(worker, lambda log: len(events(log, "ended")) == 3)
+    assert puts == []
