@@ -143,7 +143,7 @@ class Worker:
         self._ticked: dict[str, int] = {}  # schedule name -> the latest tick whose run this worker started
         self._stored: dict[str, StoredSchedule] = {}  # the journal's schedules, re-read every poll interval
         self._stored_read_at: float | None = None
-        self._schedule_notes: set[str] = set()  # schedule problems already logged (each once)
+        self._notes: set[str] = set()  # problems already logged (each once): a schedule's, skipped runs
         self._queue_of: dict[str, str] = {}  # active run -> its queue (for per-worker queue limits)
         self._caps: dict[str, int] = {}  # queue -> its worker_concurrency, re-read every poll interval
         self._caps_read_at: float | None = None
@@ -378,8 +378,8 @@ class Worker:
 
     def _note(self, key: str, message: str, **fields: Any) -> None:
         """Log a problem once (a schedule's, say: one that persists is not logged at every poll)."""
-        if key not in self._schedule_notes:
-            self._schedule_notes.add(key)
+        if key not in self._notes:
+            self._notes.add(key)
             self._emit("error", error=message, **fields)
 
     def _fire_schedules(self, default_ms: int) -> int:
@@ -593,31 +593,27 @@ class Worker:
             finally:
                 runtime._drivers.pop(run_id, None)
             elapsed = time.monotonic() - started
+            self._settle_entry(driver, final, appended=final.sequence != loaded)
             if final.status.is_terminal:
-                if final.sequence == loaded:
-                    # Nothing appended since the claim, so no append wrote the run's entry either: the
-                    # stored one may be the runnable entry a crash left after the run's last frames.
-                    self.index.index_put([index_entry(final)])
                 self.ended += 1
                 self._emit("ended", run_id=run_id, status=final.status.value, seconds=round(elapsed, 3))
                 return
-            self._park(driver, final, appended=final.sequence != loaded)
             self._emit("parked", run_id=run_id, waiting=sorted(driver.waits()), seconds=round(elapsed, 3))
 
-    def _park(self, driver: RunDriver, state: RunState, *, appended: bool) -> None:
-        """Record the detached run's entry: a run whose only work is parked children waits for them.
+    def _settle_entry(self, driver: RunDriver, state: RunState, *, appended: bool) -> None:
+        """Leave the ended or detached run with its true entry; most often its last append wrote it.
 
-        Otherwise the last append wrote the entry the state has, unless the
-        driver appended nothing: then the stored entry is put right, since it
-        may be the runnable one a crash left (claimed on every poll).
+        A run whose only work is parked children waits for them. A run the
+        driver appended nothing to since the claim gets its entry put: the
+        stored one may be the runnable entry a crash left after the run's last
+        frames, which would otherwise be claimed on every poll.
         """
-        children = driver.children.parked_runs()
-        if not children:
-            if not appended:
-                self.index.index_put([index_entry(state)])
-            return
-        wakes = [entry.ready_at_ms for entry in self._entries(children) if entry.ready_at_ms is not None]
-        self.index.index_put([index_entry(state, parked=True, parked_until=min(wakes, default=None))])
+        children = () if state.status.is_terminal else driver.children.parked_runs()
+        if children:
+            wakes = [entry.ready_at_ms for entry in self._entries(children) if entry.ready_at_ms is not None]
+            self.index.index_put([index_entry(state, parked=True, parked_until=min(wakes, default=None))])
+        elif not appended:
+            self.index.index_put([index_entry(state)])
 
     def _entries(self, run_ids: Iterable[str]) -> list[Any]:
         entries = []
